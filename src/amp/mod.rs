@@ -1,0 +1,3 @@
+//! Automatic mixed precision: autocast policy tables, precision modes, loss scaling.
+pub mod policy;
+pub mod scaler;

@@ -1,0 +1,1 @@
+//! Autocast policy tables (to be written).

@@ -1,0 +1,1 @@
+//! Loss scaling (to be written).

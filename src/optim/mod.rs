@@ -1,0 +1,1 @@
+//! Optimizers (to be written).
