@@ -112,9 +112,9 @@ pub struct Format {
 pub const FP16: Format = Format {
     name: "float16",
     max: 65504.0,
-    min_normal: 6.103515625e-05,        // 2^-14
+    min_normal: 6.103515625e-05,          // 2^-14
     min_subnormal: 5.960464477539063e-08, // 2^-24
-    epsilon: 0.0009765625,              // 2^-10
+    epsilon: 0.0009765625,                // 2^-10
 };
 
 /// bfloat16 limits.
@@ -148,18 +148,18 @@ pub const FP64: Format = Format {
 pub const FP8_E4M3: Format = Format {
     name: "float8_e4m3fn",
     max: 448.0,
-    min_normal: 0.015625,           // 2^-6
-    min_subnormal: 0.001953125,     // 2^-9
-    epsilon: 0.125,                 // 2^-3
+    min_normal: 0.015625,       // 2^-6
+    min_subnormal: 0.001953125, // 2^-9
+    epsilon: 0.125,             // 2^-3
 };
 
 /// fp8 E5M2 (IEEE-like, max 57344), for what-if range checks.
 pub const FP8_E5M2: Format = Format {
     name: "float8_e5m2",
     max: 57344.0,
-    min_normal: 6.103515625e-05,        // 2^-14
-    min_subnormal: 1.52587890625e-05,   // 2^-16
-    epsilon: 0.25,                      // 2^-2
+    min_normal: 6.103515625e-05,      // 2^-14
+    min_subnormal: 1.52587890625e-05, // 2^-16
+    epsilon: 0.25,                    // 2^-2
 };
 
 /// Values that over- or underflowed while being rounded to a narrower dtype.
@@ -335,8 +335,17 @@ mod tests {
     #[test]
     fn dense_f32_sweep_matches_half() {
         // Every 97th f32 bit pattern, plus all patterns near the fp16 range edges.
-        let mut xs: Vec<f32> = (0..=u32::MAX / 97).map(|i| f32::from_bits(i * 97)).collect();
-        for base in [65504f32, 65519.0, 65520.0, 2f32.powi(-24), 2f32.powi(-25), 2f32.powi(-14)] {
+        let mut xs: Vec<f32> = (0..=u32::MAX / 97)
+            .map(|i| f32::from_bits(i * 97))
+            .collect();
+        for base in [
+            65504f32,
+            65519.0,
+            65520.0,
+            2f32.powi(-24),
+            2f32.powi(-25),
+            2f32.powi(-14),
+        ] {
             let b = base.to_bits();
             for d in 0..4096u32 {
                 xs.push(f32::from_bits(b.wrapping_add(d)));
@@ -370,12 +379,21 @@ mod tests {
         assert_eq!(round_f16(2f32.powi(-24)), 2f32.powi(-24));
         // Ties to even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10.
         assert_eq!(round_f16(1.0 + 2f32.powi(-11)), 1.0);
-        assert_eq!(round_f16(1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2.0 * 2f32.powi(-10));
+        assert_eq!(
+            round_f16(1.0 + 3.0 * 2f32.powi(-11)),
+            1.0 + 2.0 * 2f32.powi(-10)
+        );
         assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 1.0);
         assert_eq!(round_bf16(f32::MAX), f32::INFINITY);
         let mut v = vec![65520.0f32, 1e-8, 3.0, 0.0, f32::INFINITY];
         let c = round_slice(DType::F16, &mut v);
-        assert_eq!(c, RoundCounts { overflow: 1, underflow: 1 });
+        assert_eq!(
+            c,
+            RoundCounts {
+                overflow: 1,
+                underflow: 1
+            }
+        );
     }
 
     #[test]

@@ -63,18 +63,30 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// Builds an [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
     /// Builds an [`Error::Shape`].
     pub fn shape(op: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Shape { op: op.into(), message: message.into() }
+        Error::Shape {
+            op: op.into(),
+            message: message.into(),
+        }
     }
     /// Builds an [`Error::Tensor`].
     pub fn tensor(name: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Tensor { name: name.into(), message: message.into() }
+        Error::Tensor {
+            name: name.into(),
+            message: message.into(),
+        }
     }
     /// Builds an [`Error::Config`].
     pub fn config(context: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Config { context: context.into(), message: message.into() }
+        Error::Config {
+            context: context.into(),
+            message: message.into(),
+        }
     }
 }

@@ -1,0 +1,603 @@
+//! The op recorder: autocast, the autograd tape, module scopes and probe events.
+//!
+//! Every op goes through [`Engine::record`]: its inputs have already been cast to the dtype
+//! the op computes in (autocast and native type promotion insert explicit `to` ops, recorded
+//! like any other), so each backward op produces gradients in the dtype its forward used, and
+//! a cast's backward casts the gradient back.
+
+pub mod observer;
+
+use crate::amp::policy::{autocast_output_dtype, Category, DeviceType, PolicyTable};
+use crate::dtype::{DType, RoundCounts};
+use crate::error::{Error, Result};
+use crate::tensor::{Tensor, TensorId};
+use crate::trace::record::Phase;
+use observer::{Observer, OpEvent};
+use std::collections::HashMap;
+
+/// A gradient produced by a backward op, with the rounding it suffered.
+pub struct Grad {
+    /// The gradient, in the dtype of the input it belongs to.
+    pub tensor: Tensor,
+    /// Over/underflow when the gradient was rounded to its dtype.
+    pub rounding: RoundCounts,
+}
+
+/// Computes the gradients of an op's inputs from the gradient of its output.
+pub type BackwardFn = Box<dyn Fn(&Tensor) -> Result<Vec<Option<Grad>>> + Send + Sync>;
+
+/// The result of a kernel: an output tensor and the rounding it suffered.
+pub struct Computed {
+    /// Output tensor (not yet on the tape).
+    pub tensor: Tensor,
+    /// Over/underflow counted where the op rounded to its output dtype.
+    pub rounding: RoundCounts,
+    /// -inf values written on purpose (attention masks): not an origin.
+    pub masked_neg_inf: u64,
+}
+
+impl Computed {
+    /// A result with its rounding counts.
+    pub fn new(tensor: Tensor, rounding: RoundCounts) -> Computed {
+        Computed {
+            tensor,
+            rounding,
+            masked_neg_inf: 0,
+        }
+    }
+}
+
+struct Node {
+    index: u64,
+    op: &'static str,
+    module: String,
+    inputs: Vec<Tensor>,
+    wrt: &'static [&'static str],
+    output: TensorId,
+    backward: BackwardFn,
+}
+
+/// A chosen op whose output gets a value written into it: a test hook for origin tracking.
+#[derive(Debug, Clone)]
+pub struct Injection {
+    /// Step to inject at (None: every step).
+    pub step: Option<u64>,
+    /// Op kind (e.g. `relu`).
+    pub op: String,
+    /// Module path of the op (exact).
+    pub module: String,
+    /// Phase (forward or backward).
+    pub phase: Phase,
+    /// Value written into element 0 of the output.
+    pub value: f32,
+}
+
+/// Autocast settings of a forward pass.
+#[derive(Debug, Clone)]
+pub struct Autocast {
+    /// The low-precision dtype ops of the lower_precision_fp list run in.
+    pub dtype: DType,
+    /// The policy table of the target device type.
+    pub table: PolicyTable,
+}
+
+/// Records ops, runs autocast, keeps the tape and tells observers.
+pub struct Engine {
+    tape: Vec<Node>,
+    grad_enabled: bool,
+    autocast: Option<Autocast>,
+    autocast_disabled: usize,
+    module_stack: Vec<String>,
+    keep_fp32: Vec<String>,
+    cast_cache: HashMap<(TensorId, DType), Tensor>,
+    weight_casts: u64,
+    observers: Vec<Box<dyn Observer>>,
+    op_index: u64,
+    step: u64,
+    micro: u32,
+    phase: Phase,
+    injections: Vec<Injection>,
+    seed: u64,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::new()
+    }
+}
+
+impl Engine {
+    /// An engine with autocast off and no observers.
+    pub fn new() -> Engine {
+        Engine {
+            tape: Vec::new(),
+            grad_enabled: true,
+            autocast: None,
+            autocast_disabled: 0,
+            module_stack: Vec::new(),
+            keep_fp32: Vec::new(),
+            cast_cache: HashMap::new(),
+            weight_casts: 0,
+            observers: Vec::new(),
+            op_index: 0,
+            step: 0,
+            micro: 0,
+            phase: Phase::Forward,
+            injections: Vec::new(),
+            seed: 0,
+        }
+    }
+
+    /// Turns autocast on (Some) or off (None) for following forward ops.
+    pub fn set_autocast(&mut self, ac: Option<Autocast>) {
+        self.autocast = ac;
+    }
+
+    /// Autocast dtype when autocast is on.
+    pub fn autocast_dtype(&self) -> Option<DType> {
+        self.autocast.as_ref().map(|a| a.dtype)
+    }
+
+    /// Module path patterns whose ops run with autocast disabled (kept in fp32).
+    pub fn set_keep_fp32(&mut self, patterns: Vec<String>) {
+        self.keep_fp32 = patterns;
+    }
+
+    /// True when `path` matches one of the keep-in-fp32 patterns.
+    pub fn is_kept_fp32(&self, path: &str) -> bool {
+        self.keep_fp32.iter().any(|p| module_matches(p, path))
+    }
+
+    /// Adds an observer; it sees every op from now on.
+    pub fn add_observer(&mut self, obs: Box<dyn Observer>) {
+        self.observers.push(obs);
+    }
+
+    /// Removes and returns all observers.
+    pub fn take_observers(&mut self) -> Vec<Box<dyn Observer>> {
+        std::mem::take(&mut self.observers)
+    }
+
+    /// Mutable access to the observers.
+    pub fn observers_mut(&mut self) -> &mut Vec<Box<dyn Observer>> {
+        &mut self.observers
+    }
+
+    /// Adds an injection (test hook).
+    pub fn add_injection(&mut self, inj: Injection) {
+        self.injections.push(inj);
+    }
+
+    /// Seed for dropout masks.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+    }
+
+    /// Seed for dropout masks.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Starts a step: op indices restart at 0.
+    pub fn begin_step(&mut self, step: u64) {
+        self.step = step;
+        self.micro = 0;
+        self.op_index = 0;
+        self.phase = Phase::Forward;
+        for o in &mut self.observers {
+            o.begin_step(step);
+        }
+    }
+
+    /// Starts a micro-batch within the step; the weight-cast cache is cleared (one forward).
+    pub fn begin_micro(&mut self, micro: u32) {
+        self.micro = micro;
+        self.phase = Phase::Forward;
+        self.cast_cache.clear();
+    }
+
+    /// Current step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Current micro-batch.
+    pub fn micro(&self) -> u32 {
+        self.micro
+    }
+
+    /// Number of fp32 parameters cast to a low dtype since the counter was last taken.
+    pub fn take_weight_casts(&mut self) -> u64 {
+        std::mem::take(&mut self.weight_casts)
+    }
+
+    /// Disables gradient recording (evaluation); returns the previous setting.
+    pub fn set_grad_enabled(&mut self, on: bool) -> bool {
+        std::mem::replace(&mut self.grad_enabled, on)
+    }
+
+    /// Enters a module scope: ops get the dotted path of the scopes.
+    pub fn push_module(&mut self, name: &str) {
+        self.module_stack.push(name.to_string());
+    }
+
+    /// Leaves the innermost module scope.
+    pub fn pop_module(&mut self) {
+        self.module_stack.pop();
+    }
+
+    /// Dotted path of the current module scope.
+    pub fn module_path(&self) -> String {
+        self.module_stack
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// Runs `f` inside a module scope.
+    pub fn scope<T>(&mut self, name: &str, f: impl FnOnce(&mut Engine) -> Result<T>) -> Result<T> {
+        self.push_module(name);
+        let r = f(self);
+        self.pop_module();
+        r
+    }
+
+    /// Runs `f` with autocast disabled (a nested `autocast(enabled=False)` region).
+    pub fn autocast_off<T>(&mut self, f: impl FnOnce(&mut Engine) -> Result<T>) -> Result<T> {
+        self.autocast_disabled += 1;
+        let r = f(self);
+        self.autocast_disabled -= 1;
+        r
+    }
+
+    fn autocast_active(&self) -> Option<&Autocast> {
+        if self.autocast_disabled > 0 || self.phase != Phase::Forward {
+            return None;
+        }
+        let ac = self.autocast.as_ref()?;
+        if !self.keep_fp32.is_empty() && self.is_kept_fp32(&self.module_path()) {
+            return None;
+        }
+        Some(ac)
+    }
+
+    /// Casts the inputs of `op` as autocast and native type promotion require, recording
+    /// each cast. Integer tensors pass through.
+    pub fn prepare(&mut self, op: &'static str, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+        let mut target = None;
+        if let Some(ac) = self.autocast_active() {
+            let cat = ac.table.category(op);
+            if cat == Category::Banned {
+                return Err(Error::Invalid(format!(
+                    "{op} is not allowed under autocast (PyTorch bans it as unsafe)"
+                )));
+            }
+            target = autocast_output_dtype(cat, ac.dtype, &dtypes);
+        }
+        let mut out = Vec::with_capacity(inputs.len());
+        for t in inputs {
+            let eligible = t.dtype().is_float() && t.dtype() != DType::F64;
+            match target {
+                Some(d) if eligible && t.dtype() != d => out.push(self.autocast_cast(t, d)?),
+                _ => out.push((*t).clone()),
+            }
+        }
+        // Native promotion: mixed floating dtypes compute in the widest one.
+        let widest = out
+            .iter()
+            .filter(|t| t.dtype().is_float())
+            .map(|t| t.dtype())
+            .reduce(DType::promote);
+        if let Some(w) = widest {
+            for t in out.iter_mut() {
+                if t.dtype().is_float() && t.dtype() != w {
+                    *t = self.to_dtype(t, w)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn autocast_cast(&mut self, t: &Tensor, d: DType) -> Result<Tensor> {
+        // PyTorch caches casts of fp32 leaf parameters for the duration of the autocast region.
+        let cacheable = t.is_leaf() && t.requires_grad() && t.dtype() == DType::F32;
+        if cacheable {
+            if let Some(c) = self.cast_cache.get(&(t.id(), d)) {
+                return Ok(c.clone());
+            }
+        }
+        let c = self.to_dtype(t, d)?;
+        if cacheable {
+            self.weight_casts += 1;
+            self.cast_cache.insert((t.id(), d), c.clone());
+        }
+        Ok(c)
+    }
+
+    /// Records an op that has been computed: tells observers and, when a gradient flows,
+    /// puts it on the tape. `inputs` are the (already cast) inputs, `wrt` names them.
+    pub fn record(
+        &mut self,
+        op: &'static str,
+        inputs: &[&Tensor],
+        wrt: &'static [&'static str],
+        mut out: Computed,
+        backward: Option<BackwardFn>,
+    ) -> Result<Tensor> {
+        let index = self.op_index;
+        self.op_index += 1;
+        let module = self.module_path();
+        self.apply_injection(op, &module, Phase::Forward, &mut out)?;
+        let needs_grad =
+            self.grad_enabled && backward.is_some() && inputs.iter().any(|t| t.requires_grad());
+        let tensor = if needs_grad {
+            let node = self.tape.len();
+            let t = out.tensor.with_node(Some(node), true);
+            self.tape.push(Node {
+                index,
+                op,
+                module: module.clone(),
+                inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+                wrt,
+                output: t.id(),
+                backward: backward.expect("checked above"),
+            });
+            t
+        } else {
+            out.tensor
+        };
+        if !self.observers.is_empty() {
+            let ev = OpEvent {
+                step: self.step,
+                micro: self.micro,
+                index,
+                phase: Phase::Forward,
+                op,
+                module: &module,
+                inputs,
+                output: &tensor,
+                rounding: out.rounding,
+                forward_op: None,
+                wrt: None,
+                masked_neg_inf: out.masked_neg_inf,
+            };
+            for o in &mut self.observers {
+                o.on_op(&ev);
+            }
+        }
+        Ok(tensor)
+    }
+
+    fn apply_injection(
+        &self,
+        op: &str,
+        module: &str,
+        phase: Phase,
+        out: &mut Computed,
+    ) -> Result<()> {
+        let hit = self.injections.iter().find(|i| {
+            i.op == op
+                && i.module == module
+                && i.phase == phase
+                && i.step.is_none_or(|s| s == self.step)
+        });
+        if let Some(inj) = hit {
+            let t = &out.tensor;
+            let mut data = t.f32s()?.to_vec();
+            if let Some(x) = data.first_mut() {
+                *x = inj.value;
+            }
+            out.tensor = Tensor::from_exact(data, t.shape(), t.dtype())?;
+        }
+        Ok(())
+    }
+
+    /// Emits an optimizer-phase event (unscale, clip, parameter update) for observers.
+    pub fn emit_optimizer_op(
+        &mut self,
+        op: &'static str,
+        module: &str,
+        inputs: &[&Tensor],
+        output: &Tensor,
+    ) {
+        let index = self.op_index;
+        self.op_index += 1;
+        if self.observers.is_empty() {
+            return;
+        }
+        let ev = OpEvent {
+            step: self.step,
+            micro: self.micro,
+            index,
+            phase: Phase::Optimizer,
+            op,
+            module,
+            inputs,
+            output,
+            rounding: RoundCounts::default(),
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: 0,
+        };
+        for o in &mut self.observers {
+            o.on_op(&ev);
+        }
+    }
+
+    /// True when observers are attached (probes on).
+    pub fn probing(&self) -> bool {
+        !self.observers.is_empty()
+    }
+
+    /// Runs the backward pass from `root` (seeded with ones of its dtype) and returns the
+    /// gradients of the leaf tensors that require one. The tape is consumed.
+    pub fn backward(&mut self, root: &Tensor) -> Result<HashMap<TensorId, Tensor>> {
+        let seed = match root.dtype() {
+            DType::F64 => Tensor::from_f64(vec![1.0; root.numel()], root.shape())?,
+            d => Tensor::from_exact(vec![1.0; root.numel()], root.shape(), d)?,
+        };
+        self.backward_with(root, seed)
+    }
+
+    /// Runs the backward pass from `root` with the given output gradient.
+    pub fn backward_with(
+        &mut self,
+        root: &Tensor,
+        seed: Tensor,
+    ) -> Result<HashMap<TensorId, Tensor>> {
+        self.phase = Phase::Backward;
+        let tape = std::mem::take(&mut self.tape);
+        let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
+        let mut leaves: HashMap<TensorId, Tensor> = HashMap::new();
+        if root.requires_grad() {
+            if root.is_leaf() {
+                leaves.insert(root.id(), seed);
+            } else {
+                grads.insert(root.id(), seed);
+            }
+        }
+        for node in tape.iter().rev() {
+            let Some(g_out) = grads.remove(&node.output) else {
+                continue;
+            };
+            let results = (node.backward)(&g_out)?;
+            for (i, r) in results.into_iter().enumerate() {
+                let Some(Grad { tensor, rounding }) = r else {
+                    continue;
+                };
+                let Some(input) = node.inputs.get(i) else {
+                    continue;
+                };
+                if !input.requires_grad() {
+                    continue;
+                }
+                let mut comp = Computed::new(tensor, rounding);
+                self.apply_injection(node.op, &node.module, Phase::Backward, &mut comp)?;
+                let tensor = comp.tensor;
+                let index = self.op_index;
+                self.op_index += 1;
+                if !self.observers.is_empty() {
+                    let mut ins: Vec<&Tensor> = vec![&g_out];
+                    ins.extend(node.inputs.iter());
+                    let ev = OpEvent {
+                        step: self.step,
+                        micro: self.micro,
+                        index,
+                        phase: Phase::Backward,
+                        op: node.op,
+                        module: &node.module,
+                        inputs: &ins,
+                        output: &tensor,
+                        rounding: comp.rounding,
+                        forward_op: Some(node.index),
+                        wrt: node.wrt.get(i).copied(),
+                        masked_neg_inf: 0,
+                    };
+                    for o in &mut self.observers {
+                        o.on_op(&ev);
+                    }
+                }
+                let target = if input.is_leaf() {
+                    &mut leaves
+                } else {
+                    &mut grads
+                };
+                let merged = match target.remove(&input.id()) {
+                    Some(prev) => self.accumulate(&prev, &tensor, &node.module, node.index)?,
+                    None => tensor,
+                };
+                target.insert(input.id(), merged);
+            }
+        }
+        self.phase = Phase::Forward;
+        Ok(leaves)
+    }
+
+    /// Adds two gradients of one tensor (it fed several ops), in its dtype.
+    fn accumulate(
+        &mut self,
+        a: &Tensor,
+        b: &Tensor,
+        module: &str,
+        forward_op: u64,
+    ) -> Result<Tensor> {
+        let sum = crate::ops::elementwise::add_same(a, b)?;
+        let index = self.op_index;
+        self.op_index += 1;
+        if !self.observers.is_empty() {
+            let ins = [a, b];
+            let ev = OpEvent {
+                step: self.step,
+                micro: self.micro,
+                index,
+                phase: Phase::Backward,
+                op: "accumulate_grad",
+                module,
+                inputs: &ins,
+                output: &sum.tensor,
+                rounding: sum.rounding,
+                forward_op: Some(forward_op),
+                wrt: None,
+                masked_neg_inf: 0,
+            };
+            for o in &mut self.observers {
+                o.on_op(&ev);
+            }
+        }
+        Ok(sum.tensor)
+    }
+
+    /// Drops a tape that will not be used (e.g. after an evaluation forward).
+    pub fn clear_tape(&mut self) {
+        self.tape.clear();
+    }
+
+    /// Number of nodes on the tape.
+    pub fn tape_len(&self) -> usize {
+        self.tape.len()
+    }
+}
+
+/// Default policy table for a device type name.
+pub fn policy_for(device: DeviceType) -> PolicyTable {
+    PolicyTable::for_device(device)
+}
+
+/// True when the dotted `pattern` matches whole segments of `path`, contiguously
+/// (`wo` matches `encoder.block.3.layer.1.DenseReluDense.wo`, not `wox`); `*` matches any
+/// one segment.
+pub fn module_matches(pattern: &str, path: &str) -> bool {
+    let p: Vec<&str> = pattern.split('.').filter(|s| !s.is_empty()).collect();
+    let s: Vec<&str> = path.split('.').filter(|s| !s.is_empty()).collect();
+    if p.is_empty() || p.len() > s.len() {
+        return false;
+    }
+    (0..=s.len() - p.len()).any(|i| p.iter().zip(&s[i..]).all(|(a, b)| *a == "*" || a == b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::module_matches;
+
+    #[test]
+    fn module_patterns_match_whole_segments() {
+        assert!(module_matches(
+            "wo",
+            "encoder.block.3.layer.1.DenseReluDense.wo"
+        ));
+        assert!(!module_matches(
+            "wo",
+            "encoder.block.3.layer.1.DenseReluDense.wox"
+        ));
+        assert!(module_matches("block.3", "encoder.block.3.layer.1"));
+        assert!(!module_matches("block.3", "encoder.block.13.layer.1"));
+        assert!(module_matches(
+            "block.*.layer.1",
+            "encoder.block.2.layer.1.DenseReluDense"
+        ));
+        assert!(!module_matches("", "fc1"));
+    }
+}

@@ -1,0 +1,44 @@
+//! The one observer trait probes implement; the engine never knows who listens.
+
+use crate::dtype::RoundCounts;
+use crate::tensor::Tensor;
+use crate::trace::record::Phase;
+
+/// One op as it happened: its inputs, output and where it ran.
+pub struct OpEvent<'a> {
+    /// Training step.
+    pub step: u64,
+    /// Micro-batch within the step (gradient accumulation).
+    pub micro: u32,
+    /// Op index within the step, in execution order over all phases.
+    pub index: u64,
+    /// Forward, backward or optimizer.
+    pub phase: Phase,
+    /// Op kind (ATen-style name: `linear`, `softmax`, `to`, ...).
+    pub op: &'a str,
+    /// Dotted module path (`encoder.block.3.layer.1.DenseReluDense.wo`).
+    pub module: &'a str,
+    /// Inputs as the op saw them (backward ops: the output gradient first, then the forward
+    /// op's inputs).
+    pub inputs: &'a [&'a Tensor],
+    /// Output (backward ops: the gradient of one input).
+    pub output: &'a Tensor,
+    /// Over/underflow counted when the op rounded its output to its dtype.
+    pub rounding: RoundCounts,
+    /// For backward ops: the index of the forward op they belong to.
+    pub forward_op: Option<u64>,
+    /// For backward ops: the input the gradient is for (`input`, `weight`, ...).
+    pub wrt: Option<&'a str>,
+    /// -inf values the op wrote on purpose (masks), not a numerical failure.
+    pub masked_neg_inf: u64,
+}
+
+/// Something that watches ops: statistics, origin tracking, live views.
+pub trait Observer: Send {
+    /// A new step begins.
+    fn begin_step(&mut self, _step: u64) {}
+    /// One op finished.
+    fn on_op(&mut self, ev: &OpEvent<'_>);
+    /// Lets callers downcast to the concrete observer.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}

@@ -1,0 +1,475 @@
+//! Elementwise ops: unary maps, scalar ops and broadcasting binary arithmetic.
+
+use super::{
+    bstrides, expect_float, for_each_offset, grad, sum_to, with_float, with_float2, Finish,
+};
+use crate::engine::{Computed, Engine};
+use crate::error::Result;
+use crate::tensor::{Real, Tensor};
+
+/// A unary elementwise function with its derivative.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    /// -x
+    Neg,
+    /// max(x, 0)
+    Relu,
+    /// x·Φ(x) with the exact error function.
+    GeluErf,
+    /// The tanh approximation of GELU.
+    GeluTanh,
+    /// x·sigmoid(x)
+    Silu,
+    /// tanh(x)
+    Tanh,
+    /// 1 / (1 + e^-x)
+    Sigmoid,
+    /// e^x
+    Exp,
+    /// ln x
+    Log,
+    /// √x
+    Sqrt,
+    /// 1/√x
+    Rsqrt,
+    /// x^p for a scalar exponent.
+    Pow(f64),
+    /// min(max(x, lo), hi)
+    Clamp(Option<f64>, Option<f64>),
+    /// x·s for a scalar s.
+    MulScalar(f64),
+    /// x + s for a scalar s.
+    AddScalar(f64),
+}
+
+impl Unary {
+    /// ATen name of the op (its autocast lookup key).
+    pub fn name(self) -> &'static str {
+        match self {
+            Unary::Neg => "neg",
+            Unary::Relu => "relu",
+            Unary::GeluErf | Unary::GeluTanh => "gelu",
+            Unary::Silu => "silu",
+            Unary::Tanh => "tanh",
+            Unary::Sigmoid => "sigmoid",
+            Unary::Exp => "exp",
+            Unary::Log => "log",
+            Unary::Sqrt => "sqrt",
+            Unary::Rsqrt => "rsqrt",
+            Unary::Pow(_) => "pow",
+            Unary::Clamp(..) => "clamp",
+            Unary::MulScalar(_) => "mul",
+            Unary::AddScalar(_) => "add",
+        }
+    }
+
+    /// f(x), computed in T.
+    #[inline]
+    pub fn f<T: Real>(self, x: T) -> T {
+        let half = T::of(0.5);
+        let one = T::one();
+        match self {
+            Unary::Neg => -x,
+            Unary::Relu => {
+                if x > T::zero() || x.is_nan() {
+                    x
+                } else {
+                    T::zero()
+                }
+            }
+            Unary::GeluErf => half * x * (one + (x * T::of(std::f64::consts::FRAC_1_SQRT_2)).erf()),
+            Unary::GeluTanh => {
+                let k = T::of((2.0 / std::f64::consts::PI).sqrt());
+                half * x * (one + (k * (x + T::of(0.044715) * x * x * x)).tanh())
+            }
+            Unary::Silu => x / (one + (-x).exp()),
+            Unary::Tanh => x.tanh(),
+            Unary::Sigmoid => one / (one + (-x).exp()),
+            Unary::Exp => x.exp(),
+            Unary::Log => x.ln(),
+            Unary::Sqrt => x.sqrt(),
+            Unary::Rsqrt => one / x.sqrt(),
+            Unary::Pow(p) => {
+                if p == 2.0 {
+                    x * x
+                } else if p == 0.5 {
+                    x.sqrt()
+                } else if p == 1.0 {
+                    x
+                } else {
+                    x.powf(T::of(p))
+                }
+            }
+            Unary::Clamp(lo, hi) => {
+                let mut y = x;
+                if let Some(l) = lo {
+                    y = if y < T::of(l) { T::of(l) } else { y };
+                }
+                if let Some(h) = hi {
+                    y = if y > T::of(h) { T::of(h) } else { y };
+                }
+                y
+            }
+            Unary::MulScalar(s) => x * T::of(s),
+            Unary::AddScalar(s) => x + T::of(s),
+        }
+    }
+
+    /// dL/dx from the input x, the output y and dL/dy, computed in T.
+    #[inline]
+    pub fn df<T: Real>(self, x: T, y: T, g: T) -> T {
+        let one = T::one();
+        let half = T::of(0.5);
+        match self {
+            Unary::Neg => -g,
+            Unary::Relu => {
+                if y > T::zero() {
+                    g
+                } else {
+                    T::zero()
+                }
+            }
+            Unary::GeluErf => {
+                let cdf = half * (one + (x * T::of(std::f64::consts::FRAC_1_SQRT_2)).erf());
+                let pdf = (-half * x * x).exp() * T::of(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+                g * (cdf + x * pdf)
+            }
+            Unary::GeluTanh => {
+                let k = T::of((2.0 / std::f64::consts::PI).sqrt());
+                let c = T::of(0.044715);
+                let inner = k * (x + c * x * x * x);
+                let t = inner.tanh();
+                let dinner = k * (one + T::of(3.0) * c * x * x);
+                g * (half * (one + t) + half * x * (one - t * t) * dinner)
+            }
+            Unary::Silu => {
+                let s = one / (one + (-x).exp());
+                g * s * (one + x * (one - s))
+            }
+            Unary::Tanh => g * (one - y * y),
+            Unary::Sigmoid => g * y * (one - y),
+            Unary::Exp => g * y,
+            Unary::Log => g / x,
+            Unary::Sqrt => g / (T::of(2.0) * y),
+            Unary::Rsqrt => T::of(-0.5) * g * y * y * y,
+            Unary::Pow(p) => {
+                if p == 2.0 {
+                    g * T::of(2.0) * x
+                } else if p == 1.0 {
+                    g
+                } else {
+                    g * T::of(p) * x.powf(T::of(p - 1.0))
+                }
+            }
+            Unary::Clamp(lo, hi) => {
+                let ok_lo = lo.is_none_or(|l| x >= T::of(l));
+                let ok_hi = hi.is_none_or(|h| x <= T::of(h));
+                if ok_lo && ok_hi {
+                    g
+                } else {
+                    T::zero()
+                }
+            }
+            Unary::MulScalar(s) => g * T::of(s),
+            Unary::AddScalar(_) => g,
+        }
+    }
+}
+
+fn unary_kernel<T: Finish>(
+    x: &[T],
+    op: Unary,
+    shape: &[usize],
+    dtype: crate::dtype::DType,
+) -> Result<Computed> {
+    T::finish(x.iter().map(|&v| op.f(v)).collect(), shape, dtype)
+}
+
+fn unary_backward<T: Finish>(
+    x: &[T],
+    y: &[T],
+    g: &[T],
+    op: Unary,
+    shape: &[usize],
+    dtype: crate::dtype::DType,
+) -> Result<Computed> {
+    let d: Vec<T> = x
+        .iter()
+        .zip(y)
+        .zip(g)
+        .map(|((&a, &b), &c)| op.df(a, b, c))
+        .collect();
+    T::finish(d, shape, dtype)
+}
+
+/// A broadcasting binary arithmetic op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binary {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a · b
+    Mul,
+    /// a / b
+    Div,
+}
+
+impl Binary {
+    /// ATen name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Binary::Add => "add",
+            Binary::Sub => "sub",
+            Binary::Mul => "mul",
+            Binary::Div => "div",
+        }
+    }
+    #[inline]
+    fn f<T: Real>(self, a: T, b: T) -> T {
+        match self {
+            Binary::Add => a + b,
+            Binary::Sub => a - b,
+            Binary::Mul => a * b,
+            Binary::Div => a / b,
+        }
+    }
+}
+
+fn binary_kernel<T: Finish>(
+    a: &[T],
+    sa: &[usize],
+    b: &[T],
+    sb: &[usize],
+    out: &[usize],
+    op: Binary,
+    dtype: crate::dtype::DType,
+) -> Result<Computed> {
+    let n: usize = out.iter().product();
+    let mut res = Vec::with_capacity(n);
+    if sa == sb {
+        res.extend(a.iter().zip(b).map(|(&x, &y)| op.f(x, y)));
+    } else {
+        let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
+        for_each_offset(out, [&ta, &tb], |[i, j]| res.push(op.f(a[i], b[j])));
+    }
+    T::finish(res, out, dtype)
+}
+
+/// Gradient of one operand of a broadcast binary op: `h(a, b, g)` at the full shape,
+/// summed down to the operand's shape.
+fn binary_grad<T: Finish>(
+    a: &[T],
+    sa: &[usize],
+    b: &[T],
+    sb: &[usize],
+    g: &[T],
+    out: &[usize],
+    target: &[usize],
+    dtype: crate::dtype::DType,
+    h: impl Fn(T, T, T) -> T,
+) -> Result<Computed> {
+    let n: usize = out.iter().product();
+    let mut full = Vec::with_capacity(n);
+    let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
+    let tg = crate::tensor::strides(out);
+    for_each_offset(out, [&ta, &tb, &tg], |[i, j, k]| {
+        full.push(h(a[i], b[j], g[k]))
+    });
+    sum_to(&full, out, target, dtype)
+}
+
+/// Adds two tensors of the same shape and dtype (gradient accumulation), rounding once.
+pub fn add_same(a: &Tensor, b: &Tensor) -> Result<Computed> {
+    with_float2!(a, b, "accumulate_grad", |x, y| {
+        binary_kernel(
+            x,
+            a.shape(),
+            y,
+            b.shape(),
+            a.shape(),
+            Binary::Add,
+            a.dtype(),
+        )
+    })
+}
+
+impl Engine {
+    /// Applies a unary elementwise op, recording it.
+    pub fn unary(&mut self, op: Unary, x: &Tensor) -> Result<Tensor> {
+        expect_float(x, op.name(), "input")?;
+        let ins = self.prepare(op.name(), &[x])?;
+        let x = &ins[0];
+        let out = with_float!(x, op.name(), |d| unary_kernel(d, op, x.shape(), x.dtype()))?;
+        let (xs, ys) = (x.clone(), out.tensor.clone());
+        let bw = Box::new(move |g: &Tensor| {
+            let r = match (
+                super::fdata(&xs, "backward")?,
+                super::fdata(&ys, "backward")?,
+                super::fdata(g, "backward")?,
+            ) {
+                (super::FData::F32(a), super::FData::F32(b), super::FData::F32(c)) => {
+                    unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
+                }
+                (super::FData::F64(a), super::FData::F64(b), super::FData::F64(c)) => {
+                    unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
+                }
+                _ => {
+                    return Err(crate::Error::shape(
+                        op.name(),
+                        "gradient dtype differs from input",
+                    ))
+                }
+            };
+            Ok(vec![grad(r)])
+        });
+        self.record(op.name(), &[x], &["input"], out, Some(bw))
+    }
+
+    /// Applies a broadcasting binary op, recording it.
+    pub fn binary(&mut self, op: Binary, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        expect_float(a, op.name(), "left operand")?;
+        expect_float(b, op.name(), "right operand")?;
+        let ins = self.prepare(op.name(), &[a, b])?;
+        let (a, b) = (&ins[0], &ins[1]);
+        let out_shape = super::broadcast_shape(a.shape(), b.shape(), op.name())?;
+        let out = with_float2!(a, b, op.name(), |x, y| binary_kernel(
+            x,
+            a.shape(),
+            y,
+            b.shape(),
+            &out_shape,
+            op,
+            a.dtype()
+        ))?;
+        let (at, bt) = (a.clone(), b.clone());
+        let bw = Box::new(move |g: &Tensor| {
+            let (sa, sb, dt) = (at.shape(), bt.shape(), at.dtype());
+            macro_rules! grads {
+                ($x:ident, $y:ident, $gg:ident) => {{
+                    let ga = match op {
+                        Binary::Add | Binary::Sub => sum_to($gg, &out_shape, sa, dt)?,
+                        Binary::Mul => {
+                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| g * b)?
+                        }
+                        Binary::Div => {
+                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| g / b)?
+                        }
+                    };
+                    let gb = match op {
+                        Binary::Add => sum_to($gg, &out_shape, sb, dt)?,
+                        Binary::Sub => {
+                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |_, _, g| -g)?
+                        }
+                        Binary::Mul => {
+                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, _, g| g * a)?
+                        }
+                        Binary::Div => {
+                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, b, g| {
+                                -g * a / (b * b)
+                            })?
+                        }
+                    };
+                    Ok(vec![grad(ga), grad(gb)])
+                }};
+            }
+            match (
+                super::fdata(&at, "backward")?,
+                super::fdata(&bt, "backward")?,
+                super::fdata(g, "backward")?,
+            ) {
+                (super::FData::F32(x), super::FData::F32(y), super::FData::F32(gg)) => {
+                    grads!(x, y, gg)
+                }
+                (super::FData::F64(x), super::FData::F64(y), super::FData::F64(gg)) => {
+                    grads!(x, y, gg)
+                }
+                _ => Err(crate::Error::shape(
+                    op.name(),
+                    "gradient dtype differs from inputs",
+                )),
+            }
+        });
+        self.record(op.name(), &[a, b], &["self", "other"], out, Some(bw))
+    }
+
+    /// a + b (broadcasting).
+    pub fn add(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Add, a, b)
+    }
+    /// a - b (broadcasting).
+    pub fn sub(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Sub, a, b)
+    }
+    /// a · b (broadcasting).
+    pub fn mul(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Mul, a, b)
+    }
+    /// a / b (broadcasting).
+    pub fn div(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary(Binary::Div, a, b)
+    }
+    /// -x
+    pub fn neg(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Neg, x)
+    }
+    /// max(x, 0)
+    pub fn relu(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Relu, x)
+    }
+    /// GELU; `tanh_approx` selects the tanh form.
+    pub fn gelu(&mut self, x: &Tensor, tanh_approx: bool) -> Result<Tensor> {
+        self.unary(
+            if tanh_approx {
+                Unary::GeluTanh
+            } else {
+                Unary::GeluErf
+            },
+            x,
+        )
+    }
+    /// x·sigmoid(x)
+    pub fn silu(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Silu, x)
+    }
+    /// tanh(x)
+    pub fn tanh(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Tanh, x)
+    }
+    /// sigmoid(x)
+    pub fn sigmoid(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Sigmoid, x)
+    }
+    /// e^x
+    pub fn exp(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Exp, x)
+    }
+    /// ln x
+    pub fn log(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Log, x)
+    }
+    /// x^p
+    pub fn pow(&mut self, x: &Tensor, p: f64) -> Result<Tensor> {
+        self.unary(Unary::Pow(p), x)
+    }
+    /// √x
+    pub fn sqrt(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Sqrt, x)
+    }
+    /// 1/√x
+    pub fn rsqrt(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.unary(Unary::Rsqrt, x)
+    }
+    /// clamp(x, lo, hi)
+    pub fn clamp(&mut self, x: &Tensor, lo: Option<f64>, hi: Option<f64>) -> Result<Tensor> {
+        self.unary(Unary::Clamp(lo, hi), x)
+    }
+    /// x · s
+    pub fn mul_scalar(&mut self, x: &Tensor, s: f64) -> Result<Tensor> {
+        self.unary(Unary::MulScalar(s), x)
+    }
+    /// x + s
+    pub fn add_scalar(&mut self, x: &Tensor, s: f64) -> Result<Tensor> {
+        self.unary(Unary::AddScalar(s), x)
+    }
+}

@@ -1,0 +1,247 @@
+//! Ops: one file per family. Each op has a forward kernel, a backward, and an autocast
+//! category (its ATen name looked up in the policy table).
+//!
+//! Kernels compute in `f32` (in `f64` for the reference dtype) and round once to the output
+//! dtype; reductions accumulate in `f64` before that single rounding.
+
+pub mod cast;
+pub mod elementwise;
+pub mod gradcheck;
+pub mod linalg;
+pub mod loss;
+
+use crate::dtype::{round_slice, DType, RoundCounts};
+use crate::engine::{Computed, Grad};
+use crate::error::{Error, Result};
+use crate::tensor::{Real, Storage, Tensor};
+
+/// Float data of a tensor, borrowed.
+pub(crate) enum FData<'a> {
+    /// f32 storage (f32, f16, bf16).
+    F32(&'a [f32]),
+    /// f64 storage.
+    F64(&'a [f64]),
+}
+
+/// Borrows the float data of a tensor, or fails naming the op.
+pub(crate) fn fdata<'a>(t: &'a Tensor, op: &str) -> Result<FData<'a>> {
+    match t.storage() {
+        Storage::F32(v) => Ok(FData::F32(v)),
+        Storage::F64(v) => Ok(FData::F64(v)),
+        Storage::I64(_) => Err(Error::shape(
+            op,
+            "expected a floating-point tensor, got int64",
+        )),
+    }
+}
+
+/// Values of a computation in the compute type of a dtype.
+pub(crate) trait Finish: Real {
+    /// Builds the tensor, rounding once to `dtype`.
+    fn finish(data: Vec<Self>, shape: &[usize], dtype: DType) -> Result<Computed>;
+    /// Builds the tensor from f64 accumulators, rounding each once to `dtype`.
+    fn finish_acc(acc: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Computed>;
+}
+
+impl Finish for f32 {
+    fn finish(mut data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Computed> {
+        let rounding = round_slice(dtype, &mut data);
+        Ok(Computed::new(
+            Tensor::from_exact(data, shape, dtype)?,
+            rounding,
+        ))
+    }
+    fn finish_acc(acc: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Computed> {
+        let mut rounding = RoundCounts::default();
+        let data: Vec<f32> = acc
+            .into_iter()
+            .map(|x| {
+                let r = crate::dtype::round_f64_to(dtype, x) as f32;
+                rounding.overflow += (x.is_finite() && r.is_infinite()) as u64;
+                rounding.underflow += (x != 0.0 && r == 0.0) as u64;
+                r
+            })
+            .collect();
+        Ok(Computed::new(
+            Tensor::from_exact(data, shape, dtype)?,
+            rounding,
+        ))
+    }
+}
+
+impl Finish for f64 {
+    fn finish(data: Vec<f64>, shape: &[usize], _dtype: DType) -> Result<Computed> {
+        Ok(Computed::new(
+            Tensor::from_f64(data, shape)?,
+            RoundCounts::default(),
+        ))
+    }
+    fn finish_acc(acc: Vec<f64>, shape: &[usize], _dtype: DType) -> Result<Computed> {
+        Ok(Computed::new(
+            Tensor::from_f64(acc, shape)?,
+            RoundCounts::default(),
+        ))
+    }
+}
+
+/// Turns a computed result into a gradient.
+pub(crate) fn grad(c: Computed) -> Option<Grad> {
+    Some(Grad {
+        tensor: c.tensor,
+        rounding: c.rounding,
+    })
+}
+
+/// Dispatches a generic computation over the float storage of one tensor.
+macro_rules! with_float {
+    ($t:expr, $op:expr, |$d:ident| $body:expr) => {
+        match $crate::ops::fdata($t, $op)? {
+            $crate::ops::FData::F32($d) => $body,
+            $crate::ops::FData::F64($d) => $body,
+        }
+    };
+}
+pub(crate) use with_float;
+
+/// Dispatches a generic computation over the float storage of two same-dtype tensors.
+macro_rules! with_float2 {
+    ($a:expr, $b:expr, $op:expr, |$x:ident, $y:ident| $body:expr) => {
+        match ($crate::ops::fdata($a, $op)?, $crate::ops::fdata($b, $op)?) {
+            ($crate::ops::FData::F32($x), $crate::ops::FData::F32($y)) => $body,
+            ($crate::ops::FData::F64($x), $crate::ops::FData::F64($y)) => $body,
+            _ => {
+                return Err($crate::error::Error::shape(
+                    $op,
+                    format!(
+                        "inputs have different storage ({} and {})",
+                        $a.dtype(),
+                        $b.dtype()
+                    ),
+                ))
+            }
+        }
+    };
+}
+pub(crate) use with_float2;
+
+/// Checks that `t` is floating point.
+pub(crate) fn expect_float(t: &Tensor, op: &str, what: &str) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Err(Error::shape(
+            op,
+            format!("{what} must be floating point, got {}", t.dtype()),
+        ));
+    }
+    Ok(())
+}
+
+/// Broadcast shape of two shapes (NumPy rules).
+pub fn broadcast_shape(a: &[usize], b: &[usize], op: &str) -> Result<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::shape(
+                    op,
+                    format!("shapes {a:?} and {b:?} do not broadcast"),
+                ))
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Strides of `shape` inside a broadcast `out` shape (0 where broadcast).
+pub(crate) fn bstrides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let r = out.len();
+    let own = crate::tensor::strides(shape);
+    let mut s = vec![0; r];
+    for i in 0..shape.len() {
+        let o = r - shape.len() + i;
+        s[o] = if shape[i] == 1 && out[o] != 1 {
+            0
+        } else {
+            own[i]
+        };
+    }
+    s
+}
+
+/// Visits every element of the `out` shape in row-major order with the flat offsets of
+/// inputs with the given strides.
+pub(crate) fn for_each_offset<const N: usize>(
+    out: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut([usize; N]),
+) {
+    let total: usize = out.iter().product();
+    if total == 0 {
+        return;
+    }
+    let r = out.len();
+    if r == 0 {
+        f([0; N]);
+        return;
+    }
+    let inner = out[r - 1];
+    let inner_s: [usize; N] = std::array::from_fn(|k| strides[k][r - 1]);
+    let mut idx = vec![0usize; r];
+    let mut base = [0usize; N];
+    let outer = total / inner;
+    for _ in 0..outer {
+        for j in 0..inner {
+            f(std::array::from_fn(|k| base[k] + j * inner_s[k]));
+        }
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            for k in 0..N {
+                base[k] += strides[k][d];
+            }
+            if idx[d] < out[d] {
+                break;
+            }
+            for k in 0..N {
+                base[k] -= strides[k][d] * out[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Sums `data` (of shape `full`) down to `target` (broadcast-compatible, same rank or a
+/// suffix), accumulating in f64.
+pub(crate) fn sum_to_f64<T: Real>(data: &[T], full: &[usize], target: &[usize]) -> Vec<f64> {
+    let n: usize = target.iter().product();
+    let mut acc = vec![0f64; n];
+    if target == full {
+        return data.iter().map(|x| x.f64()).collect();
+    }
+    let ts = bstrides(target, full);
+    let ones = crate::tensor::strides(full);
+    for_each_offset(full, [&ones, &ts], |[i, t]| acc[t] += data[i].f64());
+    acc
+}
+
+/// Sums `data` down to `target` and rounds once to `dtype`.
+pub(crate) fn sum_to<T: Finish>(
+    data: &[T],
+    full: &[usize],
+    target: &[usize],
+    dtype: DType,
+) -> Result<Computed> {
+    T::finish_acc(sum_to_f64(data, full, target), target, dtype)
+}

@@ -1,0 +1,2 @@
+//! Trace records (placeholder until the trace module lands).
+pub mod record;
