@@ -4,6 +4,7 @@ pub mod amp;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod models;
 pub mod ops;
 pub mod optim;
 pub mod rng;

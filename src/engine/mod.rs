@@ -301,6 +301,12 @@ impl Engine {
         Ok(out)
     }
 
+    /// Casts a parameter to `d` once per forward (cached like autocast's weight cache and
+    /// counted as a weight cast).
+    pub fn cast_param(&mut self, t: &Tensor, d: DType) -> Result<Tensor> {
+        self.autocast_cast(t, d)
+    }
+
     fn autocast_cast(&mut self, t: &Tensor, d: DType) -> Result<Tensor> {
         // PyTorch caches casts of fp32 leaf parameters for the duration of the autocast region.
         let cacheable = t.is_leaf() && t.requires_grad() && t.dtype() == DType::F32;

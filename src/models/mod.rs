@@ -1,0 +1,110 @@
+//! Models: parameters, batches and the forward pass that ends in a loss.
+
+pub mod mlp;
+pub mod weights;
+
+use crate::amp::mode::Precision;
+use crate::dtype::DType;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// One trainable parameter.
+#[derive(Debug, Clone)]
+pub struct Param {
+    /// Dotted name as Hugging Face / PyTorch writes it (`fc1.weight`).
+    pub name: String,
+    /// Path of the module owning it (`fc1`).
+    pub module: String,
+    /// Current value: a leaf tensor that requires a gradient, in the mode's parameter dtype.
+    pub value: Tensor,
+    /// Normalisation parameters stay fp32 in O2.
+    pub norm: bool,
+}
+
+impl Param {
+    /// A parameter; the module path is the name without its last segment.
+    pub fn new(name: &str, value: Tensor, norm: bool) -> Param {
+        let module = name.rsplit_once('.').map(|(m, _)| m.to_string()).unwrap_or_default();
+        Param { name: name.to_string(), module, value: value.as_leaf(true), norm }
+    }
+}
+
+/// A model's parameters, in a fixed order.
+#[derive(Debug, Clone, Default)]
+pub struct ParamStore {
+    /// The parameters.
+    pub params: Vec<Param>,
+}
+
+impl ParamStore {
+    /// Looks up a parameter by name.
+    pub fn get(&self, name: &str) -> Result<&Param> {
+        self.params.iter().find(|p| p.name == name).ok_or_else(|| Error::tensor(name, "no such parameter"))
+    }
+
+    /// Converts every parameter to `dtype` (rounding once), e.g. for pure low-precision modes.
+    pub fn convert(&mut self, dtype: DType) -> Result<()> {
+        for p in &mut self.params {
+            if p.value.dtype() != dtype {
+                let c = crate::ops::cast::cast(&p.value, dtype)?;
+                p.value = c.tensor.as_leaf(true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hands parameters to a forward pass, applying the precision mode (O2 casts a per-forward
+/// low-precision copy of every non-norm parameter; the cast is recorded, so gradients flow
+/// back to the fp32 master).
+pub struct ParamAccess<'a> {
+    store: &'a ParamStore,
+    precision: Precision,
+}
+
+impl<'a> ParamAccess<'a> {
+    /// Access under a precision mode.
+    pub fn new(store: &'a ParamStore, precision: Precision) -> Self {
+        ParamAccess { store, precision }
+    }
+
+    /// The parameter `name` as the forward pass must use it.
+    pub fn get(&self, eng: &mut Engine, name: &str) -> Result<Tensor> {
+        let p = self.store.get(name)?;
+        match self.precision.o2_dtype() {
+            Some(d) if !p.norm && !eng.is_kept_fp32(&p.module) => eng.cast_param(&p.value, d),
+            _ => Ok(p.value.clone()),
+        }
+    }
+
+    /// The precision mode.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+}
+
+/// One batch: model inputs and integer labels.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Inputs (features or token ids).
+    pub inputs: Tensor,
+    /// Labels (class ids), int64.
+    pub labels: Tensor,
+}
+
+/// What a forward pass returns.
+pub struct Output {
+    /// Scalar loss.
+    pub loss: Tensor,
+    /// The logits the loss was computed from.
+    pub logits: Tensor,
+}
+
+/// A model the step engine can train.
+pub trait Model: Send + Sync {
+    /// Short description (architecture and sizes).
+    fn describe(&self) -> String;
+    /// Runs the forward pass and the loss.
+    fn forward(&self, eng: &mut Engine, params: &ParamAccess<'_>, batch: &Batch) -> Result<Output>;
+}
