@@ -1,3 +1,4 @@
 //! Automatic mixed precision: autocast policy tables, precision modes, loss scaling.
 pub mod policy;
 pub mod scaler;
+pub mod simulate;
