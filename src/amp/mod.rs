@@ -2,3 +2,4 @@
 pub mod mode;
 pub mod policy;
 pub mod scaler;
+pub mod simulate;
