@@ -140,7 +140,7 @@ pub const FP64: Format = Format {
     name: "float64",
     max: f64::MAX,
     min_normal: f64::MIN_POSITIVE,
-    min_subnormal: 4.9406564584124654e-324,
+    min_subnormal: 5e-324,
     epsilon: f64::EPSILON,
 };
 
