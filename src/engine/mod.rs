@@ -275,7 +275,7 @@ impl Engine {
                     "{op} is not allowed under autocast (PyTorch bans it as unsafe)"
                 )));
             }
-            target = autocast_output_dtype(cat, ac.dtype, &dtypes);
+            target = autocast_output_dtype(cat, ac.dtype, &dtypes)?;
         }
         let mut out = Vec::with_capacity(inputs.len());
         for t in inputs {
