@@ -263,6 +263,11 @@ impl Engine {
         Some(ac)
     }
 
+    /// The autocast category of `op` when autocast is active here (None when it is off).
+    pub fn autocast_category(&self, op: &str) -> Option<Category> {
+        self.autocast_active().map(|ac| ac.table.category(op))
+    }
+
     /// Casts the inputs of `op` as autocast and native type promotion require, recording
     /// each cast. Integer tensors pass through.
     pub fn prepare(&mut self, op: &'static str, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {

@@ -1,9 +1,23 @@
 //! Losses: cross-entropy (mean, ignore_index) and mean squared error.
 
 use super::{expect_float, grad, with_float, with_float2, FData, Finish};
+use crate::amp::policy::Category;
 use crate::engine::{Computed, Engine};
 use crate::error::{Error, Result};
 use crate::tensor::{Real, Tensor};
+
+/// Class count, labels and number of non-ignored labels, after checking shapes and range.
+fn class_targets<'a>(op: &str, x: &Tensor, t: &'a Tensor, ignore: Option<i64>) -> Result<(usize, &'a [i64], usize)> {
+    let ti = t.i64s().map_err(|_| Error::tensor("labels", format!("expected int64 labels, got {}", t.dtype())))?;
+    if x.rank() == 0 {
+        return Err(Error::shape(op, "input must have a class dimension"));
+    }
+    let c = x.shape()[x.rank() - 1];
+    if x.shape()[..x.rank() - 1] != *t.shape() {
+        return Err(Error::shape(op, format!("labels shape {:?} does not match input {:?} without the class dim", t.shape(), x.shape())));
+    }
+    Ok((c, ti, check_targets(ti, c, ignore)?))
+}
 
 fn check_targets(t: &[i64], c: usize, ignore: Option<i64>) -> Result<usize> {
     let mut valid = 0;
@@ -106,7 +120,44 @@ fn mse_bwd<T: Finish>(
     Ok((T::finish(ga, shape, dtype)?, T::finish(gb, shape, dtype)?))
 }
 
+fn nll_fwd<T: Finish>(lp: &[T], t: &[i64], c: usize, ignore: Option<i64>, valid: usize, dtype: crate::DType) -> Result<Computed> {
+    let total: f64 = lp.chunks(c).zip(t).filter(|(_, &y)| Some(y) != ignore).map(|(row, &y)| -row[y as usize].f64()).sum();
+    T::finish_acc(vec![total / valid as f64], &[], dtype)
+}
+
+fn nll_bwd<T: Finish>(n: usize, t: &[i64], g: T, c: usize, ignore: Option<i64>, valid: usize, shape: &[usize], dtype: crate::DType) -> Result<Computed> {
+    let mut out = vec![T::zero(); n];
+    let v = -g / T::of(valid as f64);
+    for (o, &y) in out.chunks_mut(c).zip(t) {
+        if Some(y) != ignore {
+            o[y as usize] = v;
+        }
+    }
+    T::finish(out, shape, dtype)
+}
+
 impl Engine {
+    /// Mean negative log-likelihood of log-probabilities `lp` [..., C] at integer `targets`
+    /// (`torch.nn.functional.nll_loss`).
+    pub fn nll_loss(&mut self, lp: &Tensor, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        expect_float(lp, "nll_loss", "log-probabilities")?;
+        let ins = self.prepare("nll_loss", &[lp, targets])?;
+        let (x, t) = (&ins[0], &ins[1]);
+        let (c, ti, valid) = class_targets("nll_loss", x, t, ignore_index)?;
+        let dtype = x.dtype();
+        let out = with_float!(x, "nll_loss", |d| nll_fwd(d, ti, c, ignore_index, valid, dtype))?;
+        let (xt, tt) = (x.clone(), t.clone());
+        let bw = Box::new(move |g: &Tensor| {
+            let ti = tt.i64s()?;
+            let r = match super::fdata(g, "nll_loss")? {
+                FData::F32(g) => nll_bwd(xt.numel(), ti, g[0], c, ignore_index, valid, xt.shape(), dtype)?,
+                FData::F64(g) => nll_bwd(xt.numel(), ti, g[0], c, ignore_index, valid, xt.shape(), dtype)?,
+            };
+            Ok(vec![grad(r), None])
+        });
+        self.record("nll_loss", &[x, t], &["input", "target"], out, Some(bw))
+    }
+
     /// Mean cross-entropy of `logits` [..., C] against integer `targets` [...], skipping
     /// positions equal to `ignore_index` (`torch.nn.functional.cross_entropy`).
     pub fn cross_entropy(

@@ -1,0 +1,34 @@
+//! Subcommands. anyhow lives here, at the edge; the library has one error type.
+
+mod run;
+mod scaler;
+
+use clap::{Parser, Subcommand};
+
+/// Finds where mixed-precision training goes numerically wrong, says why, and proves the fix.
+#[derive(Parser, Debug)]
+#[command(name = "amprobe", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run AMP training steps with probes on every op.
+    Run(run::RunArgs),
+    /// Loss-scaler tools.
+    Scaler {
+        #[command(subcommand)]
+        command: scaler::ScalerCommand,
+    },
+}
+
+/// Parses the command line and runs; returns the exit code.
+pub fn main() -> anyhow::Result<i32> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Scaler { command } => scaler::run(command),
+    }
+}

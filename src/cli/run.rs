@@ -1,0 +1,166 @@
+//! `amprobe run CONFIG [flags]`: AMP training steps with probes, a trace and a summary.
+
+use amprobe::config::RunConfig;
+use amprobe::runner::{run as run_training, RunOptions, RunSummary};
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Run configuration (TOML).
+    config: PathBuf,
+    /// Precision mode: fp32, fp16, bf16, o2, o2-bf16, half, bfloat16-pure.
+    #[arg(long)]
+    precision: Option<String>,
+    /// Optimizer steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Micro-batches per optimizer step.
+    #[arg(long)]
+    accumulate: Option<u32>,
+    /// Clip the total gradient norm (after unscaling).
+    #[arg(long, value_name = "MAX_NORM")]
+    clip: Option<f32>,
+    /// sgd, adam or adamw.
+    #[arg(long)]
+    optimizer: Option<String>,
+    /// Loss scaler: default, maxclip, hysteresis, fixed, none.
+    #[arg(long)]
+    scaler: Option<String>,
+    /// Initial loss scale.
+    #[arg(long)]
+    init_scale: Option<f32>,
+    /// Clean steps before the scale grows.
+    #[arg(long)]
+    growth_interval: Option<u32>,
+    /// Scale growth factor.
+    #[arg(long)]
+    growth_factor: Option<f64>,
+    /// Scale backoff factor.
+    #[arg(long)]
+    backoff_factor: Option<f64>,
+    /// Cap of the `maxclip` scaler.
+    #[arg(long)]
+    max_scale: Option<f32>,
+    /// Learning rate.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Autocast policy table: cuda (default) or cpu.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Keep modules matching this dotted pattern in fp32 (repeatable).
+    #[arg(long = "keep-fp32", value_name = "PATTERN")]
+    keep_fp32: Vec<String>,
+    /// Write the trace (JSON Lines) here.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Write the summary JSON here.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+    /// Keep full op records every N steps.
+    #[arg(long)]
+    sample_every: Option<u64>,
+    /// Switch probes off (to measure their cost).
+    #[arg(long)]
+    no_probes: bool,
+}
+
+fn apply_flags(cfg: &mut RunConfig, a: &RunArgs) {
+    let t = &mut cfg.train;
+    macro_rules! set {
+        ($dst:expr, $src:expr) => {
+            if let Some(v) = $src.clone() {
+                $dst = Some(v);
+            }
+        };
+    }
+    set!(t.precision, a.precision);
+    set!(t.steps, a.steps);
+    set!(t.accumulate, a.accumulate);
+    set!(t.clip, a.clip);
+    set!(t.optimizer, a.optimizer);
+    set!(t.lr, a.lr);
+    set!(t.seed, a.seed);
+    set!(t.policy, a.policy);
+    if !a.keep_fp32.is_empty() {
+        t.keep_fp32 = Some(a.keep_fp32.clone());
+    }
+    let s = &mut cfg.scaler;
+    set!(s.kind, a.scaler);
+    set!(s.init_scale, a.init_scale);
+    set!(s.growth_interval, a.growth_interval);
+    set!(s.growth_factor, a.growth_factor);
+    set!(s.backoff_factor, a.backoff_factor);
+    set!(s.max_scale, a.max_scale);
+    let p = &mut cfg.probe;
+    set!(p.trace, a.trace);
+    set!(p.summary_json, a.summary_json);
+    set!(p.sample_every, a.sample_every);
+    if a.no_probes {
+        p.enabled = Some(false);
+    }
+}
+
+fn describe(op: &Option<amprobe::trace::record::OpRef>) -> String {
+    match op {
+        None => "none".to_string(),
+        Some(o) => format!(
+            "step {} {:?} op #{} `{}` in `{}`",
+            o.step,
+            o.phase,
+            o.op_index,
+            o.op,
+            if o.module.is_empty() { "<root>" } else { &o.module }
+        )
+        .replace("Forward", "forward")
+        .replace("Backward", "backward")
+        .replace("Optimizer", "optimizer"),
+    }
+}
+
+fn print_human(s: &RunSummary) {
+    println!("amprobe: {} under {}", s.model, s.precision);
+    for st in &s.steps {
+        println!(
+            "  step {:>4}  loss {:>12.6}  scale {:>10} -> {:<10} {}",
+            st.step,
+            st.loss.unwrap_or(f64::NAN),
+            st.scale_before,
+            st.scale_after,
+            if st.skipped { "SKIPPED (inf/nan gradient)" } else { "" }
+        );
+    }
+    println!("verdict: {}", s.verdict);
+    println!("  first Inf: {}", describe(&s.first_inf));
+    println!("  first NaN: {}", describe(&s.first_nan));
+    if s.chain.len() > 1 {
+        let c: Vec<String> = s.chain.iter().map(|o| format!("{}@{}", o.op, if o.module.is_empty() { "<root>" } else { &o.module })).collect();
+        println!("  chain: {}", c.join(" -> "));
+    }
+    if s.skipped_steps > 0 {
+        println!("  skipped steps: {} of {}", s.skipped_steps, s.steps.len());
+    }
+    for e in &s.events {
+        println!("  event: {e}");
+    }
+    if let Some(t) = &s.trace {
+        println!("trace: {}", t.display());
+    }
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let mut cfg = RunConfig::load(&a.config)?;
+    apply_flags(&mut cfg, &a);
+    let opts = RunOptions { command_line: std::env::args().collect(), injections: Vec::new(), progress: true };
+    let summary = run_training(&cfg, &opts)?;
+    if let Some(p) = &cfg.probe.summary_json {
+        let text = serde_json::to_string_pretty(&summary)?;
+        std::fs::write(p, text + "\n").with_context(|| format!("writing summary {}", p.display()))?;
+    }
+    print_human(&summary);
+    Ok(0)
+}

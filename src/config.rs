@@ -1,0 +1,220 @@
+//! Run configuration: a TOML file whose every field can also be set by a CLI flag (flags win).
+
+use crate::amp::mode::Precision;
+use crate::amp::policy::DeviceType;
+use crate::amp::scaler::{ScalerConfig, ScalerKind};
+use crate::error::{Error, Result};
+use crate::optim::clip::NormType;
+use crate::optim::{AdamConfig, AdamWConfig, OptimizerConfig, SgdConfig};
+use crate::train::{OpSampling, TrainConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// `[model]`: which model and where its weights are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Model kind: `mlp`.
+    pub kind: Option<String>,
+    /// MLP input features.
+    pub inputs: Option<usize>,
+    /// MLP hidden units.
+    pub hidden: Option<usize>,
+    /// MLP classes.
+    pub classes: Option<usize>,
+    /// Weights (safetensors), relative to the config file; seeded init when absent.
+    pub weights: Option<PathBuf>,
+}
+
+/// `[data]`: the batch.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// A safetensors file with `x` [batch, inputs] (float) and `y` [batch] (int64), used
+    /// for every step; relative to the config file.
+    pub batch_file: Option<PathBuf>,
+    /// Batch size of seeded synthetic data (when no batch file).
+    pub batch: Option<usize>,
+}
+
+/// `[train]`: the step.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    /// Precision mode: fp32, fp16, bf16, o2, o2-bf16, half, bfloat16-pure.
+    pub precision: Option<String>,
+    /// Optimizer steps.
+    pub steps: Option<u64>,
+    /// Micro-batches per optimizer step.
+    pub accumulate: Option<u32>,
+    /// Max gradient norm (clipping after unscale).
+    pub clip: Option<f32>,
+    /// Clipping norm: `l2` or `inf`.
+    pub clip_norm: Option<NormType>,
+    /// sgd, adam or adamw.
+    pub optimizer: Option<String>,
+    /// Learning rate.
+    pub lr: Option<f64>,
+    /// SGD momentum.
+    pub momentum: Option<f64>,
+    /// Weight decay.
+    pub weight_decay: Option<f64>,
+    /// Seed for synthetic data, init and dropout.
+    pub seed: Option<u64>,
+    /// Autocast policy table: cuda or cpu.
+    pub policy: Option<String>,
+    /// Module path patterns kept in fp32.
+    pub keep_fp32: Option<Vec<String>>,
+}
+
+/// `[scaler]`: the loss scaler.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScalerSection {
+    /// default, maxclip, hysteresis, fixed or none.
+    pub kind: Option<String>,
+    /// Initial scale.
+    pub init_scale: Option<f32>,
+    /// Growth factor.
+    pub growth_factor: Option<f64>,
+    /// Backoff factor.
+    pub backoff_factor: Option<f64>,
+    /// Clean steps before growth.
+    pub growth_interval: Option<u32>,
+    /// Cap of `maxclip`.
+    pub max_scale: Option<f32>,
+    /// Overflows tolerated before a backoff (`hysteresis`).
+    pub hysteresis: Option<u32>,
+    /// Floor of `hysteresis`.
+    pub min_scale: Option<f32>,
+    /// Fail when an overflow happens at the floor (`hysteresis`).
+    pub error_at_floor: Option<bool>,
+}
+
+/// `[probe]`: probes and outputs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSection {
+    /// Probes on (default) or off.
+    pub enabled: Option<bool>,
+    /// Keep full op records every N steps (0: only the first step and non-finite steps).
+    pub sample_every: Option<u64>,
+    /// Trace path (JSON Lines).
+    pub trace: Option<PathBuf>,
+    /// Summary JSON path.
+    pub summary_json: Option<PathBuf>,
+}
+
+/// A whole run configuration, as in the TOML file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Model.
+    #[serde(default)]
+    pub model: ModelSection,
+    /// Data.
+    #[serde(default)]
+    pub data: DataSection,
+    /// Training.
+    #[serde(default)]
+    pub train: TrainSection,
+    /// Loss scaler.
+    #[serde(default)]
+    pub scaler: ScalerSection,
+    /// Probes.
+    #[serde(default)]
+    pub probe: ProbeSection,
+    /// Directory relative paths resolve against (the config file's folder).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+impl RunConfig {
+    /// Reads a TOML config file.
+    pub fn load(path: &Path) -> Result<RunConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut cfg: RunConfig = toml::from_str(&text).map_err(|e| Error::config(path.display().to_string(), e.to_string()))?;
+        cfg.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(cfg)
+    }
+
+    /// Resolves a path from the file against the config's folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// Number of steps (default 1).
+    pub fn steps(&self) -> u64 {
+        self.train.steps.unwrap_or(1)
+    }
+
+    /// The step engine's configuration.
+    pub fn train_config(&self) -> Result<TrainConfig> {
+        let t = &self.train;
+        let precision = Precision::parse(t.precision.as_deref().unwrap_or("fp32"))?;
+        let policy = match t.policy.as_deref().unwrap_or("cuda") {
+            "cuda" => DeviceType::Cuda,
+            "cpu" => DeviceType::Cpu,
+            other => return Err(Error::config("train.policy", format!("unknown device type `{other}` (expected cuda or cpu)"))),
+        };
+        let lr = t.lr.unwrap_or(0.01);
+        let wd = t.weight_decay;
+        let optimizer = match t.optimizer.as_deref().unwrap_or("sgd") {
+            "sgd" => OptimizerConfig::Sgd(SgdConfig {
+                lr,
+                momentum: t.momentum.unwrap_or(0.0),
+                weight_decay: wd.unwrap_or(0.0),
+                ..SgdConfig::default()
+            }),
+            "adam" => OptimizerConfig::Adam(AdamConfig { lr, weight_decay: wd.unwrap_or(0.0), ..AdamConfig::default() }),
+            "adamw" => OptimizerConfig::AdamW(AdamWConfig { lr, weight_decay: wd.unwrap_or(0.01), ..AdamWConfig::default() }),
+            other => return Err(Error::config("train.optimizer", format!("unknown optimizer `{other}` (expected sgd, adam or adamw)"))),
+        };
+        let s = &self.scaler;
+        let d = ScalerConfig::default();
+        let kind = match s.kind.as_deref().unwrap_or("default") {
+            "default" => ScalerKind::Default,
+            "maxclip" | "max_clip" => ScalerKind::MaxClip { max_scale: s.max_scale.unwrap_or(16777216.0) },
+            "hysteresis" => ScalerKind::Hysteresis {
+                hysteresis: s.hysteresis.unwrap_or(2),
+                min_scale: s.min_scale.unwrap_or(1.0),
+                error_at_floor: s.error_at_floor.unwrap_or(false),
+            },
+            "fixed" => ScalerKind::Fixed,
+            "none" => ScalerKind::None,
+            other => {
+                return Err(Error::config(
+                    "scaler.kind",
+                    format!("unknown scaler `{other}` (expected default, maxclip, hysteresis, fixed or none)"),
+                ))
+            }
+        };
+        let scaler = ScalerConfig {
+            enabled: !matches!(kind, ScalerKind::None),
+            kind,
+            init_scale: s.init_scale.unwrap_or(d.init_scale),
+            growth_factor: s.growth_factor.unwrap_or(d.growth_factor),
+            backoff_factor: s.backoff_factor.unwrap_or(d.backoff_factor),
+            growth_interval: s.growth_interval.unwrap_or(d.growth_interval),
+            ..d
+        };
+        scaler.validate()?;
+        Ok(TrainConfig {
+            precision,
+            accumulate: t.accumulate.unwrap_or(1),
+            clip: t.clip,
+            clip_norm: t.clip_norm.unwrap_or_default(),
+            optimizer,
+            scaler,
+            policy,
+            seed: t.seed.unwrap_or(0),
+            keep_fp32: t.keep_fp32.clone().unwrap_or_default(),
+            probes: self.probe.enabled.unwrap_or(true),
+            sampling: OpSampling { every: self.probe.sample_every.unwrap_or(0), ..OpSampling::default() },
+        })
+    }
+}

@@ -1,0 +1,242 @@
+//! A whole run: build the model, data and step engine from a config, train, stream the
+//! trace, and summarise the outcome.
+
+use crate::config::RunConfig;
+use crate::dtype::DType;
+use crate::engine::Injection;
+use crate::error::{Error, Result};
+use crate::models::mlp::{synthetic_batch, Mlp};
+use crate::models::weights::{load_safetensors, take};
+use crate::models::{Batch, Model, ParamStore};
+use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
+use crate::trace::io::TraceWriter;
+use crate::trace::record::{EndRecord, Header, OpRef, StepRecord};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Options of a run that are not part of the config.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Command line, recorded in the trace header.
+    pub command_line: Vec<String>,
+    /// Test hooks: values written into chosen ops' outputs.
+    pub injections: Vec<Injection>,
+    /// Show a progress bar (only when stdout is a terminal).
+    pub progress: bool,
+}
+
+/// Per-step line of the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepSummary {
+    /// Step number (from 0).
+    pub step: u64,
+    /// Mean loss of the step's micro-batches.
+    pub loss: Option<f64>,
+    /// Loss scale before the step.
+    pub scale_before: f64,
+    /// Loss scale after the update.
+    pub scale_after: f64,
+    /// A gradient was Inf/NaN.
+    pub found_inf: bool,
+    /// The optimizer step was skipped.
+    pub skipped: bool,
+    /// Total L2 norm of the unscaled gradients (before clipping).
+    pub grad_norm: Option<f64>,
+}
+
+/// Per-parameter line of the summary (last step).
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamSummary {
+    /// Largest |unscaled gradient|.
+    pub max_abs_grad: f64,
+    /// L2 norm of the unscaled gradient.
+    pub grad_norm: f64,
+    /// Largest |parameter| after the step.
+    pub max_abs_after: f64,
+}
+
+/// What a run found: the machine-readable summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    /// `clean`, `overflow-skips`, `forward-nonfinite` or `diverged`.
+    pub verdict: String,
+    /// Model description.
+    pub model: String,
+    /// Precision mode.
+    pub precision: String,
+    /// First op whose output held an Inf while its inputs were finite.
+    pub first_inf: Option<OpRef>,
+    /// First op whose output held a NaN while its inputs had none.
+    pub first_nan: Option<OpRef>,
+    /// Ops from the first Inf to the first NaN, in execution order.
+    pub chain: Vec<OpRef>,
+    /// Every step.
+    pub steps: Vec<StepSummary>,
+    /// Every parameter, for the last step.
+    pub params: BTreeMap<String, ParamSummary>,
+    /// Scaler and clipping events (collapse, non-finite norms, warnings), with their step.
+    pub events: Vec<String>,
+    /// Number of skipped steps.
+    pub skipped_steps: u64,
+    /// Trace file, if one was written.
+    pub trace: Option<PathBuf>,
+}
+
+/// Builds the model, its parameters and the data source a config describes.
+pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<(Box<dyn Model>, ParamStore, Box<dyn DataSource>)> {
+    let kind = cfg.model.kind.as_deref().unwrap_or("mlp");
+    match kind {
+        "mlp" => {
+            let m = Mlp {
+                inputs: cfg.model.inputs.unwrap_or(100),
+                hidden: cfg.model.hidden.unwrap_or(50),
+                classes: cfg.model.classes.unwrap_or(10),
+            };
+            let params = match &cfg.model.weights {
+                Some(p) => m.load(&cfg.resolve(p))?,
+                None => m.init(train.seed)?,
+            };
+            let data: Box<dyn DataSource> = match &cfg.data.batch_file {
+                Some(p) => Box::new(FixedBatch(load_batch(&cfg.resolve(p), m.inputs)?)),
+                None => {
+                    let (inputs, classes, b, seed) = (m.inputs, m.classes, cfg.data.batch.unwrap_or(16), train.seed);
+                    if b == 0 {
+                        return Err(Error::config("data.batch", "must be at least 1"));
+                    }
+                    Box::new(Synthetic(move |step, micro| synthetic_batch(inputs, classes, b, seed, step * 1024 + micro as u64)))
+                }
+            };
+            Ok((Box::new(m), params, data))
+        }
+        other => Err(Error::config("model.kind", format!("unknown model kind `{other}` (expected mlp)"))),
+    }
+}
+
+/// Loads a batch file with `x` [batch, inputs] (float) and `y` [batch] (int64).
+pub fn load_batch(path: &std::path::Path, inputs: usize) -> Result<Batch> {
+    let mut map = load_safetensors(path)?;
+    let x = map.get("x").ok_or_else(|| Error::tensor(format!("{}: x", path.display()), "missing (expected [batch, inputs] float)"))?;
+    let b = x.shape().first().copied().unwrap_or(0);
+    let x = take(&mut map, path, "x", &[b, inputs])?;
+    if !x.dtype().is_float() || x.dtype() == DType::F64 {
+        return Err(Error::tensor(format!("{}: x", path.display()), format!("has dtype {}, expected F32, F16 or BF16", x.dtype())));
+    }
+    let x = crate::ops::cast::cast(&x, DType::F32)?.tensor;
+    let y = take(&mut map, path, "y", &[b])?;
+    if y.dtype() != DType::I64 {
+        return Err(Error::tensor(format!("{}: y", path.display()), format!("has dtype {}, expected I64 labels", y.dtype())));
+    }
+    Ok(Batch { inputs: x, labels: y })
+}
+
+/// The verdict over a run's step records.
+pub fn verdict(records: &[StepRecord], params_finite: bool) -> &'static str {
+    if !params_finite {
+        "diverged"
+    } else if records.iter().any(|r| r.origins.first_inf.as_ref().or(r.origins.first_nan.as_ref()).is_some_and(|o| o.phase == crate::trace::record::Phase::Forward)) {
+        "forward-nonfinite"
+    } else if records.iter().any(|r| r.skipped) {
+        "overflow-skips"
+    } else {
+        "clean"
+    }
+}
+
+/// Runs the configured training and writes the trace (when a path is configured).
+pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
+    let train = cfg.train_config()?;
+    let (model, params, data) = build(cfg, &train)?;
+    let mut trainer = Trainer::new(train.clone(), model, params, data)?;
+    for inj in &opts.injections {
+        trainer.inject(inj.clone());
+    }
+    let mut writer = match &cfg.probe.trace {
+        Some(p) => {
+            let mut h = Header::new();
+            h.model = trainer.model().describe();
+            h.precision = train.precision.name().to_string();
+            h.autocast_dtype = train.precision.autocast_dtype();
+            h.policy_device = train.policy.name().to_string();
+            h.policy = serde_json::to_value(crate::amp::policy::PolicyTable::for_device(train.policy).entries().into_iter().collect::<BTreeMap<_, _>>())
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            h.scaler = serde_json::to_value(&train.scaler).map_err(|e| Error::Invalid(e.to_string()))?;
+            h.optimizer = serde_json::to_value(&train.optimizer).map_err(|e| Error::Invalid(e.to_string()))?;
+            h.backend = "cpu".to_string();
+            h.seed = train.seed;
+            h.command_line = opts.command_line.clone();
+            h.config = serde_json::to_value(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
+            Some(TraceWriter::create(p, &h)?)
+        }
+        None => None,
+    };
+    let steps = cfg.steps();
+    let bar = if opts.progress && std::io::stdout().is_terminal() && steps > 1 {
+        let b = indicatif::ProgressBar::new(steps);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let t0 = Instant::now();
+    let mut records = Vec::new();
+    for s in 0..steps {
+        let mut rec = trainer.step(s)?;
+        if let Some(w) = writer.as_mut() {
+            w.write_step(&rec)?;
+        }
+        if let Some(b) = &bar {
+            b.set_message(format!("loss {:.4}  scale {}", rec.loss.unwrap_or(f64::NAN), rec.scale_after));
+            b.inc(1);
+        }
+        rec.ops = None;
+        records.push(rec);
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let params_finite = trainer.params().params.iter().all(|p| p.value.f32s().map(|v| v.iter().all(|x| x.is_finite())).unwrap_or(true));
+    let verdict = verdict(&records, params_finite).to_string();
+    if let Some(w) = writer {
+        w.finish(&EndRecord { steps, verdict: verdict.clone(), wall_ms: t0.elapsed().as_secs_f64() * 1e3 })?;
+    }
+    let first = |f: fn(&StepRecord) -> Option<&OpRef>| records.iter().find_map(|r| f(r).cloned());
+    let first_inf = first(|r| r.origins.first_inf.as_ref());
+    let first_nan = first(|r| r.origins.first_nan.as_ref());
+    let chain = records.iter().find(|r| !r.origins.chain.is_empty()).map(|r| r.origins.chain.clone()).unwrap_or_default();
+    let mut params = BTreeMap::new();
+    if let Some(last) = records.last() {
+        for p in &last.params {
+            params.insert(p.name.clone(), ParamSummary { max_abs_grad: p.max_abs_grad, grad_norm: p.grad_l2, max_abs_after: p.param_max_abs_after });
+        }
+    }
+    let events = records.iter().flat_map(|r| r.events.iter().map(move |e| format!("step {}: {e}", r.step))).collect();
+    Ok(RunSummary {
+        verdict,
+        model: trainer.model().describe(),
+        precision: train.precision.name().to_string(),
+        first_inf,
+        first_nan,
+        chain,
+        skipped_steps: records.iter().filter(|r| r.skipped).count() as u64,
+        steps: records
+            .iter()
+            .map(|r| StepSummary {
+                step: r.step,
+                loss: r.loss,
+                scale_before: r.scale_before,
+                scale_after: r.scale_after,
+                found_inf: r.found_inf,
+                skipped: r.skipped,
+                grad_norm: r.grad_norm,
+            })
+            .collect(),
+        params,
+        events,
+        trace: cfg.probe.trace.clone(),
+    })
+}

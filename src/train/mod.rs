@@ -1,0 +1,351 @@
+//! The step engine: forward under the autocast policy, loss, loss scaling, backward,
+//! unscale, clipping, optimizer step and scale update, with probes on every op.
+
+use crate::amp::mode::Precision;
+use crate::amp::policy::{DeviceType, PolicyTable};
+use crate::amp::scaler::{GradScaler, GradView, ScalerConfig};
+use crate::dtype::DType;
+use crate::engine::{Autocast, Engine, Injection};
+use crate::error::{Error, Result};
+use crate::models::{Batch, Model, ParamAccess, ParamStore};
+use crate::optim::clip::{clip_grad_norm, GradSlot, NormType};
+use crate::optim::{build_optimizer, Optimizer, OptimizerConfig, ParamSlot};
+use crate::probe::recorder::Recorder;
+use crate::probe::stats::TensorStats;
+use crate::tensor::Tensor;
+use crate::trace::record::{ParamRecord, StepRecord};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// When full op records are kept for a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpSampling {
+    /// Keep every op of every `every`-th step (0: never by schedule).
+    pub every: u64,
+    /// Keep every op of the first step.
+    pub first: bool,
+    /// Keep every op of any step in which a value was non-finite.
+    pub nonfinite: bool,
+}
+
+impl Default for OpSampling {
+    fn default() -> Self {
+        OpSampling { every: 0, first: true, nonfinite: true }
+    }
+}
+
+/// Everything the step engine needs besides the model, its parameters and data.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Precision mode.
+    pub precision: Precision,
+    /// Micro-batches per optimizer step (gradient accumulation; the loss is divided by it).
+    pub accumulate: u32,
+    /// Clip the total gradient norm to this value after unscaling.
+    pub clip: Option<f32>,
+    /// Norm used for clipping.
+    pub clip_norm: NormType,
+    /// Optimizer.
+    pub optimizer: OptimizerConfig,
+    /// Loss scaler.
+    pub scaler: ScalerConfig,
+    /// Autocast policy table (target device type).
+    pub policy: DeviceType,
+    /// Seed (dropout, synthetic data).
+    pub seed: u64,
+    /// Module path patterns kept in fp32.
+    pub keep_fp32: Vec<String>,
+    /// Probes on or off.
+    pub probes: bool,
+    /// Which steps keep full op records.
+    pub sampling: OpSampling,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            precision: Precision::Fp32,
+            accumulate: 1,
+            clip: None,
+            clip_norm: NormType::L2,
+            optimizer: OptimizerConfig::default(),
+            scaler: ScalerConfig::default(),
+            policy: DeviceType::Cuda,
+            seed: 0,
+            keep_fp32: Vec::new(),
+            probes: true,
+            sampling: OpSampling::default(),
+        }
+    }
+}
+
+/// Supplies the batch of each step and micro-batch.
+pub trait DataSource: Send {
+    /// The batch for `step`, micro-batch `micro`.
+    fn batch(&mut self, step: u64, micro: u32) -> Result<Batch>;
+}
+
+/// The same batch every step.
+pub struct FixedBatch(pub Batch);
+
+impl DataSource for FixedBatch {
+    fn batch(&mut self, _step: u64, _micro: u32) -> Result<Batch> {
+        Ok(self.0.clone())
+    }
+}
+
+/// A seeded generator of batches.
+pub struct Synthetic<F: FnMut(u64, u32) -> Result<Batch> + Send>(pub F);
+
+impl<F: FnMut(u64, u32) -> Result<Batch> + Send> DataSource for Synthetic<F> {
+    fn batch(&mut self, step: u64, micro: u32) -> Result<Batch> {
+        (self.0)(step, micro)
+    }
+}
+
+/// Runs training steps of one model.
+pub struct Trainer {
+    cfg: TrainConfig,
+    model: Box<dyn Model>,
+    params: ParamStore,
+    optimizer: Box<dyn Optimizer>,
+    scaler: GradScaler,
+    engine: Engine,
+    data: Box<dyn DataSource>,
+    last_grads: Vec<Option<Tensor>>,
+}
+
+impl Trainer {
+    /// A trainer; parameters are converted to the mode's parameter dtype.
+    pub fn new(cfg: TrainConfig, model: Box<dyn Model>, mut params: ParamStore, data: Box<dyn DataSource>) -> Result<Trainer> {
+        if cfg.accumulate == 0 {
+            return Err(Error::config("accumulate", "must be at least 1"));
+        }
+        params.convert(cfg.precision.param_dtype())?;
+        let optimizer = build_optimizer(&cfg.optimizer)?;
+        let scaler = GradScaler::new(cfg.scaler.clone())?;
+        let mut engine = Engine::new();
+        engine.set_seed(cfg.seed);
+        engine.set_keep_fp32(cfg.keep_fp32.clone());
+        if let Some(d) = cfg.precision.autocast_dtype() {
+            engine.set_autocast(Some(Autocast { dtype: d, table: PolicyTable::for_device(cfg.policy) }));
+        }
+        if cfg.probes {
+            engine.add_observer(Box::new(Recorder::new()));
+        }
+        let n = params.params.len();
+        Ok(Trainer { cfg, model, params, optimizer, scaler, engine, data, last_grads: vec![None; n] })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+    /// The parameters.
+    pub fn params(&self) -> &ParamStore {
+        &self.params
+    }
+    /// The model.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+    /// The loss scaler.
+    pub fn scaler(&self) -> &GradScaler {
+        &self.scaler
+    }
+    /// The unscaled gradients of the last step, by parameter (None: no gradient).
+    pub fn last_grads(&self) -> &[Option<Tensor>] {
+        &self.last_grads
+    }
+    /// Adds an injection (test hook: writes a value into a chosen op's output).
+    pub fn inject(&mut self, inj: Injection) {
+        self.engine.add_injection(inj);
+    }
+
+    fn recorder(&mut self) -> Option<&mut Recorder> {
+        self.engine.observers_mut().iter_mut().find_map(|o| o.as_any_mut().downcast_mut::<Recorder>())
+    }
+
+    /// Runs one optimizer step (all its micro-batches) and returns its record.
+    pub fn step(&mut self, step: u64) -> Result<StepRecord> {
+        let t0 = Instant::now();
+        self.engine.begin_step(step);
+        let n = self.params.params.len();
+        let mut grads: Vec<Option<Tensor>> = vec![None; n];
+        let mut loss_sum = 0f64;
+        let mut scaled_loss = None;
+        let scale_before = self.scaler.scale();
+        let accumulate = self.cfg.accumulate;
+        let mut weight_casts = 0;
+        for micro in 0..accumulate {
+            self.engine.begin_micro(micro);
+            let batch = self.data.batch(step, micro)?;
+            let access = ParamAccess::new(&self.params, self.cfg.precision);
+            let out = self.model.forward(&mut self.engine, &access, &batch)?;
+            let mut loss = out.loss;
+            loss_sum += loss.item()?;
+            if accumulate > 1 {
+                let d = divisor(accumulate, loss.dtype())?;
+                loss = self.engine.scope("loss", |e| e.div(&loss, &d))?;
+            }
+            let root = if self.scaler.is_enabled() {
+                let s = Tensor::from_exact(vec![self.scaler.scale()], &[1], DType::F32)?;
+                let scaled = self.engine.scope("scaler", |e| e.mul(&loss, &s))?;
+                scaled_loss = Some(scaled.item()?);
+                scaled
+            } else {
+                loss
+            };
+            weight_casts += self.engine.take_weight_casts();
+            let g = self.engine.backward(&root)?;
+            for (i, p) in self.params.params.iter().enumerate() {
+                if let Some(gi) = g.get(&p.value.id()) {
+                    grads[i] = Some(match grads[i].take() {
+                        Some(prev) => crate::ops::elementwise::add_same(&prev, gi)?.tensor,
+                        None => gi.clone(),
+                    });
+                }
+            }
+        }
+        // Gradients as mutable buffers for the scaler, clipping and the optimizer.
+        let mut bufs: Vec<Option<(Vec<f32>, DType)>> =
+            grads.iter().map(|g| g.as_ref().map(|t| Ok::<_, Error>((t.f32s()?.to_vec(), t.dtype()))).transpose()).collect::<Result<_>>()?;
+        let names: Vec<String> = self.params.params.iter().map(|p| p.name.clone()).collect();
+        let mut clip_out = None;
+        let mut events = Vec::new();
+        if let Some(max_norm) = self.cfg.clip {
+            {
+                let mut views = grad_views(&names, &mut bufs);
+                self.scaler.unscale_(0, &mut views)?;
+            }
+            self.emit_grads("unscale", &names, &bufs)?;
+            let mut slots: Vec<GradSlot<'_>> = names
+                .iter()
+                .zip(bufs.iter_mut())
+                .filter_map(|(nm, b)| b.as_mut().map(|(d, dt)| GradSlot { name: nm, data: d.as_mut_slice(), dtype: *dt }))
+                .collect();
+            let c = clip_grad_norm(&mut slots, max_norm, self.cfg.clip_norm)?;
+            if c.nonfinite {
+                events.push(format!("clip_grad_norm: total norm is {} (non-finite); gradients were multiplied by {}", c.total_norm, c.clip_coef));
+            }
+            clip_out = Some(c);
+            self.emit_grads("clip_grad_norm", &names, &bufs)?;
+        }
+        let decision = {
+            let mut views = grad_views(&names, &mut bufs);
+            self.scaler.should_step(0, &mut views)?
+        };
+        if decision.unscaled_here {
+            self.emit_grads("unscale", &names, &bufs)?;
+        }
+        if !decision.skip {
+            let mut datas: Vec<Vec<f32>> = self.params.params.iter().map(|p| p.value.f32s().map(<[f32]>::to_vec)).collect::<Result<_>>()?;
+            {
+                let mut slots: Vec<ParamSlot<'_>> = self
+                    .params
+                    .params
+                    .iter()
+                    .zip(datas.iter_mut())
+                    .zip(bufs.iter())
+                    .map(|((p, d), g)| ParamSlot { name: &p.name, data: d.as_mut_slice(), grad: g.as_ref().map(|(v, _)| v.as_slice()), dtype: p.value.dtype() })
+                    .collect();
+                self.optimizer.step(&mut slots)?;
+            }
+            for (p, d) in self.params.params.iter_mut().zip(datas) {
+                let old = p.value.clone();
+                p.value = Tensor::from_exact(d, old.shape(), old.dtype())?.as_leaf(true);
+                let (m, nv) = (p.module.clone(), p.value.clone());
+                self.engine.emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
+            }
+        }
+        let upd = self.scaler.update(None)?;
+        if let Some(c) = upd.collapse {
+            events.push(format!("scale collapse: {c}"));
+        }
+        for w in self.scaler.warnings() {
+            if !events.contains(w) {
+                events.push(w.clone());
+            }
+        }
+        // Per-parameter records from the unscaled gradients.
+        let mut params_rec = Vec::new();
+        let mut sum_sq = 0f64;
+        let mut any_grad = false;
+        for (i, p) in self.params.params.iter().enumerate() {
+            let Some((g, gd)) = &bufs[i] else { continue };
+            any_grad = true;
+            let s = TensorStats::compute(*gd, g);
+            sum_sq += s.sum_sq;
+            params_rec.push(ParamRecord::from_grad(&p.name, p.value.dtype(), *gd, g, scale_before, p.value.f32s()?));
+            self.last_grads[i] = Some(Tensor::from_exact(g.clone(), p.value.shape(), *gd)?);
+        }
+        let grad_norm = match clip_out {
+            Some(c) => Some(c.total_norm as f64),
+            None if any_grad => Some(sum_sq.sqrt()),
+            None => None,
+        };
+        let sampling = self.cfg.sampling;
+        let (origins, ops, op_count) = match self.recorder() {
+            Some(r) => {
+                let keep = (sampling.first && step == 0)
+                    || (sampling.every > 0 && step % sampling.every == 0)
+                    || (sampling.nonfinite && r.saw_nonfinite());
+                let origins = r.origins();
+                let count = r.ops().len() as u64;
+                (origins, if keep { Some(r.take_ops()) } else { None }, count)
+            }
+            None => (Default::default(), None, 0),
+        };
+        Ok(StepRecord {
+            step,
+            micro_batches: accumulate,
+            loss: Some(loss_sum / accumulate as f64),
+            scaled_loss,
+            scale_before: upd.scale_before as f64,
+            scale_after: upd.scale_after as f64,
+            found_inf: upd.found_inf || decision.found_inf,
+            skipped: decision.skip,
+            growth_tracker: upd.growth_tracker as i64,
+            grad_norm,
+            clip_coef: clip_out.map(|c| c.clip_coef as f64),
+            lr: self.optimizer.lr_f64(),
+            weight_casts,
+            origins,
+            params: params_rec,
+            ops,
+            op_count,
+            events,
+            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    fn emit_grads(&mut self, op: &'static str, names: &[String], bufs: &[Option<(Vec<f32>, DType)>]) -> Result<()> {
+        if !self.engine.probing() {
+            return Ok(());
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            if let Some((g, d)) = b {
+                let t = Tensor::from_exact(g.clone(), self.params.params[i].value.shape(), *d)?;
+                let m = self.params.params[i].module.clone();
+                let _ = &names[i];
+                self.engine.emit_optimizer_op(op, &m, &[], &t);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn divisor(n: u32, dtype: DType) -> Result<Tensor> {
+    match dtype {
+        DType::F64 => Tensor::from_f64(vec![n as f64], &[]),
+        d => Tensor::from_f32(vec![n as f32], &[], d),
+    }
+}
+
+fn grad_views<'a>(names: &'a [String], bufs: &'a mut [Option<(Vec<f32>, DType)>]) -> Vec<GradView<'a>> {
+    names
+        .iter()
+        .zip(bufs.iter_mut())
+        .filter_map(|(n, b)| b.as_mut().map(|(d, dt)| GradView::new(n, d.as_mut_slice(), *dt)))
+        .collect()
+}
