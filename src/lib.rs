@@ -4,6 +4,8 @@ pub mod amp;
 pub mod dtype;
 pub mod error;
 pub mod optim;
+pub mod probe;
+pub mod trace;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
