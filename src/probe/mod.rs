@@ -1,0 +1,5 @@
+//! Numerical probes: what every op's output looks like, computed from the raw bits.
+pub mod stats;
+
+pub use stats::{CastCounts, ExpHist, TensorStats};
+pub mod recorder;

@@ -1,0 +1,1004 @@
+//! Statistics of one tensor, computed in one pass from the raw bits.
+//!
+//! Every value is classified by its bit pattern (never by a float compare), so NaN payloads,
+//! signed zeros and subnormals are all counted exactly and nothing is flushed. The pass runs
+//! on every op's output, so it is written for memory-bandwidth speed. The data is cut into
+//! fixed-size chunks; each chunk is scanned while it sits in cache by a branch-free loop
+//! (extremes, sum of squares, exact-tie counts; SIMD, with AVX2 when the CPU has it) and by a
+//! histogram of the exponent field, from which nearly every count follows exactly. A scalar
+//! scan runs only for chunks holding rare values (NaN, inf, subnormals in the storage format,
+//! values in the binade of an overflow threshold). Chunks of large tensors are spread over
+//! rayon's threads. Chunk boundaries depend only on the length and per-chunk results are
+//! merged in chunk order, so the result — including the floating-point `sum_sq` — is
+//! bit-identical whatever the number of threads or the CPU's SIMD width.
+
+use crate::dtype::DType;
+use crate::trace::record::float_json;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Elements per chunk: the unit of parallel work and of the deterministic merge.
+const CHUNK: usize = 16 * 1024;
+/// Tensors at least this long are scanned in parallel.
+const PAR_MIN: usize = 64 * 1024;
+/// Accumulator lanes of the counting loop (one AVX2 register of u32).
+const LANES: usize = 8;
+
+// Absolute-value bit patterns of f32 thresholds.
+const F32_INF: u32 = 0x7f80_0000;
+const F32_MIN_NORMAL: u32 = 0x0080_0000; // 2^-126
+const F32_F16_MIN_NORMAL: u32 = 0x3880_0000; // 2^-14
+const F32_F16_OVERFLOW: u32 = 0x477f_f000; // 65520: halfway between 65504 and 2^16, ties to inf
+const F32_F16_FLUSH: u32 = 0x3300_0000; // 2^-25: halfway between 0 and 2^-24, ties to 0
+const F32_BF16_OVERFLOW: u32 = 0x7f7f_8000; // halfway between bf16 max and 2^128, ties to inf
+const F32_BF16_FLUSH: u32 = 0x0000_8000; // 2^-134: halfway between 0 and 2^-133, ties to 0
+
+// Absolute-value bit patterns of f64 thresholds (the same values, widened exactly).
+const F64_INF: u64 = 0x7ff0_0000_0000_0000;
+const F64_MIN_NORMAL: u64 = 0x0010_0000_0000_0000; // 2^-1022
+const F64_F16_OVERFLOW: u64 = widen(F32_F16_OVERFLOW);
+const F64_F16_FLUSH: u64 = widen(F32_F16_FLUSH);
+const F64_BF16_OVERFLOW: u64 = widen(F32_BF16_OVERFLOW);
+const F64_BF16_FLUSH: u64 = widen(F32_BF16_FLUSH);
+
+/// Bit pattern of the f64 equal to the f32 with bit pattern `b`.
+const fn widen(b: u32) -> u64 {
+    (f32::from_bits(b) as f64).to_bits()
+}
+
+/// Histogram of `floor(log2 |x|)` over the finite nonzero values of a tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ExpHist {
+    /// Exponent of `counts[0]`.
+    pub lo: i32,
+    /// `counts[i]` is the number of values with `floor(log2 |x|) == lo + i`. Trimmed so that
+    /// the first and last entries are nonzero; empty when the tensor has no finite nonzero
+    /// value.
+    pub counts: Vec<u64>,
+}
+
+impl ExpHist {
+    /// Builds a trimmed histogram from dense bins, `bins[i]` counting exponent `lo + i`.
+    pub fn from_bins(lo: i32, bins: &[u64]) -> ExpHist {
+        let first = bins.iter().position(|&c| c != 0);
+        let last = bins.iter().rposition(|&c| c != 0);
+        match (first, last) {
+            (Some(f), Some(l)) => ExpHist {
+                lo: lo + f as i32,
+                counts: bins[f..=l].to_vec(),
+            },
+            _ => ExpHist::default(),
+        }
+    }
+
+    /// Number of values counted.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Smallest exponent present, if any.
+    pub fn min_exp(&self) -> Option<i32> {
+        (!self.counts.is_empty()).then_some(self.lo)
+    }
+
+    /// Largest exponent present, if any.
+    pub fn max_exp(&self) -> Option<i32> {
+        (!self.counts.is_empty()).then(|| self.lo + self.counts.len() as i32 - 1)
+    }
+
+    /// Number of values with `floor(log2 |x|) == exp`.
+    pub fn get(&self, exp: i32) -> u64 {
+        let i = i64::from(exp) - i64::from(self.lo);
+        if i < 0 {
+            return 0;
+        }
+        self.counts.get(i as usize).copied().unwrap_or(0)
+    }
+
+    /// `(exponent, count)` pairs in increasing exponent order, zero counts included.
+    pub fn iter(&self) -> impl Iterator<Item = (i32, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .map(move |(i, &c)| (self.lo + i as i32, c))
+    }
+
+    /// Adds the counts of `other` to this histogram.
+    pub fn merge(&mut self, other: &ExpHist) {
+        let (Some(olo), Some(ohi)) = (other.min_exp(), other.max_exp()) else {
+            return;
+        };
+        let (Some(slo), Some(shi)) = (self.min_exp(), self.max_exp()) else {
+            *self = other.clone();
+            return;
+        };
+        if olo < slo || ohi > shi {
+            let lo = slo.min(olo);
+            let hi = shi.max(ohi);
+            let mut counts = vec![0u64; (hi - lo + 1) as usize];
+            let off = (slo - lo) as usize;
+            counts[off..off + self.counts.len()].copy_from_slice(&self.counts);
+            self.lo = lo;
+            self.counts = counts;
+        }
+        let off = (olo - self.lo) as usize;
+        for (d, &c) in self.counts[off..].iter_mut().zip(&other.counts) {
+            *d += c;
+        }
+    }
+}
+
+/// How many values would go wrong if the tensor were rounded (round-to-nearest-even) to a
+/// narrower dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CastCounts {
+    /// Finite values that would become ±inf.
+    pub overflow: u64,
+    /// Nonzero finite values that would become ±0.
+    pub underflow: u64,
+}
+
+/// Statistics of one tensor. See [`TensorStats::compute`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct TensorStats {
+    /// Number of elements.
+    pub numel: u64,
+    /// NaN values (any payload, either sign).
+    pub nan: u64,
+    /// +inf values.
+    pub pos_inf: u64,
+    /// -inf values.
+    pub neg_inf: u64,
+    /// +0 and -0 values.
+    pub zeros: u64,
+    /// Nonzero values that are subnormal in the tensor's dtype (fp16: `|x| < 2^-14`;
+    /// bf16 and f32: `|x| < 2^-126`; f64: `|x| < 2^-1022`).
+    pub subnormal: u64,
+    /// Largest `|x|` over the finite values; 0 when there is none.
+    #[serde(with = "float_json")]
+    pub max_abs: f64,
+    /// Smallest `|x|` over the finite nonzero values; `None` when there is none.
+    #[serde(with = "float_json::option")]
+    pub min_abs_nonzero: Option<f64>,
+    /// Sum of `x²` over the finite values, accumulated in f64 (square root: the L2 norm
+    /// of the finite part). Can only overflow for f64 data.
+    #[serde(with = "float_json")]
+    pub sum_sq: f64,
+    /// Histogram of `floor(log2 |x|)` over the finite nonzero values, subnormals included.
+    pub exp_hist: ExpHist,
+    /// What rounding every value to fp16 would do.
+    pub to_f16: CastCounts,
+    /// What rounding every value to bf16 would do.
+    pub to_bf16: CastCounts,
+}
+
+impl TensorStats {
+    /// Statistics of a tensor of `dtype` whose values are held in f32 storage (fp16, bf16
+    /// and f32 tensors). `dtype` only selects the subnormal threshold: f16 counts
+    /// `0 < |x| < 2^-14`, bf16 and f32 count `0 < |x| < 2^-126`, and f64 or i64 count none
+    /// (no f32 value is subnormal in f64). Values need not be representable in `dtype`;
+    /// the cast counts are exact for any f32 input.
+    pub fn compute(dtype: DType, data: &[f32]) -> Self {
+        let sub_limit = match dtype {
+            DType::F16 => F32_F16_MIN_NORMAL,
+            DType::BF16 | DType::F32 => F32_MIN_NORMAL,
+            DType::F64 | DType::I64 => 0,
+        };
+        reduce_chunks(data, |c| chunk_f32(c, sub_limit))
+    }
+
+    /// Statistics of an f64 tensor. Cast counts are for a single correct rounding of the
+    /// f64 value to fp16 / bf16.
+    pub fn compute_f64(data: &[f64]) -> Self {
+        reduce_chunks(data, chunk_f64)
+    }
+
+    /// Adds the statistics of `other` as if its values followed this tensor's values.
+    /// `sum_sq` is added in call order, so merge in a fixed order for reproducible sums.
+    pub fn merge(&mut self, other: &TensorStats) {
+        self.numel += other.numel;
+        self.nan += other.nan;
+        self.pos_inf += other.pos_inf;
+        self.neg_inf += other.neg_inf;
+        self.zeros += other.zeros;
+        self.subnormal += other.subnormal;
+        self.max_abs = self.max_abs.max(other.max_abs);
+        self.min_abs_nonzero = match (self.min_abs_nonzero, other.min_abs_nonzero) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.sum_sq += other.sum_sq;
+        self.exp_hist.merge(&other.exp_hist);
+        self.to_f16.overflow += other.to_f16.overflow;
+        self.to_f16.underflow += other.to_f16.underflow;
+        self.to_bf16.overflow += other.to_bf16.overflow;
+        self.to_bf16.underflow += other.to_bf16.underflow;
+    }
+
+    /// NaN and infinite values together.
+    pub fn nonfinite(&self) -> u64 {
+        self.nan + self.pos_inf + self.neg_inf
+    }
+
+    /// True if any value is ±inf.
+    pub fn has_inf(&self) -> bool {
+        self.pos_inf + self.neg_inf > 0
+    }
+
+    /// True if any value is NaN.
+    pub fn has_nan(&self) -> bool {
+        self.nan > 0
+    }
+
+    /// Finite nonzero values.
+    pub fn finite_nonzero(&self) -> u64 {
+        self.numel - self.zeros - self.nonfinite()
+    }
+
+    /// `max_abs / 65504`: how much of fp16's range the finite values use (1.0 = at the edge).
+    pub fn headroom_f16(&self) -> f64 {
+        self.max_abs / crate::dtype::FP16.max
+    }
+
+    /// L2 norm of the finite values, `sqrt(sum_sq)`.
+    pub fn l2(&self) -> f64 {
+        self.sum_sq.sqrt()
+    }
+}
+
+/// Splits `data` into fixed chunks, computes each (in parallel for long tensors) and merges
+/// the results in chunk order.
+fn reduce_chunks<T: Sync>(data: &[T], f: impl Fn(&[T]) -> TensorStats + Sync) -> TensorStats {
+    let mut total = TensorStats::default();
+    if data.len() < PAR_MIN {
+        for c in data.chunks(CHUNK) {
+            total.merge(&f(c));
+        }
+    } else {
+        let parts: Vec<TensorStats> = data.par_chunks(CHUNK).map(&f).collect();
+        for p in &parts {
+            total.merge(p);
+        }
+    }
+    total
+}
+
+/// Result of the branch-free pass over a chunk: extremes of the absolute bit patterns,
+/// sum of squares, and two exact-tie counters (`a == tie_a`, `a == tie_b`).
+struct PassA<U> {
+    max: U,
+    min: U,
+    sq: f64,
+    tie_a: u64,
+    tie_b: u64,
+}
+
+/// Sums the four interleaved histogram copies.
+fn merge_copies<const N: usize>(h: &[[u32; N]; 4]) -> Vec<u64> {
+    (0..N)
+        .map(|e| h.iter().map(|hk| u64::from(hk[e])).sum())
+        .collect()
+}
+
+/// Counts of the rare values of a chunk, from a scalar scan that runs only when the
+/// chunk holds such values.
+#[derive(Default)]
+struct Rare {
+    nan: u64,
+    pos_inf: u64,
+    neg_inf: u64,
+    subnormal: u64,
+    f16_over_edge: u64,
+    bf16_over_edge: u64,
+    bf16_under: u64,
+}
+
+macro_rules! chunk_kernel {
+    (
+        $chunk:ident, $pass_a:ident, $pass_a_body:ident, $pass_a_avx2:ident,
+        float = $f:ty, bits = $u:ty, signed = $i:ty, exp_bits = $eb:expr, man_bits = $mb:expr,
+        inf = $inf:expr, min_normal = $mn:expr,
+        f16_over = $f16o:expr, bf16_over = $bf16o:expr, bf16_flush = $bf16f:expr,
+        tie_a = $ta:expr, tie_b = $tb:expr, to_f64 = $to64:expr
+    ) => {
+        /// Branch-free pass: lane-wise accumulators the compiler turns into SIMD.
+        #[inline(always)]
+        fn $pass_a_body(data: &[$f]) -> PassA<$u> {
+            const ABS: $u = <$u>::MAX >> 1;
+            let mut mx = [0 as $i; LANES];
+            let mut mn = [ABS as $i; LANES];
+            let mut sq = [0f64; LANES];
+            let mut ta = [0u32; LANES];
+            let mut tb = [0u32; LANES];
+            let mut blocks = data.chunks_exact(LANES);
+            for blk in &mut blocks {
+                let mut xs = [0 as $f; LANES];
+                xs.copy_from_slice(blk);
+                for l in 0..LANES {
+                    let a = xs[l].to_bits() & ABS;
+                    // Masks rather than branches, so every lane does the same work.
+                    let fin = (0 as $u).wrapping_sub((a < $inf) as $u);
+                    let fa = a & fin;
+                    mx[l] = mx[l].max(fa as $i);
+                    let nzm = (0 as $u).wrapping_sub((a.wrapping_sub(1) < $inf - 1) as $u);
+                    mn[l] = mn[l].min(((a & nzm) | (ABS & !nzm)) as $i);
+                    ta[l] += (a == $ta) as u32;
+                    tb[l] += (a == $tb) as u32;
+                    let v: f64 = $to64(fa);
+                    sq[l] += v * v;
+                }
+            }
+            // The tail goes through the same per-lane steps, lane l for element l.
+            for (l, &x) in blocks.remainder().iter().enumerate() {
+                let a = x.to_bits() & ABS;
+                let fa = if a < $inf { a } else { 0 };
+                mx[l] = mx[l].max(fa as $i);
+                if a != 0 && a < $inf {
+                    mn[l] = mn[l].min(a as $i);
+                }
+                ta[l] += (a == $ta) as u32;
+                tb[l] += (a == $tb) as u32;
+                let v: f64 = $to64(fa);
+                sq[l] += v * v;
+            }
+            // Lanes combined in a fixed order: the sum depends on the data only.
+            let mut s = 0.0;
+            for v in sq {
+                s += v;
+            }
+            PassA {
+                max: mx.iter().copied().max().unwrap_or(0) as $u,
+                min: mn.iter().copied().min().unwrap_or(ABS as $i) as $u,
+                sq: s,
+                tie_a: ta.iter().map(|&c| u64::from(c)).sum(),
+                tie_b: tb.iter().map(|&c| u64::from(c)).sum(),
+            }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $pass_a_avx2(data: &[$f]) -> PassA<$u> {
+            $pass_a_body(data)
+        }
+
+        fn $pass_a(data: &[$f]) -> PassA<$u> {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2, checked just above. Same operations in the
+                // same order as the portable path, so results are identical.
+                return unsafe { $pass_a_avx2(data) };
+            }
+            $pass_a_body(data)
+        }
+
+        /// Statistics of one chunk (at most `u32::MAX` elements). `dtype_sub_max_field`:
+        /// normal exponent fields `1..=it` also count as subnormal in the tensor's dtype.
+        fn $chunk(data: &[$f], dtype_sub_max_field: usize, storage_sub_counts: bool) -> TensorStats {
+            const ABS: $u = <$u>::MAX >> 1;
+            const FIELDS: usize = 1 << $eb;
+            const BIAS: i32 = (FIELDS as i32 / 2) - 1;
+            let field = |a: $u| (a >> $mb) as usize;
+            let pa = $pass_a(data);
+
+            // Histogram of the exponent field; four copies so that runs of equal
+            // exponents do not serialize on one counter.
+            let mut h = [[0u32; FIELDS]; 4];
+            let mut quads = data.chunks_exact(4);
+            for q in &mut quads {
+                for (hk, x) in h.iter_mut().zip(q) {
+                    hk[field(x.to_bits() & ABS)] += 1;
+                }
+            }
+            for x in quads.remainder() {
+                h[0][field(x.to_bits() & ABS)] += 1;
+            }
+            let hist = merge_copies(&h);
+            let sum = |r: std::ops::RangeInclusive<usize>| -> u64 { hist[r].iter().sum() };
+
+            // Exponent -(BIAS - 1) - man_bits is the smallest subnormal's; dense bins from there.
+            let lo = 1 - BIAS - $mb;
+            let mut bins = vec![0u64; (FIELDS - 2) + $mb];
+            for e in 1..FIELDS - 1 {
+                bins[e - 1 + $mb] = hist[e];
+            }
+
+            let has_sub = pa.min != ABS && pa.min < $mn;
+            let has_special = hist[FIELDS - 1] > 0;
+            let f16_edge = pa.max >= $f16o && hist[field($f16o)] > 0;
+            let bf16_edge = pa.max >= $bf16o && hist[field($bf16o)] > 0;
+            let mut rare = Rare::default();
+            if has_sub || has_special || f16_edge || bf16_edge {
+                for x in data {
+                    let b = x.to_bits();
+                    let a = b & ABS;
+                    if a > $inf {
+                        rare.nan += 1;
+                    } else if a == $inf {
+                        if b == a {
+                            rare.pos_inf += 1;
+                        } else {
+                            rare.neg_inf += 1;
+                        }
+                    } else if a != 0 && a < $mn {
+                        rare.subnormal += 1;
+                        rare.bf16_under += (a <= $bf16f) as u64;
+                        let exp = lo + (<$u>::BITS - 1 - a.leading_zeros()) as i32;
+                        bins[(exp - lo) as usize] += 1;
+                    } else if field(a) == field($f16o) && a >= $f16o {
+                        rare.f16_over_edge += 1;
+                    } else if field(a) == field($bf16o) && a >= $bf16o {
+                        rare.bf16_over_edge += 1;
+                    }
+                }
+            }
+            let f16_flush_field = field($ta);
+            let bf16_flush_field = field($tb);
+            TensorStats {
+                numel: data.len() as u64,
+                nan: rare.nan,
+                pos_inf: rare.pos_inf,
+                neg_inf: rare.neg_inf,
+                zeros: hist[0] - rare.subnormal,
+                subnormal: if storage_sub_counts { rare.subnormal } else { 0 }
+                    + if dtype_sub_max_field > 0 { sum(1..=dtype_sub_max_field) } else { 0 },
+                max_abs: $to64(pa.max),
+                min_abs_nonzero: (pa.min != ABS).then(|| $to64(pa.min)),
+                sum_sq: pa.sq,
+                exp_hist: ExpHist::from_bins(lo, &bins),
+                to_f16: CastCounts {
+                    overflow: sum(field($f16o) + 1..=FIELDS - 2) + rare.f16_over_edge,
+                    // Everything below the tie's binade, the tie itself, and subnormals.
+                    underflow: sum(1..=f16_flush_field - 1) + pa.tie_a + rare.subnormal,
+                },
+                to_bf16: CastCounts {
+                    overflow: sum(field($bf16o) + 1..=FIELDS - 2) + rare.bf16_over_edge,
+                    underflow: if bf16_flush_field == 0 {
+                        rare.bf16_under
+                    } else {
+                        sum(1..=bf16_flush_field - 1) + pa.tie_b + rare.subnormal
+                    },
+                },
+            }
+        }
+    };
+}
+
+chunk_kernel!(
+    chunk_f32_raw,
+    pass_a_f32,
+    pass_a_f32_body,
+    pass_a_f32_avx2,
+    float = f32,
+    bits = u32,
+    signed = i32,
+    exp_bits = 8,
+    man_bits = 23,
+    inf = F32_INF,
+    min_normal = F32_MIN_NORMAL,
+    f16_over = F32_F16_OVERFLOW,
+    bf16_over = F32_BF16_OVERFLOW,
+    bf16_flush = F32_BF16_FLUSH,
+    tie_a = F32_F16_FLUSH,
+    tie_b = F32_BF16_FLUSH,
+    to_f64 = |a: u32| f64::from(f32::from_bits(a))
+);
+
+chunk_kernel!(
+    chunk_f64_raw,
+    pass_a_f64,
+    pass_a_f64_body,
+    pass_a_f64_avx2,
+    float = f64,
+    bits = u64,
+    signed = i64,
+    exp_bits = 11,
+    man_bits = 52,
+    inf = F64_INF,
+    min_normal = F64_MIN_NORMAL,
+    f16_over = F64_F16_OVERFLOW,
+    bf16_over = F64_BF16_OVERFLOW,
+    bf16_flush = F64_BF16_FLUSH,
+    tie_a = F64_F16_FLUSH,
+    tie_b = F64_BF16_FLUSH,
+    to_f64 = f64::from_bits
+);
+
+/// One chunk of f32-stored data; `sub_limit` is the dtype's smallest normal (bit pattern),
+/// or 0 when no value counts as subnormal.
+fn chunk_f32(data: &[f32], sub_limit: u32) -> TensorStats {
+    match sub_limit {
+        0 => chunk_f32_raw(data, 0, false),
+        F32_MIN_NORMAL => chunk_f32_raw(data, 0, true),
+        // fp16: f32 subnormals plus normal fields below 2^-14's.
+        l => chunk_f32_raw(data, (l >> 23) as usize - 1, true),
+    }
+}
+
+/// One chunk of f64 data.
+fn chunk_f64(data: &[f64]) -> TensorStats {
+    chunk_f64_raw(data, 0, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::round_f64_to;
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// floor(log2 |x|) by exact doubling/halving in f64 (independent of the bit layout).
+    fn floor_log2(x: f64) -> i32 {
+        let mut v = x.abs();
+        let mut e = 0;
+        while v >= 2.0 {
+            v /= 2.0;
+            e += 1;
+        }
+        while v < 1.0 {
+            v *= 2.0;
+            e -= 1;
+        }
+        e
+    }
+
+    /// Reference statistics of f64 values by plain float arithmetic. `sub_thr` is the
+    /// smallest normal of the dtype; `f16`/`bf16` round one value.
+    fn reference(
+        data: &[f64],
+        sub_thr: f64,
+        f16r: impl Fn(f64) -> f64,
+        bf16r: impl Fn(f64) -> f64,
+    ) -> TensorStats {
+        let mut s = TensorStats {
+            numel: data.len() as u64,
+            ..Default::default()
+        };
+        let mut hist = BTreeMap::new();
+        for &x in data {
+            if x.is_nan() {
+                s.nan += 1;
+                continue;
+            }
+            if x == f64::INFINITY {
+                s.pos_inf += 1;
+                continue;
+            }
+            if x == f64::NEG_INFINITY {
+                s.neg_inf += 1;
+                continue;
+            }
+            s.sum_sq += x * x;
+            s.max_abs = s.max_abs.max(x.abs());
+            if x == 0.0 {
+                s.zeros += 1;
+                continue;
+            }
+            s.min_abs_nonzero = Some(s.min_abs_nonzero.map_or(x.abs(), |m| m.min(x.abs())));
+            if x.abs() < sub_thr {
+                s.subnormal += 1;
+            }
+            *hist.entry(floor_log2(x)).or_insert(0u64) += 1;
+            let h = f16r(x);
+            s.to_f16.overflow += h.is_infinite() as u64;
+            s.to_f16.underflow += (h == 0.0) as u64;
+            let b = bf16r(x);
+            s.to_bf16.overflow += b.is_infinite() as u64;
+            s.to_bf16.underflow += (b == 0.0) as u64;
+        }
+        if let (Some((&lo, _)), Some((&hi, _))) = (hist.first_key_value(), hist.last_key_value()) {
+            s.exp_hist = ExpHist {
+                lo,
+                counts: (lo..=hi)
+                    .map(|e| hist.get(&e).copied().unwrap_or(0))
+                    .collect(),
+            };
+        }
+        s
+    }
+
+    fn reference_f32(dtype: DType, data: &[f32]) -> TensorStats {
+        let thr = match dtype {
+            DType::F16 => 2f64.powi(-14),
+            DType::BF16 | DType::F32 => 2f64.powi(-126),
+            _ => 0.0,
+        };
+        let wide: Vec<f64> = data.iter().map(|&x| f64::from(x)).collect();
+        reference(
+            &wide,
+            thr,
+            |x| f64::from(f16::from_f32(x as f32).to_f32()),
+            |x| f64::from(bf16::from_f32(x as f32).to_f32()),
+        )
+    }
+
+    fn reference_f64(data: &[f64]) -> TensorStats {
+        reference(
+            data,
+            f64::MIN_POSITIVE,
+            |x| round_f64_to(DType::F16, x),
+            |x| round_f64_to(DType::BF16, x),
+        )
+    }
+
+    /// Equal in everything; `sum_sq` to a relative `tol` (the reference sums in another
+    /// order).
+    fn assert_close(got: &TensorStats, want: &TensorStats, tol: f64) {
+        let err = (got.sum_sq - want.sum_sq).abs();
+        assert!(
+            err <= tol * want.sum_sq || got.sum_sq == want.sum_sq,
+            "sum_sq {} vs {}",
+            got.sum_sq,
+            want.sum_sq
+        );
+        let mut g = got.clone();
+        g.sum_sq = want.sum_sq;
+        assert_eq!(&g, want);
+    }
+
+    fn p2(e: i32) -> f32 {
+        2f32.powi(e)
+    }
+
+    fn edge_values() -> Vec<f32> {
+        vec![
+            0.0,
+            1.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            65536.0,
+            p2(-24),
+            p2(-25),
+            p2(-14),
+            p2(-126),
+            p2(-133),
+            p2(-134),
+            p2(-149),
+            f32::from_bits(0x7f7f_0000), // bf16 max
+            f32::from_bits(F32_BF16_OVERFLOW),
+            f32::MAX,
+            f32::INFINITY,
+            3.0 * p2(-26),
+            p2(-24) * 1.5,
+        ]
+    }
+
+    fn f32_value() -> impl Strategy<Value = f32> {
+        let edges = edge_values();
+        prop_oneof![
+            any::<u32>().prop_map(f32::from_bits),
+            (0..edges.len(), -3i32..=3, any::<bool>()).prop_map(move |(i, d, neg)| {
+                let b = edges[i].to_bits().wrapping_add_signed(d);
+                let x = f32::from_bits(b);
+                if neg {
+                    -x
+                } else {
+                    x
+                }
+            }),
+            any::<u16>().prop_map(|b| f16::from_bits(b).to_f32()),
+            any::<u16>().prop_map(|b| bf16::from_bits(b).to_f32()),
+            (-30i32..30, -1.0f32..1.0).prop_map(|(e, m)| m * p2(e)),
+            Just(f32::NAN),
+            Just(-0.0f32),
+        ]
+    }
+
+    fn f64_value() -> impl Strategy<Value = f64> {
+        let edges: Vec<f64> = vec![
+            0.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            2f64.powi(-24),
+            2f64.powi(-25),
+            2f64.powi(-14),
+            2f64.powi(-126),
+            2f64.powi(-133),
+            2f64.powi(-134),
+            f64::from_bits(F64_BF16_OVERFLOW),
+            f64::from(f32::MAX),
+            f64::MIN_POSITIVE,
+            f64::MAX,
+            f64::INFINITY,
+        ];
+        prop_oneof![
+            any::<u64>().prop_map(f64::from_bits),
+            (0..edges.len(), -3i64..=3, any::<bool>()).prop_map(move |(i, d, neg)| {
+                let x = f64::from_bits(edges[i].to_bits().wrapping_add_signed(d));
+                if neg {
+                    -x
+                } else {
+                    x
+                }
+            }),
+            f32_value().prop_map(f64::from),
+            (-200i32..200, -1.0f64..1.0).prop_map(|(e, m)| m * 2f64.powi(e)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn f32_matches_reference(data in prop::collection::vec(f32_value(), 0..300)) {
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                assert_close(&TensorStats::compute(dtype, &data), &reference_f32(dtype, &data), 1e-12);
+            }
+            // Element by element, the cast counts are exactly what `half` does.
+            for &x in &data {
+                let s = TensorStats::compute(DType::F32, &[x]);
+                let h = f16::from_f32(x);
+                let b = bf16::from_f32(x);
+                let nz = x.is_finite() && x != 0.0;
+                prop_assert_eq!(s.to_f16.overflow, (x.is_finite() && h.is_infinite()) as u64, "{:e}", x);
+                prop_assert_eq!(s.to_f16.underflow, (nz && h.to_f32() == 0.0) as u64, "{:e}", x);
+                prop_assert_eq!(s.to_bf16.overflow, (x.is_finite() && b.is_infinite()) as u64, "{:e}", x);
+                prop_assert_eq!(s.to_bf16.underflow, (nz && b.to_f32() == 0.0) as u64, "{:e}", x);
+            }
+        }
+
+        #[test]
+        fn rounded_dtype_values_match_reference(data in prop::collection::vec(f32_value(), 0..300)) {
+            for dtype in [DType::F16, DType::BF16] {
+                let mut v = data.clone();
+                crate::dtype::round_slice(dtype, &mut v);
+                assert_close(&TensorStats::compute(dtype, &v), &reference_f32(dtype, &v), 1e-12);
+            }
+        }
+
+        #[test]
+        fn f64_matches_reference(data in prop::collection::vec(f64_value(), 0..300)) {
+            let got = TensorStats::compute_f64(&data);
+            let want = reference_f64(&data);
+            if want.sum_sq.is_finite() {
+                assert_close(&got, &want, 1e-12);
+            } else {
+                prop_assert!(got.sum_sq.is_infinite());
+                let mut g = got.clone();
+                g.sum_sq = want.sum_sq;
+                prop_assert_eq!(g, want);
+            }
+        }
+    }
+
+    #[test]
+    fn hand_derived_f32() {
+        let data = [
+            65519.0f32,                            // rounds down to 65504
+            65520.0,                               // tie, rounds to inf
+            -7.0e4,                                // overflows
+            p2(-25),                               // tie, flushes to 0
+            f32::from_bits(p2(-25).to_bits() + 1), // just above: rounds to 2^-24
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(1), // 2^-149: f32 subnormal, flushes in both
+            -p2(-134),         // bf16 tie: flushes
+            p2(-133),          // bf16 smallest subnormal: kept
+            3.0,
+        ];
+        let s = TensorStats::compute(DType::F16, &data);
+        assert_eq!(s.numel, 14);
+        assert_eq!((s.nan, s.pos_inf, s.neg_inf, s.zeros), (1, 1, 1, 2));
+        // fp16-subnormal: 2^-25, its successor, 2^-149, 2^-134, 2^-133.
+        assert_eq!(s.subnormal, 5);
+        assert_eq!(s.max_abs, 7.0e4);
+        assert_eq!(s.min_abs_nonzero, Some(2f64.powi(-149)));
+        assert_eq!(
+            s.to_f16,
+            CastCounts {
+                overflow: 2,
+                underflow: 4
+            }
+        );
+        assert_eq!(
+            s.to_bf16,
+            CastCounts {
+                overflow: 0,
+                underflow: 2
+            }
+        );
+        assert_eq!(s.exp_hist.min_exp(), Some(-149));
+        assert_eq!(s.exp_hist.max_exp(), Some(16));
+        assert_eq!(s.exp_hist.get(15), 2); // 65519, 65520
+        assert_eq!(s.exp_hist.get(16), 1); // 7e4
+        assert_eq!(s.exp_hist.get(-25), 2);
+        assert_eq!(s.exp_hist.get(-134), 1);
+        assert_eq!(s.exp_hist.get(-133), 1);
+        assert_eq!(s.exp_hist.get(1), 1);
+        assert_eq!(s.exp_hist.total(), 9);
+        assert_eq!(s.nonfinite(), 3);
+        assert!(s.has_inf() && s.has_nan());
+        assert_eq!(s.headroom_f16(), 7.0e4 / 65504.0);
+        // For f32 / bf16 only 2^-149, 2^-134 and 2^-133 are subnormal.
+        assert_eq!(TensorStats::compute(DType::F32, &data).subnormal, 3);
+        assert_eq!(TensorStats::compute(DType::BF16, &data).subnormal, 3);
+
+        let t = TensorStats::compute(DType::F32, &[3.0, -4.0]);
+        assert_eq!(t.sum_sq, 25.0);
+        assert_eq!(t.l2(), 5.0);
+        assert_eq!(
+            t.exp_hist,
+            ExpHist {
+                lo: 1,
+                counts: vec![1, 1]
+            }
+        );
+    }
+
+    #[test]
+    fn empty_and_all_special() {
+        let e = TensorStats::compute(DType::F32, &[]);
+        assert_eq!(e, TensorStats::default());
+        let s = TensorStats::compute(DType::BF16, &[f32::NAN, -0.0, f32::NEG_INFINITY]);
+        assert_eq!(s.max_abs, 0.0);
+        assert_eq!(s.min_abs_nonzero, None);
+        assert!(s.exp_hist.counts.is_empty());
+        assert_eq!(s.sum_sq, 0.0);
+    }
+
+    #[test]
+    fn hand_derived_f64() {
+        let data = [
+            65520.0 - 1e-9, // below the tie: rounds down to 65504
+            65520.0,
+            2f64.powi(-25) * (1.0 + 1e-15), // above the tie: 2^-24
+            2f64.powi(-25),
+            f64::from_bits(1), // 2^-1074
+            f64::from(f32::MAX) * 1.5,
+        ];
+        let s = TensorStats::compute_f64(&data);
+        assert_eq!(s.subnormal, 1);
+        assert_eq!(
+            s.to_f16,
+            CastCounts {
+                overflow: 2,
+                underflow: 2
+            }
+        );
+        assert_eq!(
+            s.to_bf16,
+            CastCounts {
+                overflow: 1,
+                underflow: 1
+            }
+        );
+        assert_eq!(s.exp_hist.min_exp(), Some(-1074));
+        assert_eq!(s.exp_hist.max_exp(), Some(128));
+        assert_eq!(s.exp_hist.get(-25), 2);
+        assert_eq!(s.exp_hist.get(15), 2);
+        assert_eq!(s.exp_hist.total(), 6);
+        assert_eq!(s.min_abs_nonzero, Some(f64::from_bits(1)));
+    }
+
+    /// Deterministic pseudo-random values over a wide exponent range, with specials.
+    fn wide_values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match i % 97 {
+                    0 => f32::NAN,
+                    1 => 0.0,
+                    2 => f32::from_bits((x as u32) & 0x007f_ffff),
+                    _ => {
+                        let m = (x >> 40) as f32 / (1u64 << 24) as f32 + 0.5;
+                        let e = ((x >> 8) % 80) as i32 - 40;
+                        if x & 1 == 0 {
+                            m * p2(e)
+                        } else {
+                            -m * p2(e)
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn identical_across_thread_counts() {
+        let data = wide_values(3_000_017, 0x9e37_79b9_7f4a_7c15);
+        let wide: Vec<f64> = data.iter().map(|&x| f64::from(x) * 1e10).collect();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                (
+                    TensorStats::compute(DType::F32, &data),
+                    TensorStats::compute_f64(&wide),
+                )
+            })
+        };
+        let one = run(1);
+        for t in [2, 3, 7] {
+            let other = run(t);
+            assert_eq!(one, other, "{t} threads");
+            assert_eq!(one.0.sum_sq.to_bits(), other.0.sum_sq.to_bits());
+            assert_eq!(one.1.sum_sq.to_bits(), other.1.sum_sq.to_bits());
+        }
+        assert_close(&one.0, &reference_f32(DType::F32, &data), 1e-9);
+        assert_close(&one.1, &reference_f64(&wide), 1e-9);
+    }
+
+    #[test]
+    fn portable_and_dispatched_passes_agree() {
+        // The SIMD path the CPU picks and the portable one must give the same bits.
+        let data = wide_values(100_003, 7);
+        let wide: Vec<f64> = data.iter().map(|&x| f64::from(x) * 3.0).collect();
+        let key32 = |p: PassA<u32>| (p.max, p.min, p.sq.to_bits(), p.tie_a, p.tie_b);
+        assert_eq!(key32(pass_a_f32_body(&data)), key32(pass_a_f32(&data)));
+        let key64 = |p: PassA<u64>| (p.max, p.min, p.sq.to_bits(), p.tie_a, p.tie_b);
+        assert_eq!(key64(pass_a_f64_body(&wide)), key64(pass_a_f64(&wide)));
+    }
+
+    #[test]
+    fn sweep_of_f32_bit_patterns() {
+        // Every 251st bit pattern, plus every pattern near the thresholds.
+        let mut xs: Vec<f32> = (0..=u32::MAX / 251)
+            .map(|i| f32::from_bits(i * 251))
+            .collect();
+        for base in edge_values() {
+            let b = base.to_bits();
+            for d in 0..600u32 {
+                xs.push(f32::from_bits(b.wrapping_add(d)));
+                xs.push(-f32::from_bits(b.wrapping_sub(d)));
+            }
+        }
+        for dtype in [DType::F16, DType::F32] {
+            assert_close(
+                &TensorStats::compute(dtype, &xs),
+                &reference_f32(dtype, &xs),
+                1e-9,
+            );
+        }
+    }
+
+    #[test]
+    fn exp_hist_merge() {
+        let mut a = ExpHist::from_bins(-3, &[0, 2, 0, 1, 0]);
+        assert_eq!(
+            a,
+            ExpHist {
+                lo: -2,
+                counts: vec![2, 0, 1]
+            }
+        );
+        a.merge(&ExpHist {
+            lo: 3,
+            counts: vec![5],
+        });
+        assert_eq!(
+            a,
+            ExpHist {
+                lo: -2,
+                counts: vec![2, 0, 1, 0, 0, 5]
+            }
+        );
+        a.merge(&ExpHist {
+            lo: -4,
+            counts: vec![1, 0, 1],
+        });
+        assert_eq!(
+            a,
+            ExpHist {
+                lo: -4,
+                counts: vec![1, 0, 3, 0, 1, 0, 0, 5]
+            }
+        );
+        a.merge(&ExpHist::default());
+        assert_eq!(a.total(), 10);
+        assert_eq!(a.get(-100), 0);
+        assert_eq!(a.get(3), 5);
+        let mut e = ExpHist::default();
+        e.merge(&a);
+        assert_eq!(e, a);
+    }
+}
