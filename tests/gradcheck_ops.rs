@@ -127,3 +127,129 @@ fn losses_and_cast() {
         e.to_dtype(&i[0], amprobe::DType::F64)
     });
 }
+
+/// Distinct values 0.25 apart in a scrambled order, so every maximum is unique by far more
+/// than the finite-difference step.
+fn distinct(shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|i| ((i * 7) % n) as f64 * 0.25 - 2.0).collect();
+    Tensor::from_f64(v, shape).unwrap()
+}
+
+#[test]
+fn reductions() {
+    let x = randn(&[2, 3, 4], 30);
+    for (dims, keep) in [(&[][..], false), (&[1][..], false), (&[0, 2][..], true)] {
+        assert_ok("sum", std::slice::from_ref(&x), |e, i| {
+            e.sum(&i[0], dims, keep)
+        });
+        assert_ok("mean", std::slice::from_ref(&x), |e, i| {
+            e.mean(&i[0], dims, keep)
+        });
+    }
+    let d = distinct(&[2, 3, 4]);
+    for (dim, keep) in [(0, false), (1, true), (-1, false)] {
+        assert_ok("max", std::slice::from_ref(&d), |e, i| {
+            e.max(&i[0], dim, keep)
+        });
+    }
+    for dim in [0, 1, -1] {
+        assert_ok("softmax", std::slice::from_ref(&x), |e, i| {
+            e.softmax(&i[0], dim)
+        });
+        assert_ok("log_softmax", std::slice::from_ref(&x), |e, i| {
+            e.log_softmax(&i[0], dim)
+        });
+    }
+}
+
+#[test]
+fn layer_norm_embedding_dropout() {
+    let x = randn(&[3, 5], 40);
+    let w = randn(&[5], 41);
+    let b = randn(&[5], 42);
+    assert_ok("layer_norm", &[x.clone(), w.clone(), b.clone()], |e, i| {
+        e.layer_norm(&i[0], 5, Some(&i[1]), Some(&i[2]), 1e-5)
+    });
+    assert_ok("layer_norm weight only", &[x.clone(), w], |e, i| {
+        e.layer_norm(&i[0], 5, Some(&i[1]), None, 1e-5)
+    });
+    assert_ok("layer_norm bias only", &[x.clone(), b], |e, i| {
+        e.layer_norm(&i[0], 5, None, Some(&i[1]), 1e-5)
+    });
+    assert_ok("layer_norm plain", std::slice::from_ref(&x), |e, i| {
+        e.layer_norm(&i[0], 5, None, None, 0.0)
+    });
+    // Repeated ids: the weight gradient must add their rows.
+    let table = randn(&[4, 3], 43);
+    let ids = Tensor::from_i64(vec![3, 0, 3, 1, 3, 0], &[2, 3]).unwrap();
+    assert_ok("embedding", &[table, ids], |e, i| e.embedding(&i[0], &i[1]));
+    // The mask is the same in every evaluation (same seed, step, module and salt).
+    let y = randn(&[4, 6], 44);
+    assert_ok("dropout", std::slice::from_ref(&y), |e, i| {
+        e.dropout(&i[0], 0.3, true, 5)
+    });
+}
+
+#[test]
+fn shape_ops() {
+    let x = randn(&[2, 3, 4], 50);
+    assert_ok("reshape", std::slice::from_ref(&x), |e, i| {
+        let r = e.reshape(&i[0], &[4, -1])?;
+        // A weighted op after the reshape, so order matters.
+        let w = Tensor::from_f64((0..24).map(|k| k as f64 * 0.1).collect(), &[4, 6])?;
+        e.mul(&r, &w)
+    });
+    assert_ok("view", std::slice::from_ref(&x), |e, i| {
+        e.view(&i[0], &[24])
+    });
+    assert_ok("transpose", std::slice::from_ref(&x), |e, i| {
+        e.transpose(&i[0], 0, 2)
+    });
+    assert_ok("permute", std::slice::from_ref(&x), |e, i| {
+        e.permute(&i[0], &[1, 2, 0])
+    });
+    assert_ok("slice", std::slice::from_ref(&x), |e, i| {
+        e.slice(&i[0], 2, 1, -1)
+    });
+    assert_ok("unsqueeze+squeeze", std::slice::from_ref(&x), |e, i| {
+        let u = e.unsqueeze(&i[0], 1)?;
+        let t = e.transpose(&u, 1, 3)?;
+        e.squeeze(&t, 3)
+    });
+    let y = randn(&[2, 2, 4], 51);
+    let z = randn(&[2, 1, 4], 52);
+    assert_ok("cat", &[x.clone(), y, z], |e, i| {
+        e.cat(&[&i[0], &i[1], &i[2]], 1)
+    });
+    // The same tensor twice: both gradients accumulate.
+    assert_ok("cat self", std::slice::from_ref(&x), |e, i| {
+        e.cat(&[&i[0], &i[0]], -1)
+    });
+}
+
+#[test]
+fn selection_ops() {
+    let a = randn(&[2, 3], 60);
+    let b = randn(&[3], 61);
+    let c = Tensor::from_i64(vec![1, 0, 0, 1, 1, 0], &[2, 3]).unwrap();
+    assert_ok("where", &[c.clone(), a.clone(), b.clone()], |e, i| {
+        e.where_(&i[0], &i[1], &i[2])
+    });
+    let col = Tensor::from_i64(vec![0, 1], &[2, 1]).unwrap();
+    assert_ok(
+        "where broadcast cond",
+        &[col, b.clone(), a.clone()],
+        |e, i| e.where_(&i[0], &i[1], &i[2]),
+    );
+    let m = Tensor::from_i64(vec![0, 1, 0], &[3]).unwrap();
+    assert_ok("masked_fill", &[a.clone(), m.clone()], |e, i| {
+        e.masked_fill(&i[0], &i[1], -3.0)
+    });
+    // -inf in the output would break the projection; follow the fill with a softmax
+    // as attention does.
+    assert_ok("masked_fill -inf + softmax", &[a, m], |e, i| {
+        let f = e.masked_fill(&i[0], &i[1], f64::NEG_INFINITY)?;
+        e.softmax(&f, -1)
+    });
+}

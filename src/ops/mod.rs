@@ -9,6 +9,10 @@ pub mod elementwise;
 pub mod gradcheck;
 pub mod linalg;
 pub mod loss;
+pub mod nn;
+pub mod reduce;
+pub mod select;
+pub mod shape;
 
 use crate::dtype::{round_slice, DType, RoundCounts};
 use crate::engine::{Computed, Grad};

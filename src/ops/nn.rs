@@ -1,0 +1,502 @@
+//! Neural-network ops: layer norm, embedding lookup and dropout.
+
+use super::shape::{check_grad, gather};
+use super::{expect_float, grad, FData, Finish};
+use crate::dtype::RoundCounts;
+use crate::engine::{Computed, Engine};
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use crate::tensor::{Real, Tensor};
+
+/// Per-row mean and 1/√(var + eps) of `x` split in rows of `d`, accumulated in f64 (two
+/// passes, biased variance) and converted once to T.
+fn row_stats<T: Real>(x: &[T], d: usize, eps: f64) -> (Vec<T>, Vec<T>) {
+    let rows = x.len() / d;
+    let mut mean = Vec::with_capacity(rows);
+    let mut rstd = Vec::with_capacity(rows);
+    for r in x.chunks(d) {
+        let m = r.iter().map(|v| v.f64()).sum::<f64>() / d as f64;
+        let var = r.iter().map(|v| (v.f64() - m).powi(2)).sum::<f64>() / d as f64;
+        mean.push(T::of(m));
+        rstd.push(T::of(1.0 / (var + eps).sqrt()));
+    }
+    (mean, rstd)
+}
+
+fn layer_norm_fwd<T: Finish>(
+    x: &[T],
+    w: Option<&[T]>,
+    b: Option<&[T]>,
+    d: usize,
+    (mean, rstd): (&[T], &[T]),
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut y = Vec::with_capacity(x.len());
+    for ((r, &m), &s) in x.chunks(d).zip(mean).zip(rstd) {
+        for (j, &v) in r.iter().enumerate() {
+            let mut o = (v - m) * s;
+            if let Some(w) = w {
+                o = o * w[j];
+            }
+            if let Some(b) = b {
+                o = o + b[j];
+            }
+            y.push(o);
+        }
+    }
+    T::finish(y, shape, dtype)
+}
+
+/// Gradients of layer norm: input (always), weight and bias (when present).
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_bwd<T: Finish>(
+    x: &[T],
+    w: Option<&[T]>,
+    g: &[T],
+    d: usize,
+    (mean, rstd): (&[T], &[T]),
+    shape: &[usize],
+    has_b: bool,
+    dtype: crate::DType,
+) -> Result<Vec<Option<crate::engine::Grad>>> {
+    let mut gx = Vec::with_capacity(x.len());
+    let mut gw = vec![0f64; d];
+    let mut gb = vec![0f64; d];
+    let mut xhat = vec![T::zero(); d];
+    let mut gh = vec![T::zero(); d];
+    for (((r, gr), &m), &s) in x.chunks(d).zip(g.chunks(d)).zip(mean).zip(rstd) {
+        let (mut s1, mut s2) = (0f64, 0f64);
+        for j in 0..d {
+            xhat[j] = (r[j] - m) * s;
+            gh[j] = match w {
+                Some(w) => gr[j] * w[j],
+                None => gr[j],
+            };
+            s1 += gh[j].f64();
+            s2 += (gh[j] * xhat[j]).f64();
+            gw[j] += (gr[j] * xhat[j]).f64();
+            gb[j] += gr[j].f64();
+        }
+        let (a, c) = (T::of(s1 / d as f64), T::of(s2 / d as f64));
+        for j in 0..d {
+            gx.push(s * (gh[j] - a - xhat[j] * c));
+        }
+    }
+    let mut out = vec![grad(T::finish(gx, shape, dtype)?)];
+    if w.is_some() {
+        out.push(grad(T::finish_acc(gw, &[d], dtype)?));
+    }
+    if has_b {
+        out.push(grad(T::finish_acc(gb, &[d], dtype)?));
+    }
+    Ok(out)
+}
+
+/// Scatter-adds the rows of `g` into a [V, D] gradient at `ids`, in f64, rounded once.
+fn embedding_bwd<T: Finish>(
+    g: &[T],
+    ids: &[i64],
+    v: usize,
+    d: usize,
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut acc = vec![0f64; v * d];
+    for (&id, row) in ids.iter().zip(g.chunks(d.max(1))) {
+        let dst = &mut acc[id as usize * d..(id as usize + 1) * d];
+        for (a, &x) in dst.iter_mut().zip(row) {
+            *a += x.f64();
+        }
+    }
+    T::finish_acc(acc, &[v, d], dtype)
+}
+
+/// `x · mask · scale` computed in T, rounded once (a NaN or inf in a dropped position
+/// gives NaN, as PyTorch's `x * mask * scale` does).
+fn dropout_apply<T: Finish>(
+    x: &[T],
+    mask: &[bool],
+    scale: f64,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let s = T::of(scale);
+    let y = x
+        .iter()
+        .zip(mask)
+        .map(|(&v, &k)| if k { v * s } else { v * T::zero() })
+        .collect();
+    T::finish(y, shape, dtype)
+}
+
+/// 64-bit FNV-1a hash.
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The keep mask of a dropout call: element `i` is kept with probability `1 - p`, from a
+/// stream fixed by the seed, step, micro-batch, module path, input shape and `salt`.
+fn dropout_mask(
+    seed: u64,
+    step: u64,
+    micro: u32,
+    module: &str,
+    shape: &[usize],
+    salt: u64,
+    p: f64,
+) -> Vec<bool> {
+    let shape_key = fnv1a(shape.iter().flat_map(|&s| (s as u64).to_le_bytes()));
+    let mut rng = Rng::derive(
+        seed,
+        &[step, micro as u64, fnv1a(module.bytes()), shape_key, salt],
+    );
+    let keep = 1.0 - p;
+    (0..shape.iter().product::<usize>())
+        .map(|_| rng.uniform() < keep)
+        .collect()
+}
+
+impl Engine {
+    /// `torch.nn.functional.layer_norm` over the last dim (of size `normalized_shape_last`)
+    /// with biased variance; `weight` and `bias` have shape `[normalized_shape_last]`.
+    /// Row statistics accumulate in f64; the output is rounded once.
+    pub fn layer_norm(
+        &mut self,
+        x: &Tensor,
+        normalized_shape_last: usize,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        const OP: &str = "layer_norm";
+        expect_float(x, OP, "input")?;
+        let d = normalized_shape_last;
+        if d == 0 || x.rank() == 0 || x.shape()[x.rank() - 1] != d {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "input {:?} must end in the normalized size {d} (which must be positive)",
+                    x.shape()
+                ),
+            ));
+        }
+        for (what, t) in [("weight", weight), ("bias", bias)] {
+            if let Some(t) = t {
+                expect_float(t, OP, what)?;
+                if t.shape() != [d] {
+                    return Err(Error::shape(
+                        OP,
+                        format!("{what} must be [{d}], got {:?}", t.shape()),
+                    ));
+                }
+            }
+        }
+        if eps.is_nan() || eps < 0.0 {
+            return Err(Error::shape(OP, format!("eps must be >= 0, got {eps}")));
+        }
+        let mut raw = vec![x];
+        raw.extend(weight);
+        raw.extend(bias);
+        let ins = self.prepare(OP, &raw)?;
+        let x = &ins[0];
+        let w = weight.map(|_| ins[1].clone());
+        let b = bias.map(|_| ins[ins.len() - 1].clone());
+        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+        let (out, stats) = match super::fdata(x, OP)? {
+            FData::F32(xd) => {
+                let (wd, bd) = (opt_f32(w.as_ref())?, opt_f32(b.as_ref())?);
+                let (m, r) = row_stats(xd, d, eps);
+                let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), &shape, dtype)?;
+                (out, Stats::F32(m, r))
+            }
+            FData::F64(xd) => {
+                let (wd, bd) = (opt_f64(w.as_ref())?, opt_f64(b.as_ref())?);
+                let (m, r) = row_stats(xd, d, eps);
+                let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), &shape, dtype)?;
+                (out, Stats::F64(m, r))
+            }
+        };
+        let (xt, wt, has_b) = (x.clone(), w.clone(), b.is_some());
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &shape, OP)?;
+            match (super::fdata(&xt, OP)?, super::fdata(g, OP)?, &stats) {
+                (FData::F32(x), FData::F32(g), Stats::F32(m, r)) => {
+                    let w = opt_f32(wt.as_ref())?;
+                    layer_norm_bwd(x, w, g, d, (m, r), &shape, has_b, dtype)
+                }
+                (FData::F64(x), FData::F64(g), Stats::F64(m, r)) => {
+                    let w = opt_f64(wt.as_ref())?;
+                    layer_norm_bwd(x, w, g, d, (m, r), &shape, has_b, dtype)
+                }
+                _ => Err(Error::shape(OP, "gradient dtype differs from the input")),
+            }
+        });
+        let wrt: &'static [&'static str] = match (weight.is_some(), bias.is_some()) {
+            (true, true) => &["input", "weight", "bias"],
+            (true, false) => &["input", "weight"],
+            (false, true) => &["input", "bias"],
+            (false, false) => &["input"],
+        };
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        self.record(OP, &refs, wrt, out, Some(bw))
+    }
+
+    /// `torch.nn.functional.embedding(ids, weight)`: rows of `weight` [V, D] picked by the
+    /// int64 `ids` [...], giving [..., D]. The weight gradient is a scatter-add accumulated
+    /// in f64 and rounded once; the ids get none.
+    pub fn embedding(&mut self, weight: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        const OP: &str = "embedding";
+        expect_float(weight, OP, "weight")?;
+        if weight.rank() != 2 {
+            return Err(Error::shape(
+                OP,
+                format!("weight must be [vocab, dim], got {:?}", weight.shape()),
+            ));
+        }
+        let idv = ids.i64s().map_err(|_| {
+            Error::tensor(
+                "input_ids",
+                format!("expected int64 ids, got {}", ids.dtype()),
+            )
+        })?;
+        let (v, d) = (weight.shape()[0], weight.shape()[1]);
+        for (p, &id) in idv.iter().enumerate() {
+            if id < 0 || id as usize >= v {
+                return Err(Error::tensor(
+                    "input_ids",
+                    format!(
+                        "embedding id {id} at position {p} is out of range for a vocabulary \
+                         of {v} (expected 0..{v})"
+                    ),
+                ));
+            }
+        }
+        let ins = self.prepare(OP, &[weight, ids])?;
+        let (w, ids) = (&ins[0], &ins[1]);
+        let idv = ids.i64s()?;
+        let src: Vec<usize> = idv
+            .iter()
+            .flat_map(|&id| (id as usize * d)..(id as usize + 1) * d)
+            .collect();
+        let mut out_shape = ids.shape().to_vec();
+        out_shape.push(d);
+        let out = Tensor::from_storage(gather(w.storage(), &src), &out_shape, w.dtype())?;
+        let (idt, dtype) = (ids.clone(), w.dtype());
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &out_shape, OP)?;
+            let ids = idt.i64s()?;
+            let r = super::with_float!(g, OP, |gd| embedding_bwd(gd, ids, v, d, dtype))?;
+            Ok(vec![grad(r), None])
+        });
+        let out = Computed::new(out, RoundCounts::default());
+        self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw))
+    }
+
+    /// `torch.nn.functional.dropout(x, p, train)`: zeroes each element with probability `p`
+    /// and scales the kept ones by 1/(1-p). With `p == 0` or `!train` it returns `x`
+    /// itself (nothing recorded).
+    ///
+    /// The mask is a deterministic function of the engine seed, step, micro-batch, module
+    /// path, input shape and `salt`; callers that apply dropout more than once in one
+    /// module with equal shapes must pass different salts to get independent masks.
+    pub fn dropout(&mut self, x: &Tensor, p: f64, train: bool, salt: u64) -> Result<Tensor> {
+        const OP: &str = "dropout";
+        expect_float(x, OP, "input")?;
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::shape(
+                OP,
+                format!("probability has to be between 0 and 1, but got {p}"),
+            ));
+        }
+        if p == 0.0 || !train {
+            return Ok(x.clone());
+        }
+        let ins = self.prepare(OP, &[x])?;
+        let x = &ins[0];
+        let mask = dropout_mask(
+            self.seed(),
+            self.step(),
+            self.micro(),
+            &self.module_path(),
+            x.shape(),
+            salt,
+            p,
+        );
+        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+        // p == 1 keeps nothing: PyTorch multiplies by zero instead of scaling by 1/0.
+        let scale = if p == 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
+        let out = super::with_float!(x, OP, |d| dropout_apply(d, &mask, scale, &shape, dtype))?;
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &shape, OP)?;
+            let r = super::with_float!(g, OP, |gd| dropout_apply(gd, &mask, scale, &shape, dtype))?;
+            Ok(vec![grad(r)])
+        });
+        self.record(OP, &[x], &["input"], out, Some(bw))
+    }
+}
+
+/// The f32 storage of an optional layer-norm operand.
+fn opt_f32(t: Option<&Tensor>) -> Result<Option<&[f32]>> {
+    match t.map(|t| super::fdata(t, "layer_norm")).transpose()? {
+        Some(FData::F32(v)) => Ok(Some(v)),
+        None => Ok(None),
+        Some(FData::F64(_)) => Err(Error::shape("layer_norm", "operands have different dtypes")),
+    }
+}
+
+/// The f64 storage of an optional layer-norm operand.
+fn opt_f64(t: Option<&Tensor>) -> Result<Option<&[f64]>> {
+    match t.map(|t| super::fdata(t, "layer_norm")).transpose()? {
+        Some(FData::F64(v)) => Ok(Some(v)),
+        None => Ok(None),
+        Some(FData::F32(_)) => Err(Error::shape("layer_norm", "operands have different dtypes")),
+    }
+}
+
+/// Saved layer-norm row statistics in the compute type.
+enum Stats {
+    F32(Vec<f32>, Vec<f32>),
+    F64(Vec<f64>, Vec<f64>),
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::Engine;
+    use crate::{DType, Tensor};
+
+    fn t32(v: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_f32(v.to_vec(), shape, DType::F32).unwrap()
+    }
+
+    #[test]
+    fn layer_norm_forward_by_hand() {
+        let mut e = Engine::new();
+        let x = t32(&[1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 6.0], &[2, 4]);
+        let w = t32(&[1.0, 2.0, 0.5, -1.0], &[4]);
+        let b = t32(&[0.0, 1.0, 0.0, 3.0], &[4]);
+        let y = e.layer_norm(&x, 4, Some(&w), Some(&b), 0.0).unwrap();
+        // Row 0: mean 2.5, var 1.25; row 1: mean 3, var 3.
+        let s0 = 1.25f64.sqrt();
+        let s1 = 3f64.sqrt();
+        let want = [
+            -1.5 / s0,
+            2.0 * (-0.5 / s0) + 1.0,
+            0.5 * (0.5 / s0),
+            -(1.5 / s0) + 3.0,
+            -1.0 / s1,
+            2.0 * (-1.0 / s1) + 1.0,
+            0.5 * (-1.0 / s1),
+            -(3.0 / s1) + 3.0,
+        ];
+        for (a, w) in y.f32s().unwrap().iter().zip(want) {
+            assert!((*a as f64 - w).abs() < 1e-6, "{a} vs {w}");
+        }
+        let plain = e.layer_norm(&x, 4, None, None, 1e-5).unwrap();
+        let want0 = -1.5 / (1.25f64 + 1e-5).sqrt();
+        assert!((plain.f32s().unwrap()[0] as f64 - want0).abs() < 1e-6);
+        let err = e
+            .layer_norm(&x, 3, None, None, 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must end in the normalized size 3"), "{err}");
+        let bad = t32(&[1.0; 3], &[3]);
+        let err = e
+            .layer_norm(&x, 4, Some(&bad), None, 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("weight must be [4], got [3]"), "{err}");
+    }
+
+    #[test]
+    fn embedding_picks_rows_and_checks_ids() {
+        let mut e = Engine::new();
+        let w = t32(&[0.0, 1.0, 10.0, 11.0, 20.0, 21.0], &[3, 2]);
+        let ids = Tensor::from_i64(vec![2, 0, 2, 1], &[2, 2]).unwrap();
+        let y = e.embedding(&w, &ids).unwrap();
+        assert_eq!(y.shape(), &[2, 2, 2]);
+        assert_eq!(
+            y.f32s().unwrap(),
+            &[20.0, 21.0, 0.0, 1.0, 20.0, 21.0, 10.0, 11.0]
+        );
+        let bad = Tensor::from_i64(vec![0, 1, 3], &[3]).unwrap();
+        let err = e.embedding(&w, &bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "tensor `input_ids`: embedding id 3 at position 2 is out of range for a \
+             vocabulary of 3 (expected 0..3)"
+        );
+        let neg = Tensor::from_i64(vec![-1], &[1]).unwrap();
+        let err = e.embedding(&w, &neg).unwrap_err().to_string();
+        assert!(err.contains("id -1 at position 0"), "{err}");
+        let err = e.embedding(&w, &w).unwrap_err().to_string();
+        assert!(err.contains("expected int64 ids, got float32"), "{err}");
+    }
+
+    #[test]
+    fn embedding_gradient_accumulates_in_f64_and_rounds_once() {
+        let mut e = Engine::new();
+        let w = Tensor::from_f32(vec![0.0; 4], &[2, 2], DType::F16)
+            .unwrap()
+            .as_leaf(true);
+        let ids = Tensor::from_i64(vec![1, 1, 1], &[3]).unwrap();
+        let y = e.embedding(&w, &ids).unwrap();
+        // Row 1 gets 2048 + 1 + 1 = 2050 (exact in fp16); adding in fp16 would give 2048.
+        let g =
+            Tensor::from_f32(vec![2048.0, 1.0, 1.0, 0.5, 1.0, 0.25], &[3, 2], DType::F16).unwrap();
+        let grads = e.backward_with(&y, g).unwrap();
+        let gw = &grads[&w.id()];
+        assert_eq!(gw.dtype(), DType::F16);
+        assert_eq!(gw.f32s().unwrap(), &[0.0, 0.0, 2050.0, 1.75]);
+    }
+
+    #[test]
+    fn dropout_masks_are_deterministic_and_keep_1_minus_p() {
+        let n = 100_000;
+        let x = t32(&vec![1.0; n], &[n]);
+        let run = |seed: u64, step: u64, salt: u64, module: &str| {
+            let mut e = Engine::new();
+            e.set_seed(seed);
+            e.begin_step(step);
+            e.scope(module, |e| e.dropout(&x, 0.25, true, salt))
+                .unwrap()
+                .f32s()
+                .unwrap()
+                .to_vec()
+        };
+        let a = run(1, 3, 0, "enc");
+        assert_eq!(a, run(1, 3, 0, "enc"));
+        assert_ne!(a, run(1, 3, 1, "enc"));
+        assert_ne!(a, run(1, 4, 0, "enc"));
+        assert_ne!(a, run(2, 3, 0, "enc"));
+        assert_ne!(a, run(1, 3, 0, "dec"));
+        // Kept values are scaled by 1/(1-p) = 4/3 (rounded to f32), dropped ones are 0.
+        let scale = (1.0f64 / 0.75) as f32;
+        assert!(a.iter().all(|&v| v == 0.0 || v == scale));
+        let kept = a.iter().filter(|&&v| v != 0.0).count() as f64;
+        // Binomial(1e5, 0.75): sd ≈ 137; allow 5 sd.
+        assert!((kept - 75_000.0).abs() < 5.0 * 137.0, "kept {kept}");
+    }
+
+    #[test]
+    fn dropout_identity_cases_and_bad_p() {
+        let mut e = Engine::new();
+        let x = t32(&[1.0, 2.0], &[2]).as_leaf(true);
+        assert_eq!(e.dropout(&x, 0.0, true, 0).unwrap().id(), x.id());
+        assert_eq!(e.dropout(&x, 0.5, false, 0).unwrap().id(), x.id());
+        assert_eq!(e.tape_len(), 0);
+        let z = e.dropout(&x, 1.0, true, 0).unwrap();
+        assert_eq!(z.f32s().unwrap(), &[0.0, 0.0]);
+        let err = e.dropout(&x, 1.5, true, 0).unwrap_err().to_string();
+        assert!(err.contains("between 0 and 1, but got 1.5"), "{err}");
+        let h = Tensor::from_f32(vec![3.0; 64], &[64], DType::F16).unwrap();
+        let y = e.dropout(&h, 0.1, true, 7).unwrap();
+        // 3 / 0.9 = 3.333.. rounds once to fp16 3.333984375 (ulp 2^-9 in [2, 4)).
+        assert!(y
+            .f32s()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0.0 || v == 3.333_984_4));
+    }
+}

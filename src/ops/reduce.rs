@@ -1,0 +1,466 @@
+//! Reductions: sum, mean, max along a dim, softmax and log-softmax.
+//!
+//! Sums accumulate in f64 and are rounded once to the output dtype. Softmax computes its
+//! exponentials in f32 (f64 for the reference dtype) with the row sum in f64, and rounds
+//! once, so fp16 inputs never overflow inside the op.
+
+use super::shape::{check_grad, gather, scatter};
+use super::{bstrides, expect_float, for_each_offset, grad, sum_to_f64, FData, Finish};
+use crate::dtype::RoundCounts;
+use crate::engine::{Computed, Engine, Grad};
+use crate::error::{Error, Result};
+use crate::tensor::{norm_dim, numel, Real, Tensor};
+
+/// Which dims of `shape` a reduction over `dims` removes (empty `dims`: all of them).
+fn reduced_dims(shape: &[usize], dims: &[isize], op: &str) -> Result<Vec<bool>> {
+    let r = shape.len();
+    if dims.is_empty() {
+        return Ok(vec![true; r]);
+    }
+    let mut red = vec![false; r];
+    for &d in dims {
+        // A 0-dimensional tensor accepts dim 0 or -1 and has nothing to reduce.
+        let k = norm_dim(d, r.max(1), op)?;
+        if r == 0 {
+            continue;
+        }
+        if std::mem::replace(&mut red[k], true) {
+            return Err(Error::shape(
+                op,
+                format!("dim {d} appears more than once in {dims:?}"),
+            ));
+        }
+    }
+    Ok(red)
+}
+
+/// Splits `shape` around dim `d`: (elements before, size of d, elements after).
+fn split_at_dim(shape: &[usize], d: usize) -> (usize, usize, usize) {
+    (numel(&shape[..d]), shape[d], numel(&shape[d + 1..]))
+}
+
+/// Resolves the dim of a one-dim op; a 0-dimensional tensor acts as shape `[1]`.
+fn line_dim(x: &Tensor, dim: isize, op: &str) -> Result<(usize, usize, usize)> {
+    if x.rank() == 0 {
+        norm_dim(dim, 1, op)?;
+        return Ok((1, 1, 1));
+    }
+    let d = norm_dim(dim, x.rank(), op)?;
+    Ok(split_at_dim(x.shape(), d))
+}
+
+/// Calls `f(base, stride)` for every line along the reduced dim: its elements are at
+/// `base + i * stride` for `i < n`.
+fn for_each_line(outer: usize, n: usize, inner: usize, mut f: impl FnMut(usize, usize)) {
+    for o in 0..outer {
+        for k in 0..inner {
+            f(o * n * inner + k, inner);
+        }
+    }
+}
+
+/// Sums `x` (shape `full`) down to `kept` in f64, divides by `count` when given (mean),
+/// rounds once.
+fn sum_fwd<T: Finish>(
+    x: &[T],
+    full: &[usize],
+    kept: &[usize],
+    count: Option<f64>,
+    out_shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut acc = sum_to_f64(x, full, kept);
+    if let Some(c) = count {
+        acc.iter_mut().for_each(|a| *a /= c);
+    }
+    T::finish_acc(acc, out_shape, dtype)
+}
+
+/// Broadcasts `g` (shape `kept`, same rank as `full`) back to `full`, dividing by `count`
+/// when given (mean), rounding once.
+fn expand_grad<T: Finish>(
+    g: &[T],
+    kept: &[usize],
+    full: &[usize],
+    count: Option<f64>,
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let s = bstrides(kept, full);
+    let mut out = Vec::with_capacity(numel(full));
+    match count {
+        Some(c) => {
+            let c = T::of(c);
+            for_each_offset(full, [&s], |[j]| out.push(g[j] / c));
+        }
+        None => for_each_offset(full, [&s], |[j]| out.push(g[j])),
+    }
+    T::finish(out, full, dtype)
+}
+
+/// Flat offsets of the first maximal element of every line (a NaN counts as maximal).
+fn argmax_lines<T: Real>(x: &[T], outer: usize, n: usize, inner: usize) -> Vec<usize> {
+    let mut idx = Vec::with_capacity(outer * inner);
+    for_each_line(outer, n, inner, |base, st| {
+        let mut best = base;
+        for i in 1..n {
+            let (v, b) = (x[base + i * st], x[best]);
+            if b.is_nan() {
+                break;
+            }
+            if v > b || v.is_nan() {
+                best = base + i * st;
+            }
+        }
+        idx.push(best);
+    });
+    idx
+}
+
+fn softmax_fwd<T: Finish>(
+    x: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    log: bool,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut y = vec![T::zero(); x.len()];
+    let mut e = vec![T::zero(); n];
+    for_each_line(outer, n, inner, |base, st| {
+        // A NaN in the line need not win here: exp(NaN) makes the whole line NaN anyway.
+        let m = (0..n)
+            .map(|i| x[base + i * st])
+            .fold(T::neg_infinity(), |a, b| if b > a { b } else { a });
+        let mut s = 0f64;
+        for (i, ei) in e.iter_mut().enumerate() {
+            *ei = (x[base + i * st] - m).exp();
+            s += ei.f64();
+        }
+        if log {
+            let l = T::of(s.ln());
+            for i in 0..n {
+                y[base + i * st] = x[base + i * st] - m - l;
+            }
+        } else {
+            let s = T::of(s);
+            for (i, &ei) in e.iter().enumerate() {
+                y[base + i * st] = ei / s;
+            }
+        }
+    });
+    T::finish(y, shape, dtype)
+}
+
+/// Softmax backward `y·(g − Σ g·y)`, log-softmax backward `g − exp(y)·Σ g`, with the
+/// line sums in f64.
+fn softmax_bwd<T: Finish>(
+    y: &[T],
+    g: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    log: bool,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut gx = vec![T::zero(); y.len()];
+    for_each_line(outer, n, inner, |base, st| {
+        let at = |i: usize| base + i * st;
+        if log {
+            let s = T::of((0..n).map(|i| g[at(i)].f64()).sum::<f64>());
+            for i in 0..n {
+                gx[at(i)] = g[at(i)] - y[at(i)].exp() * s;
+            }
+        } else {
+            let s = T::of((0..n).map(|i| (g[at(i)] * y[at(i)]).f64()).sum::<f64>());
+            for i in 0..n {
+                gx[at(i)] = y[at(i)] * (g[at(i)] - s);
+            }
+        }
+    });
+    T::finish(gx, shape, dtype)
+}
+
+impl Engine {
+    fn sum_op(
+        &mut self,
+        op: &'static str,
+        x: &Tensor,
+        dims: &[isize],
+        keepdim: bool,
+        mean: bool,
+    ) -> Result<Tensor> {
+        expect_float(x, op, "input")?;
+        let ins = self.prepare(op, &[x])?;
+        let x = &ins[0];
+        let red = reduced_dims(x.shape(), dims, op)?;
+        let kept: Vec<usize> = x
+            .shape()
+            .iter()
+            .zip(&red)
+            .map(|(&s, &r)| if r { 1 } else { s })
+            .collect();
+        let out_shape: Vec<usize> = if keepdim {
+            kept.clone()
+        } else {
+            x.shape()
+                .iter()
+                .zip(&red)
+                .filter(|(_, &r)| !r)
+                .map(|(&s, _)| s)
+                .collect()
+        };
+        let count = x
+            .shape()
+            .iter()
+            .zip(&red)
+            .filter(|(_, &r)| r)
+            .map(|(&s, _)| s as f64)
+            .product::<f64>();
+        let dtype = x.dtype();
+        let div = mean.then_some(count);
+        let out = super::with_float!(x, op, |d| sum_fwd(
+            d,
+            x.shape(),
+            &kept,
+            div,
+            &out_shape,
+            dtype
+        ))?;
+        let full = x.shape().to_vec();
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &out_shape, op)?;
+            let r = super::with_float!(g, op, |gd| expand_grad(gd, &kept, &full, div, dtype))?;
+            Ok(vec![grad(r)])
+        });
+        self.record(op, &[x], &["self"], out, Some(bw))
+    }
+
+    /// `x.sum(dims, keepdim)`; an empty `dims` sums over every dim. Accumulates in f64 and
+    /// rounds once.
+    pub fn sum(&mut self, x: &Tensor, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.sum_op("sum", x, dims, keepdim, false)
+    }
+
+    /// `x.mean(dims, keepdim)`; an empty `dims` averages over every dim. Accumulates in
+    /// f64 and rounds once.
+    pub fn mean(&mut self, x: &Tensor, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.sum_op("mean", x, dims, keepdim, true)
+    }
+
+    /// The values of `x.max(dim, keepdim)`. A NaN is maximal (it propagates); the gradient
+    /// goes to the first maximal element of each line.
+    pub fn max(&mut self, x: &Tensor, dim: isize, keepdim: bool) -> Result<Tensor> {
+        expect_float(x, "max", "input")?;
+        let ins = self.prepare("max", &[x])?;
+        let x = &ins[0];
+        let (outer, n, inner) = line_dim(x, dim, "max")?;
+        if n == 0 {
+            return Err(Error::shape(
+                "max",
+                format!(
+                    "dim {dim} of {:?} is empty; a maximum needs at least one element",
+                    x.shape()
+                ),
+            ));
+        }
+        let mut out_shape = x.shape().to_vec();
+        if x.rank() > 0 {
+            let d = norm_dim(dim, x.rank(), "max")?;
+            if keepdim {
+                out_shape[d] = 1;
+            } else {
+                out_shape.remove(d);
+            }
+        }
+        let idx = super::with_float!(x, "max", |d| argmax_lines(d, outer, n, inner));
+        let out = Tensor::from_storage(gather(x.storage(), &idx), &out_shape, x.dtype())?;
+        let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &out_shape, "max")?;
+            let s = scatter(&[(g.storage(), &idx)], numel(&in_shape), "max")?;
+            Ok(vec![Some(Grad {
+                tensor: Tensor::from_storage(s, &in_shape, dtype)?,
+                rounding: RoundCounts::default(),
+            })])
+        });
+        let out = Computed::new(out, RoundCounts::default());
+        self.record("max", &[x], &["self"], out, Some(bw))
+    }
+
+    fn softmax_op(
+        &mut self,
+        op: &'static str,
+        x: &Tensor,
+        dim: isize,
+        log: bool,
+    ) -> Result<Tensor> {
+        expect_float(x, op, "input")?;
+        let ins = self.prepare(op, &[x])?;
+        let x = &ins[0];
+        let lines = line_dim(x, dim, op)?;
+        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+        let out = super::with_float!(x, op, |d| softmax_fwd(d, lines, log, &shape, dtype))?;
+        let y = out.tensor.clone();
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &shape, op)?;
+            let r = match (super::fdata(&y, op)?, super::fdata(g, op)?) {
+                (FData::F32(y), FData::F32(g)) => softmax_bwd(y, g, lines, log, &shape, dtype)?,
+                (FData::F64(y), FData::F64(g)) => softmax_bwd(y, g, lines, log, &shape, dtype)?,
+                _ => return Err(Error::shape(op, "gradient dtype differs from the output")),
+            };
+            Ok(vec![grad(r)])
+        });
+        self.record(op, &[x], &["self"], out, Some(bw))
+    }
+
+    /// `torch.softmax(x, dim)`.
+    pub fn softmax(&mut self, x: &Tensor, dim: isize) -> Result<Tensor> {
+        self.softmax_op("softmax", x, dim, false)
+    }
+
+    /// `torch.log_softmax(x, dim)`.
+    pub fn log_softmax(&mut self, x: &Tensor, dim: isize) -> Result<Tensor> {
+        self.softmax_op("log_softmax", x, dim, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::amp::policy::{DeviceType, PolicyTable};
+    use crate::engine::{Autocast, Engine};
+    use crate::{DType, Tensor};
+
+    fn t32(v: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_f32(v.to_vec(), shape, DType::F32).unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f64], tol: f64) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((*x as f64 - y).abs() <= tol, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn sum_and_mean_over_dims() {
+        let mut e = Engine::new();
+        // x[i, j, k] = 6i + 2j + k for shape [2, 3, 2]
+        let x = t32(&(0..12).map(|i| i as f32).collect::<Vec<_>>(), &[2, 3, 2]);
+        let s = e.sum(&x, &[0, -1], false).unwrap();
+        assert_eq!(s.shape(), &[3]);
+        // j=0: 0+1+6+7 = 14; j=1: 2+3+8+9 = 22; j=2: 4+5+10+11 = 30
+        assert_eq!(s.f32s().unwrap(), &[14.0, 22.0, 30.0]);
+        let s = e.sum(&x, &[1], true).unwrap();
+        assert_eq!(s.shape(), &[2, 1, 2]);
+        assert_eq!(s.f32s().unwrap(), &[6.0, 9.0, 24.0, 27.0]);
+        let m = e.mean(&x, &[], false).unwrap();
+        assert_eq!(m.shape(), &[] as &[usize]);
+        assert_eq!(m.f32s().unwrap(), &[5.5]);
+        let m = e.mean(&x, &[2], false).unwrap();
+        assert_eq!(m.f32s().unwrap(), &[0.5, 2.5, 4.5, 6.5, 8.5, 10.5]);
+        let err = e.sum(&x, &[1, -2], false).unwrap_err().to_string();
+        assert!(err.contains("appears more than once"), "{err}");
+        let err = e.mean(&x, &[3], false).unwrap_err().to_string();
+        assert!(err.contains("dim 3 out of range for rank 3"), "{err}");
+    }
+
+    #[test]
+    fn fp16_sum_rounds_once() {
+        // Summed left to right in fp16, 2048 + 1 rounds back to 2048 (twice); the exact
+        // sum 2050 is representable.
+        let x = Tensor::from_f32(vec![2048.0, 1.0, 1.0], &[3], DType::F16).unwrap();
+        let mut e = Engine::new();
+        let s = e.sum(&x, &[], false).unwrap();
+        assert_eq!(s.dtype(), DType::F16);
+        assert_eq!(s.f32s().unwrap(), &[2050.0]);
+    }
+
+    #[test]
+    fn max_values_nan_and_gradient_to_the_first_maximum() {
+        let mut e = Engine::new();
+        let x = t32(&[1.0, 3.0, 3.0, -1.0, f32::NAN, 2.0], &[2, 3]);
+        let m = e.max(&x, 1, false).unwrap();
+        let v = m.f32s().unwrap();
+        assert_eq!(v[0], 3.0);
+        assert!(v[1].is_nan());
+        let m0 = e.max(&x, 0, true).unwrap();
+        assert_eq!(m0.shape(), &[1, 3]);
+        assert!(m0.f32s().unwrap()[1].is_nan());
+        let leaf = x.as_leaf(true);
+        let m = e.max(&leaf, -1, true).unwrap();
+        let g = t32(&[10.0, 20.0], &[2, 1]);
+        let grads = e.backward_with(&m, g).unwrap();
+        assert_eq!(
+            grads[&leaf.id()].f32s().unwrap(),
+            &[0.0, 10.0, 0.0, 0.0, 20.0, 0.0]
+        );
+        let empty = t32(&[], &[2, 0]);
+        let err = e.max(&empty, 1, false).unwrap_err().to_string();
+        assert!(err.contains("is empty"), "{err}");
+    }
+
+    #[test]
+    fn softmax_and_log_softmax_values() {
+        let mut e = Engine::new();
+        let x = t32(&[1.0, 2.0, 3.0, 0.0, 0.0, 0.0], &[2, 3]);
+        let z: f64 = (1f64).exp() + (2f64).exp() + (3f64).exp();
+        let want = [
+            1f64.exp() / z,
+            2f64.exp() / z,
+            3f64.exp() / z,
+            1.0 / 3.0,
+            1.0 / 3.0,
+            1.0 / 3.0,
+        ];
+        let y = e.softmax(&x, -1).unwrap();
+        close(y.f32s().unwrap(), &want, 1e-7);
+        let l = e.log_softmax(&x, 1).unwrap();
+        let lw: Vec<f64> = want.iter().map(|v| v.ln()).collect();
+        close(l.f32s().unwrap(), &lw, 1e-6);
+        // Along dim 0 every column is softmax([a, 0]).
+        let y0 = e.softmax(&x, 0).unwrap();
+        let s = |a: f64| a.exp() / (a.exp() + 1.0);
+        close(
+            y0.f32s().unwrap(),
+            &[
+                s(1.0),
+                s(2.0),
+                s(3.0),
+                1.0 - s(1.0),
+                1.0 - s(2.0),
+                1.0 - s(3.0),
+            ],
+            1e-7,
+        );
+        // A fully masked row is NaN, as in PyTorch.
+        let m = t32(&[f32::NEG_INFINITY, f32::NEG_INFINITY], &[2]);
+        assert!(e.softmax(&m, 0).unwrap().f32s().unwrap()[0].is_nan());
+        let err = e.softmax(&x, 2).unwrap_err().to_string();
+        assert!(err.contains("softmax: dim 2 out of range"), "{err}");
+    }
+
+    #[test]
+    fn fp16_softmax_of_large_inputs_is_finite() {
+        // exp(60000) overflows every float format; the max is subtracted in f32 first.
+        let x =
+            Tensor::from_f32(vec![60000.0, 60000.0, -60000.0, 59968.0], &[4], DType::F16).unwrap();
+        let mut e = Engine::new();
+        let y = e.softmax(&x, 0).unwrap();
+        assert_eq!(y.dtype(), DType::F16);
+        let v = y.f32s().unwrap();
+        assert!(v.iter().all(|a| a.is_finite()), "{v:?}");
+        assert_eq!(v[0], v[1]);
+        assert_eq!(v[2], 0.0);
+        // exp(-32) ≈ 1.3e-14 is far below fp16's smallest subnormal: it underflows to 0.
+        assert_eq!(v[3], 0.0);
+        assert_eq!(v[0], 0.5);
+        let l = e.log_softmax(&x, 0).unwrap();
+        assert!(l.f32s().unwrap()[..2].iter().all(|a| a.is_finite()));
+        // Under autocast softmax runs in fp32 (fp32_set_opt_dtype).
+        e.set_autocast(Some(Autocast {
+            dtype: DType::F16,
+            table: PolicyTable::for_device(DeviceType::Cuda),
+        }));
+        let y = e.softmax(&x, 0).unwrap();
+        assert_eq!(y.dtype(), DType::F32);
+        assert!(y.f32s().unwrap().iter().all(|a| a.is_finite()));
+    }
+}

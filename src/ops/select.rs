@@ -1,0 +1,292 @@
+//! Selection: `torch.where` and `masked_fill`. Values are picked, not computed, so only
+//! the fill value of `masked_fill` is ever rounded.
+
+use super::shape::check_grad;
+use super::{broadcast_shape, bstrides, expect_float, for_each_offset, grad, sum_to, Finish};
+use crate::dtype::{round_f64_to, DType, RoundCounts};
+use crate::engine::{BackwardFn, Computed, Engine};
+use crate::error::{Error, Result};
+use crate::tensor::{numel, strides, Storage, Tensor};
+use std::sync::Arc;
+
+/// Truth values of a condition or mask: nonzero (NaN included) is true.
+fn truth(t: &Tensor) -> Vec<bool> {
+    match t.storage() {
+        Storage::F32(v) => v.iter().map(|&x| x != 0.0).collect(),
+        Storage::F64(v) => v.iter().map(|&x| x != 0.0).collect(),
+        Storage::I64(v) => v.iter().map(|&x| x != 0).collect(),
+    }
+}
+
+/// Picks `a` where `c` is true and `b` elsewhere, over the broadcast `out` shape.
+fn pick<T: Copy>(
+    c: &[bool],
+    a: &[T],
+    b: &[T],
+    strides: [&[usize]; 3],
+    out: &[usize],
+) -> Arc<Vec<T>> {
+    let mut v = Vec::with_capacity(numel(out));
+    for_each_offset(out, strides, |[i, j, k]| {
+        v.push(if c[i] { a[j] } else { b[k] })
+    });
+    Arc::new(v)
+}
+
+/// The gradient of one branch of `where`: `g` where the condition equals `branch`, zero
+/// elsewhere, summed down to the branch's shape in f64 and rounded once.
+fn where_grad<T: Finish>(
+    c: &[bool],
+    cs: &[usize],
+    g: &[T],
+    out: &[usize],
+    branch: bool,
+    target: &[usize],
+    dtype: DType,
+) -> Result<Computed> {
+    let mut full = Vec::with_capacity(g.len());
+    for_each_offset(out, [cs, &strides(out)], |[i, k]| {
+        full.push(if c[i] == branch { g[k] } else { T::zero() })
+    });
+    sum_to(&full, out, target, dtype)
+}
+
+/// `x` with `v` written where the broadcast mask is true (`v` is exact in the dtype).
+fn fill<T: Finish>(
+    x: &[T],
+    m: &[bool],
+    ms: &[usize],
+    v: f64,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Computed> {
+    let mut y = Vec::with_capacity(x.len());
+    let v = T::of(v);
+    for_each_offset(shape, [ms, &strides(shape)], |[i, k]| {
+        y.push(if m[i] { v } else { x[k] })
+    });
+    T::finish(y, shape, dtype)
+}
+
+impl Engine {
+    /// `torch.where(cond, a, b)` with broadcasting: `a` where `cond` is nonzero, else `b`.
+    /// `cond` may be int64 or floating point (a NaN counts as true) and is neither cast
+    /// nor differentiated; `a` and `b` follow native type promotion and are both floating
+    /// point or both int64.
+    pub fn where_(&mut self, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        const OP: &str = "where";
+        if a.dtype().is_float() != b.dtype().is_float() {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "branches must both be floating point or both int64, got {} and {}",
+                    a.dtype(),
+                    b.dtype()
+                ),
+            ));
+        }
+        // The condition stays out of promotion: casting it could turn tiny values to 0.
+        let ins = self.prepare(OP, &[a, b])?;
+        let (a, b) = (&ins[0], &ins[1]);
+        let out_shape = broadcast_shape(
+            &broadcast_shape(cond.shape(), a.shape(), OP)?,
+            b.shape(),
+            OP,
+        )?;
+        let c = truth(cond);
+        let (sc, sa, sb) = (
+            bstrides(cond.shape(), &out_shape),
+            bstrides(a.shape(), &out_shape),
+            bstrides(b.shape(), &out_shape),
+        );
+        let st = [sc.as_slice(), &sa, &sb];
+        let storage = match (a.storage(), b.storage()) {
+            (Storage::F32(x), Storage::F32(y)) => Storage::F32(pick(&c, x, y, st, &out_shape)),
+            (Storage::F64(x), Storage::F64(y)) => Storage::F64(pick(&c, x, y, st, &out_shape)),
+            (Storage::I64(x), Storage::I64(y)) => Storage::I64(pick(&c, x, y, st, &out_shape)),
+            _ => return Err(Error::shape(OP, "branches have different storage")),
+        };
+        let dtype = a.dtype();
+        let out = Tensor::from_storage(storage, &out_shape, dtype)?;
+        let backward: Option<BackwardFn> = if dtype.is_float() {
+            let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
+            Some(Box::new(move |g: &Tensor| {
+                check_grad(g, &out_shape, OP)?;
+                let (ga, gb) = super::with_float!(g, OP, |gd| (
+                    where_grad(&c, &sc, gd, &out_shape, true, &ta, dtype)?,
+                    where_grad(&c, &sc, gd, &out_shape, false, &tb, dtype)?
+                ));
+                Ok(vec![None, grad(ga), grad(gb)])
+            }))
+        } else {
+            None
+        };
+        let out = Computed::new(out, RoundCounts::default());
+        self.record(
+            OP,
+            &[cond, a, b],
+            &["condition", "self", "other"],
+            out,
+            backward,
+        )
+    }
+
+    /// `x.masked_fill(mask, value)`: `value` where the mask (broadcast to `x`; int64 or
+    /// floating point, nonzero = true) is set. As in PyTorch, a finite `value` that
+    /// overflows `x`'s dtype is an error (use the dtype's lowest finite value or -inf).
+    /// A -inf fill is reported as intentional (`masked_neg_inf`), not as an origin. The
+    /// gradient is zero where masked.
+    pub fn masked_fill(&mut self, x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
+        const OP: &str = "masked_fill";
+        expect_float(x, OP, "input")?;
+        let ins = self.prepare(OP, &[x])?;
+        let x = &ins[0];
+        let shape = x.shape().to_vec();
+        if broadcast_shape(&shape, mask.shape(), OP)? != shape {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "mask {:?} does not broadcast to the input {:?}",
+                    mask.shape(),
+                    shape
+                ),
+            ));
+        }
+        let dtype = x.dtype();
+        let v = round_f64_to(dtype, value);
+        if value.is_finite() && v.is_infinite() {
+            return Err(Error::shape(
+                OP,
+                format!("value {value} cannot be converted to {dtype} without overflow"),
+            ));
+        }
+        let m = truth(mask);
+        let ms = bstrides(mask.shape(), &shape);
+        let mut out = super::with_float!(x, OP, |d| fill(d, &m, &ms, v, &shape, dtype))?;
+        let mut masked = 0u64;
+        for_each_offset(&shape, [&ms], |[i]| masked += m[i] as u64);
+        out.rounding = RoundCounts {
+            overflow: 0,
+            underflow: if value != 0.0 && v == 0.0 { masked } else { 0 },
+        };
+        if value == f64::NEG_INFINITY {
+            out.masked_neg_inf = masked;
+        }
+        let bw = Box::new(move |g: &Tensor| {
+            check_grad(g, &shape, OP)?;
+            let r = super::with_float!(g, OP, |gd| fill(gd, &m, &ms, 0.0, &shape, dtype))?;
+            Ok(vec![grad(r), None])
+        });
+        self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::observer::{Observer, OpEvent};
+    use crate::engine::Engine;
+    use crate::{DType, Tensor};
+    use std::sync::{Arc, Mutex};
+
+    fn t32(v: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_f32(v.to_vec(), shape, DType::F32).unwrap()
+    }
+
+    struct Seen(Arc<Mutex<Vec<(String, u64)>>>);
+    impl Observer for Seen {
+        fn on_op(&mut self, ev: &OpEvent<'_>) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((ev.op.to_string(), ev.masked_neg_inf));
+            }
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn where_broadcasts_condition_and_branches() {
+        let mut e = Engine::new();
+        let c = Tensor::from_i64(vec![1, 0], &[2, 1]).unwrap();
+        let a = t32(&[1.0, 2.0, 3.0], &[3]);
+        let b = t32(&[-1.0], &[1]);
+        let y = e.where_(&c, &a, &b).unwrap();
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(y.f32s().unwrap(), &[1.0, 2.0, 3.0, -1.0, -1.0, -1.0]);
+        // A float condition: nonzero and NaN are true, and a tiny value is not cast away.
+        let cf = Tensor::from_f64(vec![0.0, 1e-300, f64::NAN], &[3]).unwrap();
+        let y = e.where_(&cf, &a, &b).unwrap();
+        assert_eq!(y.f32s().unwrap(), &[-1.0, 2.0, 3.0]);
+        let bad = t32(&[0.0; 2], &[2]);
+        let err = e.where_(&c, &a, &bad).unwrap_err().to_string();
+        assert!(err.contains("do not broadcast"), "{err}");
+        let ia = Tensor::from_i64(vec![5, 6, 7], &[3]).unwrap();
+        let ib = Tensor::from_i64(vec![-100], &[1]).unwrap();
+        let y = e.where_(&c, &ia, &ib).unwrap();
+        assert_eq!(y.i64s().unwrap(), &[5, 6, 7, -100, -100, -100]);
+        let err = e.where_(&c, &ia, &b).unwrap_err().to_string();
+        assert!(
+            err.contains("must both be floating point or both int64"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn where_gradient_sums_over_broadcast_dims() {
+        let mut e = Engine::new();
+        let c = Tensor::from_i64(vec![1, 0, 1, 0, 0, 1], &[2, 3]).unwrap();
+        let a = t32(&[1.0, 2.0, 3.0], &[3]).as_leaf(true);
+        let b = t32(&[0.0], &[1]).as_leaf(true);
+        let y = e.where_(&c, &a, &b).unwrap();
+        let g = t32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let grads = e.backward_with(&y, g).unwrap();
+        assert_eq!(grads[&a.id()].f32s().unwrap(), &[1.0, 0.0, 9.0]);
+        assert_eq!(grads[&b.id()].f32s().unwrap(), &[2.0 + 4.0 + 5.0]);
+    }
+
+    #[test]
+    fn masked_fill_values_counts_and_gradient() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut e = Engine::new();
+        e.add_observer(Box::new(Seen(seen.clone())));
+        let x = t32(&[1.0, 2.0, 3.0, 4.0], &[2, 2]).as_leaf(true);
+        let m = Tensor::from_i64(vec![0, 1], &[2]).unwrap();
+        let y = e.masked_fill(&x, &m, f64::NEG_INFINITY).unwrap();
+        let v = y.f32s().unwrap();
+        assert_eq!(v[0], 1.0);
+        assert_eq!(v[1], f32::NEG_INFINITY);
+        assert_eq!(v[3], f32::NEG_INFINITY);
+        let g = t32(&[1.0, 1.0, 1.0, 1.0], &[2, 2]);
+        let grads = e.backward_with(&y, g).unwrap();
+        assert_eq!(grads[&x.id()].f32s().unwrap(), &[1.0, 0.0, 1.0, 0.0]);
+        let ev = seen.lock().unwrap().clone();
+        assert_eq!(ev[0], ("masked_fill".to_string(), 2));
+        // A finite fill is an ordinary value.
+        let y = e.masked_fill(&x, &m, -5.0).unwrap();
+        assert_eq!(y.f32s().unwrap(), &[1.0, -5.0, 3.0, -5.0]);
+        assert_eq!(seen.lock().unwrap().last().unwrap().1, 0);
+    }
+
+    #[test]
+    fn masked_fill_rejects_overflowing_values_and_bad_masks() {
+        let mut e = Engine::new();
+        let h = Tensor::from_f32(vec![1.0, 2.0], &[2], DType::F16).unwrap();
+        let m = Tensor::from_i64(vec![1, 0], &[2]).unwrap();
+        let err = e.masked_fill(&h, &m, -1e9).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "masked_fill: value -1000000000 cannot be converted to float16 without overflow"
+        );
+        let y = e.masked_fill(&h, &m, -65504.0).unwrap();
+        assert_eq!(y.f32s().unwrap(), &[-65504.0, 2.0]);
+        let y = e.masked_fill(&h, &m, -65519.0).unwrap();
+        // -65519 rounds to fp16's lowest finite value (below the overflow threshold 65520).
+        assert_eq!(y.f32s().unwrap()[0], -65504.0);
+        let m3 = Tensor::from_i64(vec![1, 0, 1], &[3]).unwrap();
+        let err = e.masked_fill(&h, &m3, 0.0).unwrap_err().to_string();
+        assert!(err.contains("do not broadcast"), "{err}");
+        let m21 = Tensor::from_i64(vec![1, 0], &[2, 1]).unwrap();
+        let err = e.masked_fill(&h, &m21, 0.0).unwrap_err().to_string();
+        assert!(err.contains("does not broadcast to the input [2]"), "{err}");
+    }
+}
