@@ -6,7 +6,14 @@ use amprobe::runner::build;
 use amprobe::train::Trainer;
 use std::time::Instant;
 
-fn trainer(inputs: usize, hidden: usize, classes: usize, batch: usize, precision: &str, probes: bool) -> Trainer {
+fn trainer(
+    inputs: usize,
+    hidden: usize,
+    classes: usize,
+    batch: usize,
+    precision: &str,
+    probes: bool,
+) -> Trainer {
     let mut cfg = RunConfig::default();
     cfg.model.kind = Some("mlp".into());
     cfg.model.inputs = Some(inputs);
@@ -39,8 +46,14 @@ fn time(t: &mut Trainer, warm: u64, reps: u64) -> f64 {
 }
 
 fn main() {
-    let cases = [("seed MLP 100-50-10, batch 16", 100, 50, 10, 16, 200), ("MLP 1024-4096-1024, batch 256", 1024, 4096, 1024, 256, 15)];
-    println!("{:<32} {:<6} {:>12} {:>12} {:>8}", "model", "mode", "probed ms", "unprobed ms", "ratio");
+    let cases = [
+        ("seed MLP 100-50-10, batch 16", 100, 50, 10, 16, 200),
+        ("MLP 1024-4096-1024, batch 256", 1024, 4096, 1024, 256, 15),
+    ];
+    println!(
+        "{:<32} {:<6} {:>12} {:>12} {:>8}",
+        "model", "mode", "probed ms", "unprobed ms", "ratio"
+    );
     for (name, i, h, c, b, reps) in cases {
         for mode in ["fp32", "fp16", "bf16"] {
             let mut on = trainer(i, h, c, b, mode, true);
@@ -54,7 +67,14 @@ fn main() {
             a.sort_by(f64::total_cmp);
             z.sort_by(f64::total_cmp);
             let (p, u) = (a[1], z[1]);
-            println!("{:<32} {:<6} {:>12.3} {:>12.3} {:>8.3}", name, mode, p, u, p / u);
+            println!(
+                "{:<32} {:<6} {:>12.3} {:>12.3} {:>8.3}",
+                name,
+                mode,
+                p,
+                u,
+                p / u
+            );
         }
     }
 }

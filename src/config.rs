@@ -133,7 +133,8 @@ impl RunConfig {
     /// Reads a TOML config file.
     pub fn load(path: &Path) -> Result<RunConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut cfg: RunConfig = toml::from_str(&text).map_err(|e| Error::config(path.display().to_string(), e.to_string()))?;
+        let mut cfg: RunConfig = toml::from_str(&text)
+            .map_err(|e| Error::config(path.display().to_string(), e.to_string()))?;
         cfg.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(cfg)
     }
@@ -159,7 +160,12 @@ impl RunConfig {
         let policy = match t.policy.as_deref().unwrap_or("cuda") {
             "cuda" => DeviceType::Cuda,
             "cpu" => DeviceType::Cpu,
-            other => return Err(Error::config("train.policy", format!("unknown device type `{other}` (expected cuda or cpu)"))),
+            other => {
+                return Err(Error::config(
+                    "train.policy",
+                    format!("unknown device type `{other}` (expected cuda or cpu)"),
+                ))
+            }
         };
         let lr = t.lr.unwrap_or(0.01);
         let wd = t.weight_decay;
@@ -170,9 +176,22 @@ impl RunConfig {
                 weight_decay: wd.unwrap_or(0.0),
                 ..SgdConfig::default()
             }),
-            "adam" => OptimizerConfig::Adam(AdamConfig { lr, weight_decay: wd.unwrap_or(0.0), ..AdamConfig::default() }),
-            "adamw" => OptimizerConfig::AdamW(AdamWConfig { lr, weight_decay: wd.unwrap_or(0.01), ..AdamWConfig::default() }),
-            other => return Err(Error::config("train.optimizer", format!("unknown optimizer `{other}` (expected sgd, adam or adamw)"))),
+            "adam" => OptimizerConfig::Adam(AdamConfig {
+                lr,
+                weight_decay: wd.unwrap_or(0.0),
+                ..AdamConfig::default()
+            }),
+            "adamw" => OptimizerConfig::AdamW(AdamWConfig {
+                lr,
+                weight_decay: wd.unwrap_or(0.01),
+                ..AdamWConfig::default()
+            }),
+            other => {
+                return Err(Error::config(
+                    "train.optimizer",
+                    format!("unknown optimizer `{other}` (expected sgd, adam or adamw)"),
+                ))
+            }
         };
         let s = &self.scaler;
         let d = ScalerConfig::default();
@@ -214,7 +233,10 @@ impl RunConfig {
             seed: t.seed.unwrap_or(0),
             keep_fp32: t.keep_fp32.clone().unwrap_or_default(),
             probes: self.probe.enabled.unwrap_or(true),
-            sampling: OpSampling { every: self.probe.sample_every.unwrap_or(0), ..OpSampling::default() },
+            sampling: OpSampling {
+                every: self.probe.sample_every.unwrap_or(0),
+                ..OpSampling::default()
+            },
         })
     }
 }

@@ -8,9 +8,9 @@ use crate::error::{Error, Result};
 use crate::models::mlp::{synthetic_batch, Mlp};
 use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore};
-use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
 use crate::trace::io::TraceWriter;
 use crate::trace::record::{EndRecord, Header, OpRef, StepRecord};
+use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -85,8 +85,11 @@ pub struct RunSummary {
     pub trace: Option<PathBuf>,
 }
 
+/// A model, its parameters and its data, ready for a [`Trainer`].
+pub type Built = (Box<dyn Model>, ParamStore, Box<dyn DataSource>);
+
 /// Builds the model, its parameters and the data source a config describes.
-pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<(Box<dyn Model>, ParamStore, Box<dyn DataSource>)> {
+pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
     let kind = cfg.model.kind.as_deref().unwrap_or("mlp");
     match kind {
         "mlp" => {
@@ -102,41 +105,71 @@ pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<(Box<dyn Model>, Pa
             let data: Box<dyn DataSource> = match &cfg.data.batch_file {
                 Some(p) => Box::new(FixedBatch(load_batch(&cfg.resolve(p), m.inputs)?)),
                 None => {
-                    let (inputs, classes, b, seed) = (m.inputs, m.classes, cfg.data.batch.unwrap_or(16), train.seed);
+                    let (inputs, classes, b, seed) = (
+                        m.inputs,
+                        m.classes,
+                        cfg.data.batch.unwrap_or(16),
+                        train.seed,
+                    );
                     if b == 0 {
                         return Err(Error::config("data.batch", "must be at least 1"));
                     }
-                    Box::new(Synthetic(move |step, micro| synthetic_batch(inputs, classes, b, seed, step * 1024 + micro as u64)))
+                    Box::new(Synthetic(move |step, micro| {
+                        synthetic_batch(inputs, classes, b, seed, step * 1024 + micro as u64)
+                    }))
                 }
             };
             Ok((Box::new(m), params, data))
         }
-        other => Err(Error::config("model.kind", format!("unknown model kind `{other}` (expected mlp)"))),
+        other => Err(Error::config(
+            "model.kind",
+            format!("unknown model kind `{other}` (expected mlp)"),
+        )),
     }
 }
 
 /// Loads a batch file with `x` [batch, inputs] (float) and `y` [batch] (int64).
 pub fn load_batch(path: &std::path::Path, inputs: usize) -> Result<Batch> {
     let mut map = load_safetensors(path)?;
-    let x = map.get("x").ok_or_else(|| Error::tensor(format!("{}: x", path.display()), "missing (expected [batch, inputs] float)"))?;
+    let x = map.get("x").ok_or_else(|| {
+        Error::tensor(
+            format!("{}: x", path.display()),
+            "missing (expected [batch, inputs] float)",
+        )
+    })?;
     let b = x.shape().first().copied().unwrap_or(0);
     let x = take(&mut map, path, "x", &[b, inputs])?;
     if !x.dtype().is_float() || x.dtype() == DType::F64 {
-        return Err(Error::tensor(format!("{}: x", path.display()), format!("has dtype {}, expected F32, F16 or BF16", x.dtype())));
+        return Err(Error::tensor(
+            format!("{}: x", path.display()),
+            format!("has dtype {}, expected F32, F16 or BF16", x.dtype()),
+        ));
     }
     let x = crate::ops::cast::cast(&x, DType::F32)?.tensor;
     let y = take(&mut map, path, "y", &[b])?;
     if y.dtype() != DType::I64 {
-        return Err(Error::tensor(format!("{}: y", path.display()), format!("has dtype {}, expected I64 labels", y.dtype())));
+        return Err(Error::tensor(
+            format!("{}: y", path.display()),
+            format!("has dtype {}, expected I64 labels", y.dtype()),
+        ));
     }
-    Ok(Batch { inputs: x, labels: y })
+    Ok(Batch {
+        inputs: x,
+        labels: y,
+    })
 }
 
 /// The verdict over a run's step records.
 pub fn verdict(records: &[StepRecord], params_finite: bool) -> &'static str {
     if !params_finite {
         "diverged"
-    } else if records.iter().any(|r| r.origins.first_inf.as_ref().or(r.origins.first_nan.as_ref()).is_some_and(|o| o.phase == crate::trace::record::Phase::Forward)) {
+    } else if records.iter().any(|r| {
+        r.origins
+            .first_inf
+            .as_ref()
+            .or(r.origins.first_nan.as_ref())
+            .is_some_and(|o| o.phase == crate::trace::record::Phase::Forward)
+    }) {
         "forward-nonfinite"
     } else if records.iter().any(|r| r.skipped) {
         "overflow-skips"
@@ -160,10 +193,17 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
             h.precision = train.precision.name().to_string();
             h.autocast_dtype = train.precision.autocast_dtype();
             h.policy_device = train.policy.name().to_string();
-            h.policy = serde_json::to_value(crate::amp::policy::PolicyTable::for_device(train.policy).entries().into_iter().collect::<BTreeMap<_, _>>())
+            h.policy = serde_json::to_value(
+                crate::amp::policy::PolicyTable::for_device(train.policy)
+                    .entries()
+                    .into_iter()
+                    .collect::<BTreeMap<_, _>>(),
+            )
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+            h.scaler =
+                serde_json::to_value(&train.scaler).map_err(|e| Error::Invalid(e.to_string()))?;
+            h.optimizer = serde_json::to_value(&train.optimizer)
                 .map_err(|e| Error::Invalid(e.to_string()))?;
-            h.scaler = serde_json::to_value(&train.scaler).map_err(|e| Error::Invalid(e.to_string()))?;
-            h.optimizer = serde_json::to_value(&train.optimizer).map_err(|e| Error::Invalid(e.to_string()))?;
             h.backend = "cpu".to_string();
             h.seed = train.seed;
             h.command_line = opts.command_line.clone();
@@ -176,7 +216,8 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let bar = if opts.progress && std::io::stdout().is_terminal() && steps > 1 {
         let b = indicatif::ProgressBar::new(steps);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         Some(b)
     } else {
@@ -190,7 +231,11 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
             w.write_step(&rec)?;
         }
         if let Some(b) = &bar {
-            b.set_message(format!("loss {:.4}  scale {}", rec.loss.unwrap_or(f64::NAN), rec.scale_after));
+            b.set_message(format!(
+                "loss {:.4}  scale {}",
+                rec.loss.unwrap_or(f64::NAN),
+                rec.scale_after
+            ));
             b.inc(1);
         }
         rec.ops = None;
@@ -199,22 +244,49 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let params_finite = trainer.params().params.iter().all(|p| p.value.f32s().map(|v| v.iter().all(|x| x.is_finite())).unwrap_or(true));
+    let params_finite = trainer.params().params.iter().all(|p| {
+        p.value
+            .f32s()
+            .map(|v| v.iter().all(|x| x.is_finite()))
+            .unwrap_or(true)
+    });
     let verdict = verdict(&records, params_finite).to_string();
     if let Some(w) = writer {
-        w.finish(&EndRecord { steps, verdict: verdict.clone(), wall_ms: t0.elapsed().as_secs_f64() * 1e3 })?;
+        w.finish(&EndRecord {
+            steps,
+            verdict: verdict.clone(),
+            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })?;
     }
     let first = |f: fn(&StepRecord) -> Option<&OpRef>| records.iter().find_map(|r| f(r).cloned());
     let first_inf = first(|r| r.origins.first_inf.as_ref());
     let first_nan = first(|r| r.origins.first_nan.as_ref());
-    let chain = records.iter().find(|r| !r.origins.chain.is_empty()).map(|r| r.origins.chain.clone()).unwrap_or_default();
+    let chain = records
+        .iter()
+        .find(|r| !r.origins.chain.is_empty())
+        .map(|r| r.origins.chain.clone())
+        .unwrap_or_default();
     let mut params = BTreeMap::new();
     if let Some(last) = records.last() {
         for p in &last.params {
-            params.insert(p.name.clone(), ParamSummary { max_abs_grad: p.max_abs_grad, grad_norm: p.grad_l2, max_abs_after: p.param_max_abs_after });
+            params.insert(
+                p.name.clone(),
+                ParamSummary {
+                    max_abs_grad: p.max_abs_grad,
+                    grad_norm: p.grad_l2,
+                    max_abs_after: p.param_max_abs_after,
+                },
+            );
         }
     }
-    let events = records.iter().flat_map(|r| r.events.iter().map(move |e| format!("step {}: {e}", r.step))).collect();
+    let events = records
+        .iter()
+        .flat_map(|r| {
+            r.events
+                .iter()
+                .map(move |e| format!("step {}: {e}", r.step))
+        })
+        .collect();
     Ok(RunSummary {
         verdict,
         model: trainer.model().describe(),

@@ -7,13 +7,21 @@ use amprobe::{DType, Tensor};
 
 fn engine(device: DeviceType) -> Engine {
     let mut e = Engine::new();
-    e.set_autocast(Some(Autocast { dtype: DType::F16, table: PolicyTable::for_device(device) }));
+    e.set_autocast(Some(Autocast {
+        dtype: DType::F16,
+        table: PolicyTable::for_device(device),
+    }));
     e
 }
 
 fn t(shape: &[usize], v: f32) -> Tensor {
     let n: usize = shape.iter().product();
-    Tensor::from_f32((0..n).map(|i| v + i as f32 * 0.01).collect(), shape, DType::F32).unwrap()
+    Tensor::from_f32(
+        (0..n).map(|i| v + i as f32 * 0.01).collect(),
+        shape,
+        DType::F32,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -27,7 +35,7 @@ fn categories_pick_the_dtype() {
     assert_eq!(z.dtype(), DType::F32, "exp is fp32 on cuda");
     let r = e.relu(&y).unwrap();
     assert_eq!(r.dtype(), DType::F16, "relu runs in its input's type");
-    let s = e.add(&y, &x).unwrap();
+    let s = e.add(&y, &t(&[2, 4], 1.0)).unwrap();
     assert_eq!(s.dtype(), DType::F32, "fp16 + fp32 promotes natively");
     // On the CPU table exp is not listed: it runs in its input's type.
     let mut c = engine(DeviceType::Cpu);
@@ -43,9 +51,17 @@ fn disabled_region_and_keep_fp32_patterns() {
     let y = e.autocast_off(|e| e.linear(&x, &w, None)).unwrap();
     assert_eq!(y.dtype(), DType::F32, "autocast(enabled=False) region");
     e.set_keep_fp32(vec!["wo".into()]);
-    let y = e.scope("encoder.block.0.layer.1.DenseReluDense.wo", |e| e.linear(&x, &w, None)).unwrap();
+    let y = e
+        .scope("encoder.block.0.layer.1.DenseReluDense.wo", |e| {
+            e.linear(&x, &w, None)
+        })
+        .unwrap();
     assert_eq!(y.dtype(), DType::F32, "kept in fp32");
-    let y = e.scope("encoder.block.0.layer.1.DenseReluDense.wi", |e| e.linear(&x, &w, None)).unwrap();
+    let y = e
+        .scope("encoder.block.0.layer.1.DenseReluDense.wi", |e| {
+            e.linear(&x, &w, None)
+        })
+        .unwrap();
     assert_eq!(y.dtype(), DType::F16, "other modules still autocast");
 }
 
@@ -80,7 +96,9 @@ fn cast_backward_returns_fp32_gradients_to_fp32_leaves() {
     let xs = x.to_f64_vec();
     for j in 0..4 {
         for k in 0..3 {
-            let want: f64 = (0..2).map(|i| half::f16::from_f32(xs[i * 3 + k] as f32).to_f64()).sum();
+            let want: f64 = (0..2)
+                .map(|i| half::f16::from_f32(xs[i * 3 + k] as f32).to_f64())
+                .sum();
             assert!((gw.to_f64_vec()[j * 3 + k] - want).abs() < 1e-3, "{j},{k}");
         }
     }
@@ -91,7 +109,7 @@ fn cast_backward_returns_fp32_gradients_to_fp32_leaves() {
 #[test]
 fn cross_entropy_dtypes_follow_pytorch() {
     use amprobe::amp::policy::cross_entropy_dtypes;
-    use amprobe::engine::observer::{OpEvent, Observer};
+    use amprobe::engine::observer::{Observer, OpEvent};
     struct Log(Vec<(String, DType)>);
     impl Observer for Log {
         fn on_op(&mut self, ev: &OpEvent<'_>) {

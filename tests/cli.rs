@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn amprobe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_amprobe")).args(args).output().expect("amprobe runs")
+    Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .args(args)
+        .output()
+        .expect("amprobe runs")
 }
 
 fn stderr(o: &Output) -> String {
@@ -34,7 +37,12 @@ fn config(dir: &Path, weights: &Path, batch: &Path, extra: &str) -> PathBuf {
 fn write_st(path: &Path, tensors: Vec<(&str, safetensors::Dtype, Vec<usize>, Vec<u8>)>) {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
-        .map(|(n, d, s, b)| (n.to_string(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.to_string(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::tensor::serialize_to_file(views, None, path).unwrap();
 }
@@ -47,13 +55,28 @@ fn f32s(n: usize, v: f32) -> Vec<u8> {
 fn seed_run_succeeds_and_writes_summary() {
     let d = tmp();
     let summary = d.path().join("s.json");
-    let o = amprobe(&["run", "samples/mlp.toml", "--precision", "fp16", "--summary-json", summary.to_str().unwrap()]);
+    let o = amprobe(&[
+        "run",
+        "samples/mlp.toml",
+        "--precision",
+        "fp16",
+        "--summary-json",
+        summary.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(s["verdict"], "clean");
     assert!(s["first_inf"].is_null() && s["first_nan"].is_null());
     let st = &s["steps"][0];
-    for k in ["loss", "scale_before", "scale_after", "found_inf", "skipped", "grad_norm"] {
+    for k in [
+        "loss",
+        "scale_before",
+        "scale_after",
+        "found_inf",
+        "skipped",
+        "grad_norm",
+    ] {
         assert!(!st[k].is_null(), "steps[0].{k} missing");
     }
     for p in ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"] {
@@ -89,13 +112,22 @@ fn bad_toml_names_the_file_and_field() {
 fn unknown_precision_is_refused() {
     let o = amprobe(&["run", "samples/mlp.toml", "--precision", "fp8"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("fp8") && stderr(&o).contains("expected"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fp8") && stderr(&o).contains("expected"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn missing_weights_file() {
     let d = tmp();
-    let c = config(d.path(), &d.path().join("nope.safetensors"), Path::new("samples/seed_mlp/batch.safetensors"), "");
+    let c = config(
+        d.path(),
+        &d.path().join("nope.safetensors"),
+        Path::new("samples/seed_mlp/batch.safetensors"),
+        "",
+    );
     let o = amprobe(&["run", c.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
@@ -108,17 +140,35 @@ fn weights_with_wrong_shape_name_the_tensor() {
     write_st(
         &w,
         vec![
-            ("fc1.weight", safetensors::Dtype::F32, vec![50, 99], f32s(50 * 99, 0.01)),
+            (
+                "fc1.weight",
+                safetensors::Dtype::F32,
+                vec![50, 99],
+                f32s(50 * 99, 0.01),
+            ),
             ("fc1.bias", safetensors::Dtype::F32, vec![50], f32s(50, 0.0)),
-            ("fc2.weight", safetensors::Dtype::F32, vec![10, 50], f32s(500, 0.01)),
+            (
+                "fc2.weight",
+                safetensors::Dtype::F32,
+                vec![10, 50],
+                f32s(500, 0.01),
+            ),
             ("fc2.bias", safetensors::Dtype::F32, vec![10], f32s(10, 0.0)),
         ],
     );
-    let c = config(d.path(), &w, Path::new("samples/seed_mlp/batch.safetensors"), "");
+    let c = config(
+        d.path(),
+        &w,
+        Path::new("samples/seed_mlp/batch.safetensors"),
+        "",
+    );
     let o = amprobe(&["run", c.to_str().unwrap()]);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("fc1.weight") && e.contains("[50, 99]") && e.contains("[50, 100]"), "{e}");
+    assert!(
+        e.contains("fc1.weight") && e.contains("[50, 99]") && e.contains("[50, 100]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -128,13 +178,28 @@ fn weights_with_wrong_dtype_name_the_tensor() {
     write_st(
         &w,
         vec![
-            ("fc1.weight", safetensors::Dtype::I64, vec![50, 100], vec![0u8; 50 * 100 * 8]),
+            (
+                "fc1.weight",
+                safetensors::Dtype::I64,
+                vec![50, 100],
+                vec![0u8; 50 * 100 * 8],
+            ),
             ("fc1.bias", safetensors::Dtype::F32, vec![50], f32s(50, 0.0)),
-            ("fc2.weight", safetensors::Dtype::F32, vec![10, 50], f32s(500, 0.01)),
+            (
+                "fc2.weight",
+                safetensors::Dtype::F32,
+                vec![10, 50],
+                f32s(500, 0.01),
+            ),
             ("fc2.bias", safetensors::Dtype::F32, vec![10], f32s(10, 0.0)),
         ],
     );
-    let c = config(d.path(), &w, Path::new("samples/seed_mlp/batch.safetensors"), "");
+    let c = config(
+        d.path(),
+        &w,
+        Path::new("samples/seed_mlp/batch.safetensors"),
+        "",
+    );
     let o = amprobe(&["run", c.to_str().unwrap()]);
     assert!(!o.status.success());
     let e = stderr(&o);
@@ -149,12 +214,26 @@ fn label_out_of_range_is_named() {
     for v in [1i64, 2, 10, 3] {
         y.extend(v.to_le_bytes());
     }
-    write_st(&b, vec![("x", safetensors::Dtype::F32, vec![4, 100], f32s(400, 0.5)), ("y", safetensors::Dtype::I64, vec![4], y)]);
-    let c = config(d.path(), Path::new("samples/seed_mlp/init.safetensors"), &b, "");
+    write_st(
+        &b,
+        vec![
+            ("x", safetensors::Dtype::F32, vec![4, 100], f32s(400, 0.5)),
+            ("y", safetensors::Dtype::I64, vec![4], y),
+        ],
+    );
+    let c = config(
+        d.path(),
+        Path::new("samples/seed_mlp/init.safetensors"),
+        &b,
+        "",
+    );
     let o = amprobe(&["run", c.to_str().unwrap()]);
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("label 10") && e.contains("position 2") && e.contains("10 classes"), "{e}");
+    assert!(
+        e.contains("label 10") && e.contains("position 2") && e.contains("10 classes"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -162,7 +241,12 @@ fn corrupt_safetensors_is_named() {
     let d = tmp();
     let w = d.path().join("w.safetensors");
     std::fs::write(&w, b"not a safetensors file").unwrap();
-    let c = config(d.path(), &w, Path::new("samples/seed_mlp/batch.safetensors"), "");
+    let c = config(
+        d.path(),
+        &w,
+        Path::new("samples/seed_mlp/batch.safetensors"),
+        "",
+    );
     let o = amprobe(&["run", c.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("w.safetensors"), "{}", stderr(&o));
@@ -170,13 +254,37 @@ fn corrupt_safetensors_is_named() {
 
 #[test]
 fn scaler_simulate_prints_the_sequence() {
-    let o = amprobe(&["scaler", "simulate", "--overflow-steps", "3", "--init-scale", "128", "--growth-interval", "1", "--steps", "4", "--json"]);
+    let o = amprobe(&[
+        "scaler",
+        "simulate",
+        "--overflow-steps",
+        "3",
+        "--init-scale",
+        "128",
+        "--growth-interval",
+        "1",
+        "--steps",
+        "4",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let scales: Vec<f64> = v.as_array().unwrap().iter().map(|s| s["scale_after"].as_f64().unwrap()).collect();
+    let scales: Vec<f64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["scale_after"].as_f64().unwrap())
+        .collect();
     assert_eq!(scales, vec![256.0, 512.0, 1024.0, 512.0]);
     assert_eq!(v[3]["skipped"], true);
-    for k in ["step", "scale_before", "found_inf", "skipped", "scale_after", "growth_tracker"] {
+    for k in [
+        "step",
+        "scale_before",
+        "found_inf",
+        "skipped",
+        "scale_after",
+        "growth_tracker",
+    ] {
         assert!(!v[0][k].is_null(), "{k}");
     }
     let bad = amprobe(&["scaler", "simulate", "--overflow-steps", "3,x"]);
@@ -197,13 +305,20 @@ fn sigkill_keeps_every_finished_step() {
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_amprobe"))
-        .args(["run", cfg.to_str().unwrap(), "--trace", trace.to_str().unwrap()])
+        .args([
+            "run",
+            cfg.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+        ])
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let t0 = Instant::now();
     loop {
-        let lines = std::fs::read_to_string(&trace).map(|s| s.lines().count()).unwrap_or(0);
+        let lines = std::fs::read_to_string(&trace)
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
         if lines >= 6 || t0.elapsed() > Duration::from_secs(60) {
             break;
         }
@@ -213,7 +328,10 @@ fn sigkill_keeps_every_finished_step() {
     child.wait().unwrap();
     let t = amprobe::trace::io::read_trace(&trace).expect("a killed run's trace loads");
     assert!(t.steps.len() >= 5, "only {} steps", t.steps.len());
-    assert!(t.steps.len() < 1000, "the run finished before it was killed");
+    assert!(
+        t.steps.len() < 1000,
+        "the run finished before it was killed"
+    );
     assert!(t.end.is_none());
     for (i, s) in t.steps.iter().enumerate() {
         assert_eq!(s.step, i as u64);

@@ -22,33 +22,70 @@ fn trainer(edit: impl FnOnce(&mut RunConfig)) -> Trainer {
 #[test]
 fn injected_inf_is_the_first_inf_and_the_nan_is_named() {
     let mut t = trainer(|_| {});
-    t.inject(Injection { step: Some(0), op: "linear".into(), module: "fc1".into(), phase: Phase::Forward, value: f32::INFINITY });
+    t.inject(Injection {
+        step: Some(0),
+        op: "linear".into(),
+        module: "fc1".into(),
+        phase: Phase::Forward,
+        value: f32::INFINITY,
+    });
     let rec = t.step(0).unwrap();
     let inf = rec.origins.first_inf.clone().expect("an Inf origin");
-    assert_eq!((inf.op.as_str(), inf.module.as_str(), inf.phase), ("linear", "fc1", Phase::Forward));
+    assert_eq!(
+        (inf.op.as_str(), inf.module.as_str(), inf.phase),
+        ("linear", "fc1", Phase::Forward)
+    );
     let ops = rec.ops.as_ref().expect("a non-finite step keeps its ops");
-    let fc1 = ops.iter().find(|o| o.module == "fc1" && o.op == "linear" && o.phase == Phase::Forward).unwrap();
-    assert_eq!(inf.op_index, fc1.index, "the origin is exactly the injected op");
+    let fc1 = ops
+        .iter()
+        .find(|o| o.module == "fc1" && o.op == "linear" && o.phase == Phase::Forward)
+        .unwrap();
+    assert_eq!(
+        inf.op_index, fc1.index,
+        "the origin is exactly the injected op"
+    );
     let nan = rec.origins.first_nan.clone().expect("a NaN follows");
     assert!(nan.op_index > inf.op_index);
     // The NaN's op is the first one whose output holds a NaN.
     let first_nan_op = ops.iter().find(|o| o.stats.nan > 0).unwrap();
     assert_eq!(nan.op_index, first_nan_op.index);
-    assert_eq!(rec.origins.chain.first().map(|o| o.op_index), Some(inf.op_index));
-    assert_eq!(rec.origins.chain.last().map(|o| o.op_index), Some(nan.op_index));
+    assert_eq!(
+        rec.origins.chain.first().map(|o| o.op_index),
+        Some(inf.op_index)
+    );
+    assert_eq!(
+        rec.origins.chain.last().map(|o| o.op_index),
+        Some(nan.op_index)
+    );
     assert!(rec.skipped, "the step with non-finite gradients is skipped");
 }
 
 #[test]
 fn injected_backward_inf_is_a_backward_origin() {
     let mut t = trainer(|_| {});
-    t.inject(Injection { step: Some(0), op: "relu".into(), module: "relu".into(), phase: Phase::Backward, value: f32::INFINITY });
+    t.inject(Injection {
+        step: Some(0),
+        op: "relu".into(),
+        module: "relu".into(),
+        phase: Phase::Backward,
+        value: f32::INFINITY,
+    });
     let rec = t.step(0).unwrap();
     let inf = rec.origins.first_inf.expect("an Inf origin");
-    assert_eq!((inf.op.as_str(), inf.module.as_str(), inf.phase), ("relu", "relu", Phase::Backward));
+    assert_eq!(
+        (inf.op.as_str(), inf.module.as_str(), inf.phase),
+        ("relu", "relu", Phase::Backward)
+    );
     let ops = rec.ops.unwrap();
-    let fwd = ops.iter().find(|o| o.index == inf.forward_op.unwrap()).unwrap();
-    assert_eq!((fwd.op.as_str(), fwd.phase), ("relu", Phase::Forward), "a backward origin names its forward op");
+    let fwd = ops
+        .iter()
+        .find(|o| o.index == inf.forward_op.unwrap())
+        .unwrap();
+    assert_eq!(
+        (fwd.op.as_str(), fwd.phase),
+        ("relu", Phase::Forward),
+        "a backward origin names its forward op"
+    );
     assert!(rec.skipped && rec.found_inf);
 }
 
@@ -60,7 +97,13 @@ fn training_loop_follows_the_scaler_simulator() {
         c.scaler.growth_interval = Some(2);
     });
     for &s in &overflow {
-        t.inject(Injection { step: Some(s), op: "linear".into(), module: "fc2".into(), phase: Phase::Backward, value: f32::INFINITY });
+        t.inject(Injection {
+            step: Some(s),
+            op: "linear".into(),
+            module: "fc2".into(),
+            phase: Phase::Backward,
+            value: f32::INFINITY,
+        });
     }
     let cfg = t.scaler().config().clone();
     let sim = simulate(&cfg, &overflow, 10).unwrap();
@@ -77,12 +120,28 @@ fn training_loop_follows_the_scaler_simulator() {
 #[test]
 fn skipped_step_leaves_parameters_unchanged() {
     let mut t = trainer(|_| {});
-    let before: Vec<Vec<f64>> = t.params().params.iter().map(|p| p.value.to_f64_vec()).collect();
-    t.inject(Injection { step: Some(0), op: "linear".into(), module: "fc2".into(), phase: Phase::Backward, value: f32::NAN });
+    let before: Vec<Vec<f64>> = t
+        .params()
+        .params
+        .iter()
+        .map(|p| p.value.to_f64_vec())
+        .collect();
+    t.inject(Injection {
+        step: Some(0),
+        op: "linear".into(),
+        module: "fc2".into(),
+        phase: Phase::Backward,
+        value: f32::NAN,
+    });
     let r = t.step(0).unwrap();
     assert!(r.skipped);
     assert_eq!(r.scale_after, r.scale_before * 0.5);
-    let after: Vec<Vec<f64>> = t.params().params.iter().map(|p| p.value.to_f64_vec()).collect();
+    let after: Vec<Vec<f64>> = t
+        .params()
+        .params
+        .iter()
+        .map(|p| p.value.to_f64_vec())
+        .collect();
     assert_eq!(before, after);
 }
 
@@ -100,7 +159,10 @@ fn accumulation_matches_a_single_batch() {
     assert_eq!(r2.micro_batches, 2);
     assert!((r1.loss.unwrap() - r2.loss.unwrap()).abs() < 1e-6);
     for (a, b) in one.last_grads().iter().zip(two.last_grads()) {
-        let (a, b) = (a.as_ref().unwrap().to_f64_vec(), b.as_ref().unwrap().to_f64_vec());
+        let (a, b) = (
+            a.as_ref().unwrap().to_f64_vec(),
+            b.as_ref().unwrap().to_f64_vec(),
+        );
         let m = a.iter().fold(0f64, |x, y| x.max(y.abs()));
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-6 * m, "{x} vs {y}");
@@ -121,8 +183,17 @@ fn clipping_after_unscale() {
         let r = t.step(0).unwrap();
         let norm = r.grad_norm.unwrap();
         assert!(norm > 0.05, "the seed gradient norm exceeds the clip");
-        let clipped: f64 = t.last_grads().iter().flatten().map(|g| g.to_f64_vec().iter().map(|x| x * x).sum::<f64>()).sum::<f64>().sqrt();
-        assert!((clipped - 0.05).abs() < 1e-5, "scale {scale}: clipped norm {clipped}");
+        let clipped: f64 = t
+            .last_grads()
+            .iter()
+            .flatten()
+            .map(|g| g.to_f64_vec().iter().map(|x| x * x).sum::<f64>())
+            .sum::<f64>()
+            .sqrt();
+        assert!(
+            (clipped - 0.05).abs() < 1e-5,
+            "scale {scale}: clipped norm {clipped}"
+        );
         assert!((r.clip_coef.unwrap() - 0.05 / (norm + 1e-6)).abs() < 1e-6);
     }
 }
@@ -135,7 +206,10 @@ fn every_precision_mode_runs_and_puts_ops_in_its_dtypes() {
         let r = t.step(0).unwrap();
         assert!(r.loss.unwrap().is_finite(), "{p}");
         let ops = r.ops.unwrap();
-        let fc1 = ops.iter().find(|o| o.op == "linear" && o.module == "fc1" && o.phase == Phase::Forward).unwrap();
+        let fc1 = ops
+            .iter()
+            .find(|o| o.op == "linear" && o.module == "fc1" && o.phase == Phase::Forward)
+            .unwrap();
         let want = match p {
             Precision::Fp32 => DType::F32,
             _ => p.low_dtype().unwrap(),
@@ -143,10 +217,19 @@ fn every_precision_mode_runs_and_puts_ops_in_its_dtypes() {
         assert_eq!(fc1.output.dtype, want, "{p}: fc1 output");
         for pr in &r.params {
             assert_eq!(pr.dtype, p.param_dtype(), "{p}: {} storage", pr.name);
-            assert_eq!(pr.grad_dtype, Some(p.param_dtype()), "{p}: {} gradient dtype", pr.name);
+            assert_eq!(
+                pr.grad_dtype,
+                Some(p.param_dtype()),
+                "{p}: {} gradient dtype",
+                pr.name
+            );
         }
         // Autocast and O2 cast each fp32 parameter once per forward.
-        let expected_casts = if p.autocast_dtype().is_some() || p.o2_dtype().is_some() { 4 } else { 0 };
+        let expected_casts = if p.autocast_dtype().is_some() || p.o2_dtype().is_some() {
+            4
+        } else {
+            0
+        };
         assert_eq!(r.weight_casts, expected_casts, "{p}: weight casts");
     }
 }

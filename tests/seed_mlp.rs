@@ -16,7 +16,11 @@ fn expected() -> serde_json::Value {
 /// measure summation order, not correctness.
 fn max_rel(a: &[f64], b: &[f64]) -> f64 {
     let scale = b.iter().fold(0f64, |m, x| m.max(x.abs()));
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+        / scale
 }
 
 fn run_mode(precision: &str) -> (Trainer, amprobe::trace::record::StepRecord) {
@@ -35,7 +39,10 @@ fn check(precision: &str, mode: &str, grad_tol: f64, param_tol: f64) {
     let (t, rec) = run_mode(precision);
     let loss = rec.loss.unwrap();
     let want = m["loss"].as_f64().unwrap();
-    assert!((loss - want).abs() <= 1e-5 * want.abs(), "{mode}: loss {loss} vs PyTorch {want}");
+    assert!(
+        (loss - want).abs() <= 1e-5 * want.abs(),
+        "{mode}: loss {loss} vs PyTorch {want}"
+    );
     assert_eq!(rec.scale_before, m["scale_before"].as_f64().unwrap());
     assert_eq!(rec.scale_after, m["scale_after"].as_f64().unwrap());
     assert_eq!(rec.found_inf, m["found_inf"].as_bool().unwrap());
@@ -44,14 +51,26 @@ fn check(precision: &str, mode: &str, grad_tol: f64, param_tol: f64) {
         let g = t.last_grads()[i].as_ref().unwrap().to_f64_vec();
         let gref = golden[&format!("{mode}/grad/{}", p.name)].to_f64_vec();
         let e = max_rel(&g, &gref);
-        assert!(e <= grad_tol, "{mode}: gradient of {} differs by {e:e} (tolerance {grad_tol:e})", p.name);
+        assert!(
+            e <= grad_tol,
+            "{mode}: gradient of {} differs by {e:e} (tolerance {grad_tol:e})",
+            p.name
+        );
         let after = p.value.to_f64_vec();
         let pref = golden[&format!("{mode}/param_after/{}", p.name)].to_f64_vec();
         let e = max_rel(&after, &pref);
-        assert!(e <= param_tol, "{mode}: {} after the step differs by {e:e}", p.name);
+        assert!(
+            e <= param_tol,
+            "{mode}: {} after the step differs by {e:e}",
+            p.name
+        );
         let scaled_max = m["grad_max_abs_scaled"][&p.name].as_f64().unwrap();
         let mine = g.iter().fold(0f64, |a, x| a.max(x.abs())) * rec.scale_before;
-        assert!((mine - scaled_max).abs() <= grad_tol * scaled_max, "{mode}: scaled max |grad| of {}", p.name);
+        assert!(
+            (mine - scaled_max).abs() <= grad_tol * scaled_max,
+            "{mode}: scaled max |grad| of {}",
+            p.name
+        );
     }
 }
 
@@ -66,23 +85,42 @@ fn fp32_matches_pytorch() {
 #[test]
 fn bf16_matches_pytorch() {
     let exp = expected();
-    let tol = exp["checks"]["max_rel_grad_diff_vs_fp32"]["autocast_bf16"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).fold(0.0, f64::max);
+    let tol = exp["checks"]["max_rel_grad_diff_vs_fp32"]["autocast_bf16"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .fold(0.0, f64::max);
     check("bf16", "autocast_bf16", tol, 1e-6);
 }
 
 #[test]
 fn fp16_matches_pytorch() {
     let exp = expected();
-    let tol = exp["checks"]["max_rel_grad_diff_vs_fp32"]["autocast_fp16"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).fold(0.0, f64::max);
+    let tol = exp["checks"]["max_rel_grad_diff_vs_fp32"]["autocast_fp16"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .fold(0.0, f64::max);
     check("fp16", "autocast_fp16", tol, 1e-6);
 }
 
 #[test]
 fn autocast_dtypes_match_pytorch() {
-    for (precision, mode, dt) in [("fp16", "autocast_fp16", "float16"), ("bf16", "autocast_bf16", "bfloat16"), ("fp32", "fp32", "float32")] {
+    for (precision, mode, dt) in [
+        ("fp16", "autocast_fp16", "float16"),
+        ("bf16", "autocast_bf16", "bfloat16"),
+        ("fp32", "fp32", "float32"),
+    ] {
         let (_, rec) = run_mode(precision);
         let ops = rec.ops.expect("the first step keeps its op records");
-        let fwd = |m: &str| ops.iter().filter(|o| o.module == m && o.phase == amprobe::trace::record::Phase::Forward).last().unwrap().clone();
+        let fwd = |m: &str| {
+            ops.iter()
+                .rfind(|o| o.module == m && o.phase == amprobe::trace::record::Phase::Forward)
+                .unwrap()
+                .clone()
+        };
         for module in ["fc1", "relu", "fc2"] {
             let o = fwd(module);
             assert_eq!(o.output.dtype.name(), dt, "{mode}: {module} output dtype");
@@ -92,9 +130,17 @@ fn autocast_dtypes_match_pytorch() {
         for rec_m in trace.iter().filter(|r| r["module"] != "<root>") {
             let o = fwd(rec_m["module"].as_str().unwrap());
             let want = rec_m["output"]["max_abs"].as_f64().unwrap();
-            assert!((o.stats.max_abs - want).abs() <= 1e-6 * want, "{mode}: {} max|x| {} vs {want}", o.module, o.stats.max_abs);
+            assert!(
+                (o.stats.max_abs - want).abs() <= 1e-6 * want,
+                "{mode}: {} max|x| {} vs {want}",
+                o.module,
+                o.stats.max_abs
+            );
         }
         let loss = ops.iter().find(|o| o.op == "cross_entropy_loss").unwrap();
-        assert_eq!(loss.output.dtype.name(), exp["modes"][mode]["loss_dtype"].as_str().unwrap());
+        assert_eq!(
+            loss.output.dtype.name(),
+            exp["modes"][mode]["loss_dtype"].as_str().unwrap()
+        );
     }
 }

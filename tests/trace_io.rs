@@ -371,7 +371,6 @@ fn incremental_reader_follows_a_growing_file() {
 /// Needs serde_json's `float_roundtrip` feature: without it, JSON numbers with many digits
 /// parse to a neighbouring f64 about one time in seven.
 #[test]
-#[ignore = "needs serde_json feature float_roundtrip"]
 fn arbitrary_floats_round_trip() {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let mut s = step(1);

@@ -33,8 +33,15 @@ pub enum Precision {
 
 impl Precision {
     /// Every mode, in order.
-    pub const ALL: [Precision; 7] =
-        [Precision::Fp32, Precision::Fp16, Precision::Bf16, Precision::O2, Precision::O2Bf16, Precision::Half, Precision::Bf16Pure];
+    pub const ALL: [Precision; 7] = [
+        Precision::Fp32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::O2,
+        Precision::O2Bf16,
+        Precision::Half,
+        Precision::Bf16Pure,
+    ];
 
     /// Parses a mode name (`fp32`/`o0`, `fp16`/`o1`, `bf16`, `o2`, `o2-bf16`, `half`/`o3`,
     /// `bfloat16-pure`/`bf16-pure`).
@@ -108,7 +115,9 @@ impl Precision {
     /// Dtype float model inputs are cast to at the model's entry (O2 and O3).
     pub fn input_dtype(self) -> Option<DType> {
         match self {
-            Precision::O2 | Precision::O2Bf16 | Precision::Half | Precision::Bf16Pure => self.low_dtype(),
+            Precision::O2 | Precision::O2Bf16 | Precision::Half | Precision::Bf16Pure => {
+                self.low_dtype()
+            }
             _ => None,
         }
     }

@@ -16,7 +16,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run AMP training steps with probes on every op.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -28,7 +28,7 @@ enum Command {
 pub fn main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(a) => run::run(a),
+        Command::Run(a) => run::run(*a),
         Command::Scaler { command } => scaler::run(command),
     }
 }

@@ -114,7 +114,11 @@ fn describe(op: &Option<amprobe::trace::record::OpRef>) -> String {
             o.phase,
             o.op_index,
             o.op,
-            if o.module.is_empty() { "<root>" } else { &o.module }
+            if o.module.is_empty() {
+                "<root>"
+            } else {
+                &o.module
+            }
         )
         .replace("Forward", "forward")
         .replace("Backward", "backward")
@@ -131,14 +135,32 @@ fn print_human(s: &RunSummary) {
             st.loss.unwrap_or(f64::NAN),
             st.scale_before,
             st.scale_after,
-            if st.skipped { "SKIPPED (inf/nan gradient)" } else { "" }
+            if st.skipped {
+                "SKIPPED (inf/nan gradient)"
+            } else {
+                ""
+            }
         );
     }
     println!("verdict: {}", s.verdict);
     println!("  first Inf: {}", describe(&s.first_inf));
     println!("  first NaN: {}", describe(&s.first_nan));
     if s.chain.len() > 1 {
-        let c: Vec<String> = s.chain.iter().map(|o| format!("{}@{}", o.op, if o.module.is_empty() { "<root>" } else { &o.module })).collect();
+        let c: Vec<String> = s
+            .chain
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}@{}",
+                    o.op,
+                    if o.module.is_empty() {
+                        "<root>"
+                    } else {
+                        &o.module
+                    }
+                )
+            })
+            .collect();
         println!("  chain: {}", c.join(" -> "));
     }
     if s.skipped_steps > 0 {
@@ -155,11 +177,16 @@ fn print_human(s: &RunSummary) {
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let mut cfg = RunConfig::load(&a.config)?;
     apply_flags(&mut cfg, &a);
-    let opts = RunOptions { command_line: std::env::args().collect(), injections: Vec::new(), progress: true };
+    let opts = RunOptions {
+        command_line: std::env::args().collect(),
+        injections: Vec::new(),
+        progress: true,
+    };
     let summary = run_training(&cfg, &opts)?;
     if let Some(p) = &cfg.probe.summary_json {
         let text = serde_json::to_string_pretty(&summary)?;
-        std::fs::write(p, text + "\n").with_context(|| format!("writing summary {}", p.display()))?;
+        std::fs::write(p, text + "\n")
+            .with_context(|| format!("writing summary {}", p.display()))?;
     }
     print_human(&summary);
     Ok(0)

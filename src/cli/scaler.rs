@@ -67,12 +67,17 @@ pub fn run(cmd: ScalerCommand) -> anyhow::Result<i32> {
         growth_interval: a.growth_interval,
         ..ScalerConfig::default()
     };
-    let steps = a.steps.unwrap_or_else(|| overflow.iter().next_back().map_or(1, |s| s + 1));
+    let steps = a
+        .steps
+        .unwrap_or_else(|| overflow.iter().next_back().map_or(1, |s| s + 1));
     let seq = simulate(&cfg, &overflow, steps)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&seq)?);
     } else {
-        println!("{:>6} {:>14} {:>9} {:>8} {:>14} {:>8}", "step", "scale_before", "found_inf", "skipped", "scale_after", "tracker");
+        println!(
+            "{:>6} {:>14} {:>9} {:>8} {:>14} {:>8}",
+            "step", "scale_before", "found_inf", "skipped", "scale_after", "tracker"
+        );
         for s in &seq {
             println!(
                 "{:>6} {:>14} {:>9} {:>8} {:>14} {:>8}",

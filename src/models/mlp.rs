@@ -37,7 +37,10 @@ impl Mlp {
         for (name, shape) in self.shapes() {
             let t = super::weights::take(&mut map, path, name, &shape)?;
             if !t.dtype().is_float() || t.dtype() == DType::F64 {
-                return Err(Error::tensor(format!("{}: {name}", path.display()), format!("has dtype {}, expected F32, F16 or BF16", t.dtype())));
+                return Err(Error::tensor(
+                    format!("{}: {name}", path.display()),
+                    format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
+                ));
             }
             let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
             params.push(Param::new(name, t, false));
@@ -50,11 +53,21 @@ impl Mlp {
         let mut rng = Rng::derive(seed, &[0x1417]);
         let mut params = Vec::new();
         for (name, shape) in self.shapes() {
-            let fan_in = if name.starts_with("fc1") { self.inputs } else { self.hidden };
+            let fan_in = if name.starts_with("fc1") {
+                self.inputs
+            } else {
+                self.hidden
+            };
             let bound = 1.0 / (fan_in as f64).sqrt();
             let n: usize = shape.iter().product();
-            let v = (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect();
-            params.push(Param::new(name, Tensor::from_f32(v, &shape, DType::F32)?, false));
+            let v = (0..n)
+                .map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32)
+                .collect();
+            params.push(Param::new(
+                name,
+                Tensor::from_f32(v, &shape, DType::F32)?,
+                false,
+            ));
         }
         Ok(ParamStore { params })
     }
@@ -68,7 +81,14 @@ impl Model for Mlp {
     fn forward(&self, eng: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
         let mut x = batch.inputs.clone();
         if x.shape().last() != Some(&self.inputs) {
-            return Err(Error::tensor("x", format!("has shape {:?}, expected [batch, {}]", x.shape(), self.inputs)));
+            return Err(Error::tensor(
+                "x",
+                format!(
+                    "has shape {:?}, expected [batch, {}]",
+                    x.shape(),
+                    self.inputs
+                ),
+            ));
         }
         if let Some(d) = p.precision().input_dtype() {
             x = eng.to_dtype(&x, d)?;
@@ -85,15 +105,28 @@ impl Model for Mlp {
         if p.precision().o2_dtype().is_some() {
             logits = eng.to_dtype(&logits, DType::F32)?;
         }
-        let loss = eng.scope("loss", |e| e.cross_entropy(&logits, &batch.labels, Some(-100)))?;
+        let loss = eng.scope("loss", |e| {
+            e.cross_entropy(&logits, &batch.labels, Some(-100))
+        })?;
         Ok(Output { loss, logits })
     }
 }
 
 /// A seeded synthetic classification batch: x ~ N(0, 1) [batch, inputs], y uniform.
-pub fn synthetic_batch(inputs: usize, classes: usize, batch: usize, seed: u64, step: u64) -> Result<Batch> {
+pub fn synthetic_batch(
+    inputs: usize,
+    classes: usize,
+    batch: usize,
+    seed: u64,
+    step: u64,
+) -> Result<Batch> {
     let mut rng = Rng::derive(seed, &[0xda7a, step]);
     let x: Vec<f32> = (0..batch * inputs).map(|_| rng.normal() as f32).collect();
-    let y: Vec<i64> = (0..batch).map(|_| rng.below(classes as u64) as i64).collect();
-    Ok(Batch { inputs: Tensor::from_f32(x, &[batch, inputs], DType::F32)?, labels: Tensor::from_i64(y, &[batch])? })
+    let y: Vec<i64> = (0..batch)
+        .map(|_| rng.below(classes as u64) as i64)
+        .collect();
+    Ok(Batch {
+        inputs: Tensor::from_f32(x, &[batch, inputs], DType::F32)?,
+        labels: Tensor::from_i64(y, &[batch])?,
+    })
 }

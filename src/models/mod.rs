@@ -25,8 +25,16 @@ pub struct Param {
 impl Param {
     /// A parameter; the module path is the name without its last segment.
     pub fn new(name: &str, value: Tensor, norm: bool) -> Param {
-        let module = name.rsplit_once('.').map(|(m, _)| m.to_string()).unwrap_or_default();
-        Param { name: name.to_string(), module, value: value.as_leaf(true), norm }
+        let module = name
+            .rsplit_once('.')
+            .map(|(m, _)| m.to_string())
+            .unwrap_or_default();
+        Param {
+            name: name.to_string(),
+            module,
+            value: value.as_leaf(true),
+            norm,
+        }
     }
 }
 
@@ -40,7 +48,10 @@ pub struct ParamStore {
 impl ParamStore {
     /// Looks up a parameter by name.
     pub fn get(&self, name: &str) -> Result<&Param> {
-        self.params.iter().find(|p| p.name == name).ok_or_else(|| Error::tensor(name, "no such parameter"))
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| Error::tensor(name, "no such parameter"))
     }
 
     /// Converts every parameter to `dtype` (rounding once), e.g. for pure low-precision modes.

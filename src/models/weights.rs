@@ -12,7 +12,12 @@ use std::path::Path;
 /// their dtype (values exact), F64 to f64, I64/I32 to int64.
 pub fn load_safetensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::tensor(path.display().to_string(), format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        Error::tensor(
+            path.display().to_string(),
+            format!("not a valid safetensors file: {e}"),
+        )
+    })?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         let shape = view.shape().to_vec();
@@ -20,33 +25,49 @@ pub fn load_safetensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
         let named = |msg: String| Error::tensor(format!("{}: {name}", path.display()), msg);
         let t = match view.dtype() {
             StDtype::F32 => Tensor::from_exact(
-                data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                data.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
                 &shape,
                 DType::F32,
             ),
             StDtype::F16 => Tensor::from_exact(
-                data.chunks_exact(2).map(|c| crate::dtype::f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+                data.chunks_exact(2)
+                    .map(|c| crate::dtype::f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
                 &shape,
                 DType::F16,
             ),
             StDtype::BF16 => Tensor::from_exact(
-                data.chunks_exact(2).map(|c| crate::dtype::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+                data.chunks_exact(2)
+                    .map(|c| crate::dtype::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
                 &shape,
                 DType::BF16,
             ),
             StDtype::F64 => Tensor::from_f64(
-                data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+                data.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
                 &shape,
             ),
             StDtype::I64 => Tensor::from_i64(
-                data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+                data.chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
                 &shape,
             ),
             StDtype::I32 => Tensor::from_i64(
-                data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64).collect(),
+                data.chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
+                    .collect(),
                 &shape,
             ),
-            other => return Err(named(format!("unsupported dtype {other:?} (expected F32, F16, BF16, F64, I64 or I32)"))),
+            other => {
+                return Err(named(format!(
+                    "unsupported dtype {other:?} (expected F32, F16, BF16, F64, I64 or I32)"
+                )))
+            }
         }
         .map_err(|e| named(e.to_string()))?;
         out.insert(name.to_string(), t);
@@ -55,9 +76,17 @@ pub fn load_safetensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
 }
 
 /// Takes tensor `name` from a loaded file, checking its shape; `file` names the file in errors.
-pub fn take(map: &mut BTreeMap<String, Tensor>, file: &Path, name: &str, shape: &[usize]) -> Result<Tensor> {
+pub fn take(
+    map: &mut BTreeMap<String, Tensor>,
+    file: &Path,
+    name: &str,
+    shape: &[usize],
+) -> Result<Tensor> {
     let t = map.remove(name).ok_or_else(|| {
-        Error::tensor(format!("{}: {name}", file.display()), format!("missing (expected shape {shape:?})"))
+        Error::tensor(
+            format!("{}: {name}", file.display()),
+            format!("missing (expected shape {shape:?})"),
+        )
     })?;
     if t.shape() != shape {
         return Err(Error::tensor(
@@ -72,7 +101,11 @@ pub fn take(map: &mut BTreeMap<String, Tensor>, file: &Path, name: &str, shape: 
 pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in tensors {
-        let bytes: Vec<u8> = t.to_f64_vec().iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
+        let bytes: Vec<u8> = t
+            .to_f64_vec()
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect();
         bufs.push((name.clone(), t.shape().to_vec(), bytes));
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bufs
@@ -83,5 +116,6 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()>
                 .map_err(|e| Error::tensor(n.clone(), e.to_string()))
         })
         .collect::<Result<_>>()?;
-    safetensors::tensor::serialize_to_file(views, None, path).map_err(|e| Error::tensor(path.display().to_string(), e.to_string()))
+    safetensors::tensor::serialize_to_file(views, None, path)
+        .map_err(|e| Error::tensor(path.display().to_string(), e.to_string()))
 }

@@ -258,6 +258,8 @@ fn binary_kernel<T: Finish>(
 
 /// Gradient of one operand of a broadcast binary op: `h(a, b, g)` at the full shape,
 /// summed down to the operand's shape.
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
 fn binary_grad<T: Finish>(
     a: &[T],
     sa: &[usize],

@@ -71,6 +71,8 @@ fn transposed<T>(data: &[T], cols: usize) -> Mat<'_, T> {
     }
 }
 
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
 fn linear_fwd<T: Finish>(
     x: &[T],
     w: &[T],

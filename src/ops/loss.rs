@@ -7,14 +7,31 @@ use crate::error::{Error, Result};
 use crate::tensor::{Real, Tensor};
 
 /// Class count, labels and number of non-ignored labels, after checking shapes and range.
-fn class_targets<'a>(op: &str, x: &Tensor, t: &'a Tensor, ignore: Option<i64>) -> Result<(usize, &'a [i64], usize)> {
-    let ti = t.i64s().map_err(|_| Error::tensor("labels", format!("expected int64 labels, got {}", t.dtype())))?;
+fn class_targets<'a>(
+    op: &str,
+    x: &Tensor,
+    t: &'a Tensor,
+    ignore: Option<i64>,
+) -> Result<(usize, &'a [i64], usize)> {
+    let ti = t.i64s().map_err(|_| {
+        Error::tensor(
+            "labels",
+            format!("expected int64 labels, got {}", t.dtype()),
+        )
+    })?;
     if x.rank() == 0 {
         return Err(Error::shape(op, "input must have a class dimension"));
     }
     let c = x.shape()[x.rank() - 1];
     if x.shape()[..x.rank() - 1] != *t.shape() {
-        return Err(Error::shape(op, format!("labels shape {:?} does not match input {:?} without the class dim", t.shape(), x.shape())));
+        return Err(Error::shape(
+            op,
+            format!(
+                "labels shape {:?} does not match input {:?} without the class dim",
+                t.shape(),
+                x.shape()
+            ),
+        ));
     }
     Ok((c, ti, check_targets(ti, c, ignore)?))
 }
@@ -69,6 +86,8 @@ fn ce_fwd<T: Finish>(
     T::finish_acc(vec![total / valid as f64], &[], dtype)
 }
 
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
 fn ce_bwd<T: Finish>(
     x: &[T],
     t: &[i64],
@@ -120,12 +139,35 @@ fn mse_bwd<T: Finish>(
     Ok((T::finish(ga, shape, dtype)?, T::finish(gb, shape, dtype)?))
 }
 
-fn nll_fwd<T: Finish>(lp: &[T], t: &[i64], c: usize, ignore: Option<i64>, valid: usize, dtype: crate::DType) -> Result<Computed> {
-    let total: f64 = lp.chunks(c).zip(t).filter(|(_, &y)| Some(y) != ignore).map(|(row, &y)| -row[y as usize].f64()).sum();
+fn nll_fwd<T: Finish>(
+    lp: &[T],
+    t: &[i64],
+    c: usize,
+    ignore: Option<i64>,
+    valid: usize,
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let total: f64 = lp
+        .chunks(c)
+        .zip(t)
+        .filter(|(_, &y)| Some(y) != ignore)
+        .map(|(row, &y)| -row[y as usize].f64())
+        .sum();
     T::finish_acc(vec![total / valid as f64], &[], dtype)
 }
 
-fn nll_bwd<T: Finish>(n: usize, t: &[i64], g: T, c: usize, ignore: Option<i64>, valid: usize, shape: &[usize], dtype: crate::DType) -> Result<Computed> {
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
+fn nll_bwd<T: Finish>(
+    n: usize,
+    t: &[i64],
+    g: T,
+    c: usize,
+    ignore: Option<i64>,
+    valid: usize,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
     let mut out = vec![T::zero(); n];
     let v = -g / T::of(valid as f64);
     for (o, &y) in out.chunks_mut(c).zip(t) {
@@ -139,19 +181,49 @@ fn nll_bwd<T: Finish>(n: usize, t: &[i64], g: T, c: usize, ignore: Option<i64>, 
 impl Engine {
     /// Mean negative log-likelihood of log-probabilities `lp` [..., C] at integer `targets`
     /// (`torch.nn.functional.nll_loss`).
-    pub fn nll_loss(&mut self, lp: &Tensor, targets: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+    pub fn nll_loss(
+        &mut self,
+        lp: &Tensor,
+        targets: &Tensor,
+        ignore_index: Option<i64>,
+    ) -> Result<Tensor> {
         expect_float(lp, "nll_loss", "log-probabilities")?;
         let ins = self.prepare("nll_loss", &[lp, targets])?;
         let (x, t) = (&ins[0], &ins[1]);
         let (c, ti, valid) = class_targets("nll_loss", x, t, ignore_index)?;
         let dtype = x.dtype();
-        let out = with_float!(x, "nll_loss", |d| nll_fwd(d, ti, c, ignore_index, valid, dtype))?;
+        let out = with_float!(x, "nll_loss", |d| nll_fwd(
+            d,
+            ti,
+            c,
+            ignore_index,
+            valid,
+            dtype
+        ))?;
         let (xt, tt) = (x.clone(), t.clone());
         let bw = Box::new(move |g: &Tensor| {
             let ti = tt.i64s()?;
             let r = match super::fdata(g, "nll_loss")? {
-                FData::F32(g) => nll_bwd(xt.numel(), ti, g[0], c, ignore_index, valid, xt.shape(), dtype)?,
-                FData::F64(g) => nll_bwd(xt.numel(), ti, g[0], c, ignore_index, valid, xt.shape(), dtype)?,
+                FData::F32(g) => nll_bwd(
+                    xt.numel(),
+                    ti,
+                    g[0],
+                    c,
+                    ignore_index,
+                    valid,
+                    xt.shape(),
+                    dtype,
+                )?,
+                FData::F64(g) => nll_bwd(
+                    xt.numel(),
+                    ti,
+                    g[0],
+                    c,
+                    ignore_index,
+                    valid,
+                    xt.shape(),
+                    dtype,
+                )?,
             };
             Ok(vec![grad(r), None])
         });
@@ -167,32 +239,16 @@ impl Engine {
         ignore_index: Option<i64>,
     ) -> Result<Tensor> {
         expect_float(logits, "cross_entropy_loss", "logits")?;
+        if self.autocast_category("cross_entropy_loss") == Some(Category::Passthrough) {
+            // CUDA autocast has no cross_entropy kernel: PyTorch's decomposition runs,
+            // log_softmax with the logits' dtype passed explicitly (autocast keeps it),
+            // then nll_loss from the fp32 list.
+            let lp = self.autocast_off(|e| e.log_softmax(logits, -1))?;
+            return self.nll_loss(&lp, targets, ignore_index);
+        }
         let ins = self.prepare("cross_entropy_loss", &[logits, targets])?;
         let (x, t) = (&ins[0], &ins[1]);
-        let ti = t.i64s().map_err(|_| {
-            Error::tensor(
-                "labels",
-                format!("expected int64 labels, got {}", t.dtype()),
-            )
-        })?;
-        if x.rank() == 0 {
-            return Err(Error::shape(
-                "cross_entropy_loss",
-                "logits must have a class dimension",
-            ));
-        }
-        let c = x.shape()[x.rank() - 1];
-        if x.shape()[..x.rank() - 1] != *t.shape() {
-            return Err(Error::shape(
-                "cross_entropy_loss",
-                format!(
-                    "labels shape {:?} does not match logits {:?} without the class dim",
-                    t.shape(),
-                    x.shape()
-                ),
-            ));
-        }
-        let valid = check_targets(ti, c, ignore_index)?;
+        let (c, ti, valid) = class_targets("cross_entropy_loss", x, t, ignore_index)?;
         let dtype = x.dtype();
         let out = with_float!(x, "cross_entropy_loss", |d| ce_fwd(
             d,

@@ -2,7 +2,7 @@
 //! the first NaN with the chain of ops between them.
 
 use super::stats::TensorStats;
-use crate::engine::observer::{OpEvent, Observer};
+use crate::engine::observer::{Observer, OpEvent};
 use crate::tensor::{Storage, Tensor, TensorId};
 use crate::trace::record::{OpRecord, OpRef, Origins, TensorMeta};
 use std::collections::{HashMap, HashSet};
@@ -64,7 +64,9 @@ impl Recorder {
 
     /// True when any op of the step produced an Inf or NaN.
     pub fn saw_nonfinite(&self) -> bool {
-        self.first_inf.is_some() || self.first_nan.is_some() || self.ops.iter().any(|o| o.stats.nonfinite() > 0)
+        self.first_inf.is_some()
+            || self.first_nan.is_some()
+            || self.ops.iter().any(|o| o.stats.nonfinite() > 0)
     }
 
     /// True when a forward op of the step produced an Inf or NaN (intentional masks aside).
@@ -128,7 +130,10 @@ impl Recorder {
 
 impl Observer for Recorder {
     fn begin_step(&mut self, step: u64) {
-        *self = Recorder { step, ..Recorder::default() };
+        *self = Recorder {
+            step,
+            ..Recorder::default()
+        };
     }
 
     fn on_op(&mut self, ev: &OpEvent<'_>) {
@@ -157,7 +162,13 @@ impl Observer for Recorder {
         if self.first_nan.is_none() && stats.nan > 0 && !in_nan {
             self.first_nan = Some(idx);
         }
-        self.tensors.insert(out.id(), Finiteness { inf: stats.pos_inf + stats.neg_inf > 0, nan: stats.nan > 0 });
+        self.tensors.insert(
+            out.id(),
+            Finiteness {
+                inf: stats.pos_inf + stats.neg_inf > 0,
+                nan: stats.nan > 0,
+            },
+        );
         self.producer.insert(out.id(), idx);
         self.preds.push(preds);
         self.ops.push(OpRecord {
@@ -166,8 +177,18 @@ impl Observer for Recorder {
             phase: ev.phase,
             op: ev.op.to_string(),
             module: ev.module.to_string(),
-            inputs: ev.inputs.iter().map(|t| TensorMeta { dtype: t.dtype(), shape: t.shape().to_vec() }).collect(),
-            output: TensorMeta { dtype: out.dtype(), shape: out.shape().to_vec() },
+            inputs: ev
+                .inputs
+                .iter()
+                .map(|t| TensorMeta {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                })
+                .collect(),
+            output: TensorMeta {
+                dtype: out.dtype(),
+                shape: out.shape().to_vec(),
+            },
             stats,
             rounding: ev.rounding,
             forward_op: ev.forward_op,

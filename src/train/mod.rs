@@ -30,7 +30,11 @@ pub struct OpSampling {
 
 impl Default for OpSampling {
     fn default() -> Self {
-        OpSampling { every: 0, first: true, nonfinite: true }
+        OpSampling {
+            every: 0,
+            first: true,
+            nonfinite: true,
+        }
     }
 }
 
@@ -117,7 +121,12 @@ pub struct Trainer {
 
 impl Trainer {
     /// A trainer; parameters are converted to the mode's parameter dtype.
-    pub fn new(cfg: TrainConfig, model: Box<dyn Model>, mut params: ParamStore, data: Box<dyn DataSource>) -> Result<Trainer> {
+    pub fn new(
+        cfg: TrainConfig,
+        model: Box<dyn Model>,
+        mut params: ParamStore,
+        data: Box<dyn DataSource>,
+    ) -> Result<Trainer> {
         if cfg.accumulate == 0 {
             return Err(Error::config("accumulate", "must be at least 1"));
         }
@@ -128,13 +137,25 @@ impl Trainer {
         engine.set_seed(cfg.seed);
         engine.set_keep_fp32(cfg.keep_fp32.clone());
         if let Some(d) = cfg.precision.autocast_dtype() {
-            engine.set_autocast(Some(Autocast { dtype: d, table: PolicyTable::for_device(cfg.policy) }));
+            engine.set_autocast(Some(Autocast {
+                dtype: d,
+                table: PolicyTable::for_device(cfg.policy),
+            }));
         }
         if cfg.probes {
             engine.add_observer(Box::new(Recorder::new()));
         }
         let n = params.params.len();
-        Ok(Trainer { cfg, model, params, optimizer, scaler, engine, data, last_grads: vec![None; n] })
+        Ok(Trainer {
+            cfg,
+            model,
+            params,
+            optimizer,
+            scaler,
+            engine,
+            data,
+            last_grads: vec![None; n],
+        })
     }
 
     /// The configuration.
@@ -163,7 +184,10 @@ impl Trainer {
     }
 
     fn recorder(&mut self) -> Option<&mut Recorder> {
-        self.engine.observers_mut().iter_mut().find_map(|o| o.as_any_mut().downcast_mut::<Recorder>())
+        self.engine
+            .observers_mut()
+            .iter_mut()
+            .find_map(|o| o.as_any_mut().downcast_mut::<Recorder>())
     }
 
     /// Runs one optimizer step (all its micro-batches) and returns its record.
@@ -208,8 +232,14 @@ impl Trainer {
             }
         }
         // Gradients as mutable buffers for the scaler, clipping and the optimizer.
-        let mut bufs: Vec<Option<(Vec<f32>, DType)>> =
-            grads.iter().map(|g| g.as_ref().map(|t| Ok::<_, Error>((t.f32s()?.to_vec(), t.dtype()))).transpose()).collect::<Result<_>>()?;
+        let mut bufs: Vec<Option<(Vec<f32>, DType)>> = grads
+            .iter()
+            .map(|g| {
+                g.as_ref()
+                    .map(|t| Ok::<_, Error>((t.f32s()?.to_vec(), t.dtype())))
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
         let names: Vec<String> = self.params.params.iter().map(|p| p.name.clone()).collect();
         let mut clip_out = None;
         let mut events = Vec::new();
@@ -222,7 +252,13 @@ impl Trainer {
             let mut slots: Vec<GradSlot<'_>> = names
                 .iter()
                 .zip(bufs.iter_mut())
-                .filter_map(|(nm, b)| b.as_mut().map(|(d, dt)| GradSlot { name: nm, data: d.as_mut_slice(), dtype: *dt }))
+                .filter_map(|(nm, b)| {
+                    b.as_mut().map(|(d, dt)| GradSlot {
+                        name: nm,
+                        data: d.as_mut_slice(),
+                        dtype: *dt,
+                    })
+                })
                 .collect();
             let c = clip_grad_norm(&mut slots, max_norm, self.cfg.clip_norm)?;
             if c.nonfinite {
@@ -239,7 +275,12 @@ impl Trainer {
             self.emit_grads("unscale", &names, &bufs)?;
         }
         if !decision.skip {
-            let mut datas: Vec<Vec<f32>> = self.params.params.iter().map(|p| p.value.f32s().map(<[f32]>::to_vec)).collect::<Result<_>>()?;
+            let mut datas: Vec<Vec<f32>> = self
+                .params
+                .params
+                .iter()
+                .map(|p| p.value.f32s().map(<[f32]>::to_vec))
+                .collect::<Result<_>>()?;
             {
                 let mut slots: Vec<ParamSlot<'_>> = self
                     .params
@@ -247,7 +288,12 @@ impl Trainer {
                     .iter()
                     .zip(datas.iter_mut())
                     .zip(bufs.iter())
-                    .map(|((p, d), g)| ParamSlot { name: &p.name, data: d.as_mut_slice(), grad: g.as_ref().map(|(v, _)| v.as_slice()), dtype: p.value.dtype() })
+                    .map(|((p, d), g)| ParamSlot {
+                        name: &p.name,
+                        data: d.as_mut_slice(),
+                        grad: g.as_ref().map(|(v, _)| v.as_slice()),
+                        dtype: p.value.dtype(),
+                    })
                     .collect();
                 self.optimizer.step(&mut slots)?;
             }
@@ -255,7 +301,8 @@ impl Trainer {
                 let old = p.value.clone();
                 p.value = Tensor::from_exact(d, old.shape(), old.dtype())?.as_leaf(true);
                 let (m, nv) = (p.module.clone(), p.value.clone());
-                self.engine.emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
+                self.engine
+                    .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
             }
         }
         let upd = self.scaler.update(None)?;
@@ -276,7 +323,14 @@ impl Trainer {
             any_grad = true;
             let s = TensorStats::compute(*gd, g);
             sum_sq += s.sum_sq;
-            params_rec.push(ParamRecord::from_grad(&p.name, p.value.dtype(), *gd, g, scale_before, p.value.f32s()?));
+            params_rec.push(ParamRecord::from_grad(
+                &p.name,
+                p.value.dtype(),
+                *gd,
+                g,
+                scale_before,
+                p.value.f32s()?,
+            ));
             self.last_grads[i] = Some(Tensor::from_exact(g.clone(), p.value.shape(), *gd)?);
         }
         let grad_norm = match clip_out {
@@ -319,7 +373,12 @@ impl Trainer {
         })
     }
 
-    fn emit_grads(&mut self, op: &'static str, names: &[String], bufs: &[Option<(Vec<f32>, DType)>]) -> Result<()> {
+    fn emit_grads(
+        &mut self,
+        op: &'static str,
+        names: &[String],
+        bufs: &[Option<(Vec<f32>, DType)>],
+    ) -> Result<()> {
         if !self.engine.probing() {
             return Ok(());
         }
@@ -342,10 +401,16 @@ fn divisor(n: u32, dtype: DType) -> Result<Tensor> {
     }
 }
 
-fn grad_views<'a>(names: &'a [String], bufs: &'a mut [Option<(Vec<f32>, DType)>]) -> Vec<GradView<'a>> {
+fn grad_views<'a>(
+    names: &'a [String],
+    bufs: &'a mut [Option<(Vec<f32>, DType)>],
+) -> Vec<GradView<'a>> {
     names
         .iter()
         .zip(bufs.iter_mut())
-        .filter_map(|(n, b)| b.as_mut().map(|(d, dt)| GradView::new(n, d.as_mut_slice(), *dt)))
+        .filter_map(|(n, b)| {
+            b.as_mut()
+                .map(|(d, dt)| GradView::new(n, d.as_mut_slice(), *dt))
+        })
         .collect()
 }
