@@ -11,7 +11,6 @@ use crate::models::{Batch, Model, ParamAccess, ParamStore};
 use crate::optim::clip::{clip_grad_norm, GradSlot, NormType};
 use crate::optim::{build_optimizer, Optimizer, OptimizerConfig, ParamSlot};
 use crate::probe::recorder::Recorder;
-use crate::probe::stats::TensorStats;
 use crate::tensor::Tensor;
 use crate::trace::record::{ParamRecord, StepRecord};
 use serde::{Deserialize, Serialize};
@@ -321,16 +320,16 @@ impl Trainer {
         for (i, p) in self.params.params.iter().enumerate() {
             let Some((g, gd)) = &bufs[i] else { continue };
             any_grad = true;
-            let s = TensorStats::compute(*gd, g);
-            sum_sq += s.sum_sq;
-            params_rec.push(ParamRecord::from_grad(
+            let rec = ParamRecord::from_grad(
                 &p.name,
                 p.value.dtype(),
                 *gd,
                 g,
                 scale_before,
                 p.value.f32s()?,
-            ));
+            );
+            sum_sq += rec.grad_l2 * rec.grad_l2;
+            params_rec.push(rec);
             self.last_grads[i] = Some(Tensor::from_exact(g.clone(), p.value.shape(), *gd)?);
         }
         let grad_norm = match clip_out {
