@@ -34,16 +34,21 @@ pub struct StepSummary {
     /// Step number (from 0).
     pub step: u64,
     /// Mean loss of the step's micro-batches.
+    #[serde(with = "crate::trace::record::float_json::option")]
     pub loss: Option<f64>,
     /// Loss scale before the step.
+    #[serde(with = "crate::trace::record::float_json")]
     pub scale_before: f64,
     /// Loss scale after the update.
+    #[serde(with = "crate::trace::record::float_json")]
     pub scale_after: f64,
     /// A gradient was Inf/NaN.
     pub found_inf: bool,
     /// The optimizer step was skipped.
     pub skipped: bool,
-    /// Total L2 norm of the unscaled gradients (before clipping).
+    /// Total L2 norm of the unscaled gradients (before clipping); `"inf"` when a gradient
+    /// holds an Inf or NaN.
+    #[serde(with = "crate::trace::record::float_json::option")]
     pub grad_norm: Option<f64>,
 }
 
@@ -51,10 +56,13 @@ pub struct StepSummary {
 #[derive(Debug, Clone, Serialize)]
 pub struct ParamSummary {
     /// Largest |unscaled gradient|.
+    #[serde(with = "crate::trace::record::float_json")]
     pub max_abs_grad: f64,
     /// L2 norm of the unscaled gradient.
+    #[serde(with = "crate::trace::record::float_json")]
     pub grad_norm: f64,
     /// Largest |parameter| after the step.
+    #[serde(with = "crate::trace::record::float_json")]
     pub max_abs_after: f64,
 }
 

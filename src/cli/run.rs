@@ -126,6 +126,15 @@ fn describe(op: &Option<amprobe::trace::record::OpRef>) -> String {
     }
 }
 
+/// A scale as a person reads it: plain up to 2^24, then in scientific notation.
+fn scale(x: f64) -> String {
+    if x != 0.0 && !(1e-3..=16777216.0).contains(&x.abs()) {
+        format!("{x:.3e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 fn print_human(s: &RunSummary) {
     println!("amprobe: {} under {}", s.model, s.precision);
     for st in &s.steps {
@@ -133,8 +142,8 @@ fn print_human(s: &RunSummary) {
             "  step {:>4}  loss {:>12.6}  scale {:>10} -> {:<10} {}",
             st.step,
             st.loss.unwrap_or(f64::NAN),
-            st.scale_before,
-            st.scale_after,
+            scale(st.scale_before),
+            scale(st.scale_after),
             if st.skipped {
                 "SKIPPED (inf/nan gradient)"
             } else {

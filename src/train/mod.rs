@@ -328,7 +328,11 @@ impl Trainer {
                 scale_before,
                 p.value.f32s()?,
             );
-            sum_sq += rec.grad_l2 * rec.grad_l2;
+            sum_sq += if rec.nonfinite > 0 {
+                f64::INFINITY
+            } else {
+                rec.grad_l2 * rec.grad_l2
+            };
             params_rec.push(rec);
             self.last_grads[i] = Some(Tensor::from_exact(g.clone(), p.value.shape(), *gd)?);
         }
