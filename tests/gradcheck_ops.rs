@@ -253,3 +253,37 @@ fn selection_ops() {
         e.softmax(&f, -1)
     });
 }
+
+/// A cast's Jacobian is the identity: its backward hands the gradient back, rounded once
+/// to the input's dtype (exact here, the values being fp16-representable).
+#[test]
+fn cast_backward_returns_the_gradient_in_the_input_dtype() {
+    use amprobe::DType;
+    for (from, to) in [
+        (DType::F32, DType::F16),
+        (DType::F32, DType::BF16),
+        (DType::F16, DType::F32),
+        (DType::F64, DType::F32),
+    ] {
+        let vals: Vec<f32> = (0..12).map(|i| (i as f32 - 5.0) * 0.375).collect();
+        let x = match from {
+            DType::F64 => {
+                Tensor::from_f64(vals.iter().map(|&v| v as f64).collect(), &[3, 4]).unwrap()
+            }
+            d => Tensor::from_f32(vals.clone(), &[3, 4], d).unwrap(),
+        }
+        .as_leaf(true);
+        let mut e = Engine::new();
+        let y = e.to_dtype(&x, to).unwrap();
+        assert_eq!(y.dtype(), to);
+        let g: Vec<f32> = (0..12).map(|i| 0.25 * i as f32 - 1.0).collect();
+        let seed = Tensor::from_f32(g.clone(), &[3, 4], to).unwrap();
+        let grads = e.backward_with(&y, seed).unwrap();
+        let gx = &grads[&x.id()];
+        assert_eq!(gx.dtype(), from, "{from} -> {to}");
+        assert_eq!(
+            gx.to_f64_vec(),
+            g.iter().map(|&v| v as f64).collect::<Vec<_>>()
+        );
+    }
+}
