@@ -9,7 +9,7 @@ use crate::models::mlp::{synthetic_batch, Mlp};
 use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore};
 use crate::trace::io::TraceWriter;
-use crate::trace::record::{EndRecord, Header, OpRef, StepRecord};
+use crate::trace::record::{EndRecord, Header, OpRef, Record, StepRecord};
 use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -26,6 +26,9 @@ pub struct RunOptions {
     pub injections: Vec<Injection>,
     /// Show a progress bar (only when stdout is a terminal).
     pub progress: bool,
+    /// A live channel that receives the same records as the trace (header, each step as it
+    /// finishes, end), e.g. for the terminal UI. A closed receiver is ignored.
+    pub live: Option<std::sync::mpsc::Sender<Record>>,
 }
 
 /// Per-step line of the summary.
@@ -186,6 +189,35 @@ pub fn verdict(records: &[StepRecord], params_finite: bool) -> &'static str {
     }
 }
 
+/// The trace header of a run.
+pub fn header(
+    cfg: &RunConfig,
+    train: &TrainConfig,
+    model: String,
+    opts: &RunOptions,
+) -> Result<Header> {
+    let json =
+        |v: serde_json::Result<serde_json::Value>| v.map_err(|e| Error::Invalid(e.to_string()));
+    let table: BTreeMap<_, _> = crate::amp::policy::PolicyTable::for_device(train.policy)
+        .entries()
+        .into_iter()
+        .collect();
+    Ok(Header {
+        model,
+        precision: train.precision.name().to_string(),
+        autocast_dtype: train.precision.autocast_dtype(),
+        policy_device: train.policy.name().to_string(),
+        policy: json(serde_json::to_value(table))?,
+        scaler: json(serde_json::to_value(&train.scaler))?,
+        optimizer: json(serde_json::to_value(&train.optimizer))?,
+        backend: "cpu".to_string(),
+        seed: train.seed,
+        command_line: opts.command_line.clone(),
+        config: json(serde_json::to_value(cfg))?,
+        ..Header::new()
+    })
+}
+
 /// Runs the configured training and writes the trace (when a path is configured).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let train = cfg.train_config()?;
@@ -194,32 +226,17 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     for inj in &opts.injections {
         trainer.inject(inj.clone());
     }
+    let header = header(cfg, &train, trainer.model().describe(), opts)?;
     let mut writer = match &cfg.probe.trace {
-        Some(p) => {
-            let mut h = Header::new();
-            h.model = trainer.model().describe();
-            h.precision = train.precision.name().to_string();
-            h.autocast_dtype = train.precision.autocast_dtype();
-            h.policy_device = train.policy.name().to_string();
-            h.policy = serde_json::to_value(
-                crate::amp::policy::PolicyTable::for_device(train.policy)
-                    .entries()
-                    .into_iter()
-                    .collect::<BTreeMap<_, _>>(),
-            )
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-            h.scaler =
-                serde_json::to_value(&train.scaler).map_err(|e| Error::Invalid(e.to_string()))?;
-            h.optimizer = serde_json::to_value(&train.optimizer)
-                .map_err(|e| Error::Invalid(e.to_string()))?;
-            h.backend = "cpu".to_string();
-            h.seed = train.seed;
-            h.command_line = opts.command_line.clone();
-            h.config = serde_json::to_value(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
-            Some(TraceWriter::create(p, &h)?)
-        }
+        Some(p) => Some(TraceWriter::create(p, &header)?),
         None => None,
     };
+    let send = |r: Record| {
+        if let Some(tx) = &opts.live {
+            let _ = tx.send(r);
+        }
+    };
+    send(Record::Header(header));
     let steps = cfg.steps();
     let bar = if opts.progress && std::io::stdout().is_terminal() && steps > 1 {
         let b = indicatif::ProgressBar::new(steps);
@@ -237,6 +254,9 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         let mut rec = trainer.step(s)?;
         if let Some(w) = writer.as_mut() {
             w.write_step(&rec)?;
+        }
+        if opts.live.is_some() {
+            send(Record::Step(rec.clone()));
         }
         if let Some(b) = &bar {
             b.set_message(format!(

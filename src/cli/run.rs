@@ -188,8 +188,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     apply_flags(&mut cfg, &a);
     let opts = RunOptions {
         command_line: std::env::args().collect(),
-        injections: Vec::new(),
         progress: true,
+        ..RunOptions::default()
     };
     let summary = run_training(&cfg, &opts)?;
     if let Some(p) = &cfg.probe.summary_json {
