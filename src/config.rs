@@ -14,8 +14,15 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// Model kind: `mlp`.
+    /// Model kind: `mlp` or `t5`.
     pub kind: Option<String>,
+    /// Hugging Face checkpoint directory (`config.json` + `model.safetensors` or a sharded
+    /// index), relative to the config file; implies kind `t5`.
+    pub hf: Option<PathBuf>,
+    /// Hugging Face `config.json` when the weights are elsewhere (`weights`).
+    pub hf_config: Option<PathBuf>,
+    /// transformers' fp16 clamp in T5Block.
+    pub t5_clamp: Option<bool>,
     /// MLP input features.
     pub inputs: Option<usize>,
     /// MLP hidden units.
@@ -35,6 +42,11 @@ pub struct DataSection {
     pub batch_file: Option<PathBuf>,
     /// Batch size of seeded synthetic data (when no batch file).
     pub batch: Option<usize>,
+    /// Token ids for T5: a safetensors file with `input_ids` [batch, seq] (int64) and
+    /// optional `labels`, relative to the config file.
+    pub inputs: Option<PathBuf>,
+    /// Sequence length of seeded synthetic token ids.
+    pub seq: Option<usize>,
 }
 
 /// `[train]`: the step.

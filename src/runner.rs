@@ -6,6 +6,7 @@ use crate::dtype::DType;
 use crate::engine::Injection;
 use crate::error::{Error, Result};
 use crate::models::mlp::{synthetic_batch, Mlp};
+use crate::models::t5::{load_inputs, synthetic_ids, T5Config, T5Encoder};
 use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore};
 use crate::trace::io::TraceWriter;
@@ -101,7 +102,12 @@ pub type Built = (Box<dyn Model>, ParamStore, Box<dyn DataSource>);
 
 /// Builds the model, its parameters and the data source a config describes.
 pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
-    let kind = cfg.model.kind.as_deref().unwrap_or("mlp");
+    let default_kind = if cfg.model.hf.is_some() || cfg.model.hf_config.is_some() {
+        "t5"
+    } else {
+        "mlp"
+    };
+    let kind = cfg.model.kind.as_deref().unwrap_or(default_kind);
     match kind {
         "mlp" => {
             let m = Mlp {
@@ -132,9 +138,54 @@ pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             };
             Ok((Box::new(m), params, data))
         }
+        "t5" => {
+            let (config_path, weights) =
+                match (&cfg.model.hf, &cfg.model.hf_config, &cfg.model.weights) {
+                    (Some(dir), _, w) => {
+                        let dir = cfg.resolve(dir);
+                        (
+                            dir.join("config.json"),
+                            w.as_ref().map(|w| cfg.resolve(w)).unwrap_or(dir),
+                        )
+                    }
+                    (None, Some(c), Some(w)) => (cfg.resolve(c), cfg.resolve(w)),
+                    (None, Some(c), None) => (cfg.resolve(c), PathBuf::new()),
+                    (None, None, _) => {
+                        return Err(Error::config(
+                            "model.hf",
+                            "a t5 model needs `hf` (a checkpoint directory) or `hf_config`",
+                        ))
+                    }
+                };
+            let mut m = T5Encoder::new(T5Config::load(&config_path)?);
+            m.clamp = cfg.model.t5_clamp.unwrap_or(false);
+            let params = if weights.as_os_str().is_empty() {
+                m.init(train.seed)?
+            } else {
+                m.load(&weights)?
+            };
+            let data: Box<dyn DataSource> = match &cfg.data.inputs {
+                Some(p) => Box::new(FixedBatch(load_inputs(&cfg.resolve(p))?)),
+                None => {
+                    let (vocab, b, s, seed) = (
+                        m.cfg.vocab_size,
+                        cfg.data.batch.unwrap_or(8),
+                        cfg.data.seq.unwrap_or(128),
+                        train.seed,
+                    );
+                    if b == 0 || s == 0 {
+                        return Err(Error::config("data.batch / data.seq", "must be at least 1"));
+                    }
+                    Box::new(Synthetic(move |step, micro| {
+                        synthetic_ids(vocab, b, s, seed, step * 1024 + micro as u64)
+                    }))
+                }
+            };
+            Ok((Box::new(m), params, data))
+        }
         other => Err(Error::config(
             "model.kind",
-            format!("unknown model kind `{other}` (expected mlp)"),
+            format!("unknown model kind `{other}` (expected mlp or t5)"),
         )),
     }
 }

@@ -8,8 +8,29 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Run configuration (TOML).
-    config: PathBuf,
+    /// Run configuration (TOML); optional when --hf or --hf-config is given.
+    config: Option<PathBuf>,
+    /// Hugging Face T5 checkpoint directory (config.json + model.safetensors or an index).
+    #[arg(long, value_name = "DIR")]
+    hf: Option<PathBuf>,
+    /// Hugging Face config.json (with --weights).
+    #[arg(long, value_name = "FILE")]
+    hf_config: Option<PathBuf>,
+    /// Weights (safetensors file, or a checkpoint directory).
+    #[arg(long, value_name = "FILE")]
+    weights: Option<PathBuf>,
+    /// Token ids: safetensors with `input_ids` [batch, seq] and optional `labels`.
+    #[arg(long, value_name = "FILE")]
+    inputs: Option<PathBuf>,
+    /// Batch size of seeded synthetic data.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Sequence length of seeded synthetic token ids.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// transformers' fp16 clamp in T5Block.
+    #[arg(long)]
+    t5_clamp: bool,
     /// Precision mode: fp32, fp16, bf16, o2, o2-bf16, half, bfloat16-pure.
     #[arg(long)]
     precision: Option<String>,
@@ -70,6 +91,34 @@ pub struct RunArgs {
 }
 
 fn apply_flags(cfg: &mut RunConfig, a: &RunArgs) {
+    // Paths given on the command line are relative to the working directory.
+    let cwd = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or(p.clone()))
+    };
+    if a.hf.is_some() {
+        cfg.model.hf = cwd(&a.hf);
+        cfg.model.kind = Some("t5".into());
+    }
+    if a.hf_config.is_some() {
+        cfg.model.hf_config = cwd(&a.hf_config);
+        cfg.model.kind = Some("t5".into());
+    }
+    if a.weights.is_some() {
+        cfg.model.weights = cwd(&a.weights);
+    }
+    if a.inputs.is_some() {
+        cfg.data.inputs = cwd(&a.inputs);
+    }
+    if let Some(b) = a.batch {
+        cfg.data.batch = Some(b);
+    }
+    if let Some(s) = a.seq {
+        cfg.data.seq = Some(s);
+    }
+    if a.t5_clamp {
+        cfg.model.t5_clamp = Some(true);
+    }
     let t = &mut cfg.train;
     macro_rules! set {
         ($dst:expr, $src:expr) => {
@@ -184,7 +233,11 @@ fn print_human(s: &RunSummary) {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
-    let mut cfg = RunConfig::load(&a.config)?;
+    let mut cfg = match &a.config {
+        Some(p) => RunConfig::load(p)?,
+        None if a.hf.is_some() || a.hf_config.is_some() => RunConfig::default(),
+        None => anyhow::bail!("give a run configuration (TOML) or --hf DIR / --hf-config FILE"),
+    };
     apply_flags(&mut cfg, &a);
     let opts = RunOptions {
         command_line: std::env::args().collect(),

@@ -1,6 +1,7 @@
 //! Models: parameters, batches and the forward pass that ends in a loss.
 
 pub mod mlp;
+pub mod t5;
 pub mod weights;
 
 use crate::amp::mode::Precision;
@@ -54,10 +55,11 @@ impl ParamStore {
             .ok_or_else(|| Error::tensor(name, "no such parameter"))
     }
 
-    /// Converts every parameter to `dtype` (rounding once), e.g. for pure low-precision modes.
-    pub fn convert(&mut self, dtype: DType) -> Result<()> {
+    /// Converts every parameter to `dtype` (rounding once), e.g. for pure low-precision
+    /// modes, except those for which `keep` is true.
+    pub fn convert(&mut self, dtype: DType, keep: impl Fn(&Param) -> bool) -> Result<()> {
         for p in &mut self.params {
-            if p.value.dtype() != dtype {
+            if p.value.dtype() != dtype && !keep(p) {
                 let c = crate::ops::cast::cast(&p.value, dtype)?;
                 p.value = c.tensor.as_leaf(true);
             }

@@ -129,7 +129,12 @@ impl Trainer {
         if cfg.accumulate == 0 {
             return Err(Error::config("accumulate", "must be at least 1"));
         }
-        params.convert(cfg.precision.param_dtype())?;
+        let kept = |p: &crate::models::Param| {
+            cfg.keep_fp32
+                .iter()
+                .any(|pat| crate::engine::module_matches(pat, &p.module))
+        };
+        params.convert(cfg.precision.param_dtype(), kept)?;
         let optimizer = build_optimizer(&cfg.optimizer)?;
         let scaler = GradScaler::new(cfg.scaler.clone())?;
         let mut engine = Engine::new();

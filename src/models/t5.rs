@@ -1,0 +1,608 @@
+//! T5 encoder from Hugging Face files (`config.json` + safetensors), mirroring the forward
+//! of transformers' `modeling_t5.py` with its explicit casts: the variance of T5LayerNorm in
+//! fp32, `.float()` before the attention softmax and `type_as` after it, the cast of the
+//! FFN activations to `wo.weight`'s dtype, and (optionally) the fp16 clamp in T5Block.
+//!
+//! Training objective: logits = (last hidden state × d_model^-0.5) · shared.weightᵀ, loss =
+//! mean cross-entropy over all positions against `labels` (default: the input ids).
+
+use super::weights::load_safetensors;
+use super::{Batch, Model, Output, Param, ParamAccess, ParamStore};
+use crate::dtype::DType;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Feed-forward variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum FeedForward {
+    /// `wi` → ReLU → `wo`.
+    Relu,
+    /// `wi_0` → GELU (tanh form) times `wi_1` → `wo`.
+    GatedGelu,
+}
+
+/// The parts of a Hugging Face T5 config the encoder needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct T5Config {
+    /// Hidden size.
+    pub d_model: usize,
+    /// FFN inner size.
+    pub d_ff: usize,
+    /// Size of one attention head.
+    pub d_kv: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// Encoder blocks.
+    pub num_layers: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Relative position buckets.
+    pub num_buckets: usize,
+    /// Largest relative distance with its own bucket range.
+    pub max_distance: usize,
+    /// T5LayerNorm epsilon.
+    pub eps: f64,
+    /// FFN variant.
+    pub feed_forward: FeedForward,
+    /// Dropout probability (training).
+    pub dropout: f64,
+}
+
+fn field<'a>(v: &'a serde_json::Value, path: &Path, name: &str) -> Result<&'a serde_json::Value> {
+    v.get(name)
+        .ok_or_else(|| Error::config(format!("{}: {name}", path.display()), "missing"))
+}
+
+fn usize_field(v: &serde_json::Value, path: &Path, name: &str) -> Result<usize> {
+    field(v, path, name)?
+        .as_u64()
+        .filter(|&n| n > 0)
+        .map(|n| n as usize)
+        .ok_or_else(|| {
+            Error::config(
+                format!("{}: {name}", path.display()),
+                "expected a positive integer",
+            )
+        })
+}
+
+impl T5Config {
+    /// Reads `config.json`; refuses other model types with a message naming the file.
+    pub fn load(path: &Path) -> Result<T5Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
+        })?;
+        let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
+        if mt != "t5" {
+            return Err(Error::config(
+                format!("{}: model_type", path.display()),
+                format!("`{mt}` is not supported (expected `t5`)"),
+            ));
+        }
+        let ffp = v
+            .get("feed_forward_proj")
+            .and_then(|x| x.as_str())
+            .unwrap_or("relu");
+        let feed_forward = match ffp {
+            "relu" => FeedForward::Relu,
+            "gated-gelu" => FeedForward::GatedGelu,
+            other => {
+                return Err(Error::config(
+                    format!("{}: feed_forward_proj", path.display()),
+                    format!("`{other}` is not supported (expected `relu` or `gated-gelu`)"),
+                ))
+            }
+        };
+        let num =
+            |name: &str, default: f64| v.get(name).and_then(|x| x.as_f64()).unwrap_or(default);
+        Ok(T5Config {
+            d_model: usize_field(&v, path, "d_model")?,
+            d_ff: usize_field(&v, path, "d_ff")?,
+            d_kv: usize_field(&v, path, "d_kv")?,
+            num_heads: usize_field(&v, path, "num_heads")?,
+            num_layers: usize_field(&v, path, "num_layers")?,
+            vocab_size: usize_field(&v, path, "vocab_size")?,
+            num_buckets: v
+                .get("relative_attention_num_buckets")
+                .and_then(|x| x.as_u64())
+                .unwrap_or(32) as usize,
+            max_distance: v
+                .get("relative_attention_max_distance")
+                .and_then(|x| x.as_u64())
+                .unwrap_or(128) as usize,
+            eps: num("layer_norm_epsilon", 1e-6),
+            feed_forward,
+            dropout: num("dropout_rate", 0.1),
+        })
+    }
+
+    /// Parameter names and shapes, in Hugging Face's naming.
+    pub fn shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        let (d, f, inner) = (self.d_model, self.d_ff, self.num_heads * self.d_kv);
+        let mut v = vec![("shared.weight".to_string(), vec![self.vocab_size, d], false)];
+        for i in 0..self.num_layers {
+            let a = format!("encoder.block.{i}.layer.0");
+            for p in ["q", "k", "v"] {
+                v.push((
+                    format!("{a}.SelfAttention.{p}.weight"),
+                    vec![inner, d],
+                    false,
+                ));
+            }
+            v.push((format!("{a}.SelfAttention.o.weight"), vec![d, inner], false));
+            if i == 0 {
+                v.push((
+                    format!("{a}.SelfAttention.relative_attention_bias.weight"),
+                    vec![self.num_buckets, self.num_heads],
+                    false,
+                ));
+            }
+            v.push((format!("{a}.layer_norm.weight"), vec![d], true));
+            let ff = format!("encoder.block.{i}.layer.1");
+            match self.feed_forward {
+                FeedForward::Relu => {
+                    v.push((format!("{ff}.DenseReluDense.wi.weight"), vec![f, d], false))
+                }
+                FeedForward::GatedGelu => {
+                    v.push((
+                        format!("{ff}.DenseReluDense.wi_0.weight"),
+                        vec![f, d],
+                        false,
+                    ));
+                    v.push((
+                        format!("{ff}.DenseReluDense.wi_1.weight"),
+                        vec![f, d],
+                        false,
+                    ));
+                }
+            }
+            v.push((format!("{ff}.DenseReluDense.wo.weight"), vec![d, f], false));
+            v.push((format!("{ff}.layer_norm.weight"), vec![d], true));
+        }
+        v.push(("encoder.final_layer_norm.weight".to_string(), vec![d], true));
+        v
+    }
+}
+
+/// Where a checkpoint's tensors are: one safetensors file or a sharded index.
+fn weight_files(dir_or_file: &Path) -> Result<Vec<PathBuf>> {
+    if dir_or_file.is_file() {
+        return Ok(vec![dir_or_file.to_path_buf()]);
+    }
+    let single = dir_or_file.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir_or_file.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Error::config(index.display().to_string(), format!("not valid JSON: {e}"))
+        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| {
+                Error::config(
+                    format!("{}: weight_map", index.display()),
+                    "missing or not an object",
+                )
+            })?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|f| f.as_str())
+            .map(|f| dir_or_file.join(f))
+            .collect();
+        files.sort();
+        files.dedup();
+        return Ok(files);
+    }
+    Err(Error::config(
+        dir_or_file.display().to_string(),
+        "no model.safetensors or model.safetensors.index.json found",
+    ))
+}
+
+/// A T5 encoder with the LM objective on the tied embedding.
+#[derive(Debug, Clone)]
+pub struct T5Encoder {
+    /// Architecture.
+    pub cfg: T5Config,
+    /// transformers' fp16 clamp in T5Block (`--t5-clamp`).
+    pub clamp: bool,
+    /// Whether dropout is applied.
+    pub train: bool,
+}
+
+impl T5Encoder {
+    /// A model with the clamp off, training mode.
+    pub fn new(cfg: T5Config) -> T5Encoder {
+        T5Encoder {
+            cfg,
+            clamp: false,
+            train: true,
+        }
+    }
+
+    /// Loads the weights (f32, f16 or bf16 tensors; fp32 masters either way) from a
+    /// directory with `model.safetensors` (or a sharded index) or from one file.
+    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
+        let mut all: BTreeMap<String, (Tensor, PathBuf)> = BTreeMap::new();
+        for f in weight_files(weights)? {
+            for (k, t) in load_safetensors(&f)? {
+                all.insert(k, (t, f.clone()));
+            }
+        }
+        if !all.contains_key("shared.weight") {
+            if let Some(t) = all.remove("encoder.embed_tokens.weight") {
+                all.insert("shared.weight".into(), t);
+            }
+        }
+        let mut params = Vec::new();
+        for (name, shape, norm) in self.cfg.shapes() {
+            let (t, file) = all.remove(&name).ok_or_else(|| {
+                Error::tensor(
+                    format!("{}: {name}", weights.display()),
+                    format!("missing (expected shape {shape:?})"),
+                )
+            })?;
+            if t.shape() != shape.as_slice() {
+                return Err(Error::tensor(
+                    format!("{}: {name}", file.display()),
+                    format!("has shape {:?}, expected {shape:?}", t.shape()),
+                ));
+            }
+            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+                return Err(Error::tensor(
+                    format!("{}: {name}", file.display()),
+                    format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
+                ));
+            }
+            let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
+            params.push(Param::new(&name, t, norm));
+        }
+        Ok(ParamStore { params })
+    }
+
+    /// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
+    pub fn init(&self, seed: u64) -> Result<ParamStore> {
+        let mut rng = Rng::derive(seed, &[0x75]);
+        let mut params = Vec::new();
+        for (name, shape, norm) in self.cfg.shapes() {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = if norm {
+                vec![1.0; n]
+            } else {
+                (0..n).map(|_| (rng.normal() * 0.05) as f32).collect()
+            };
+            params.push(Param::new(
+                &name,
+                Tensor::from_f32(v, &shape, DType::F32)?,
+                norm,
+            ));
+        }
+        Ok(ParamStore { params })
+    }
+
+    /// Relative position buckets [q, k] (bidirectional), as transformers computes them:
+    /// the logarithmic part in f32, truncated.
+    pub fn buckets(&self, len: usize) -> Vec<i64> {
+        let nb = (self.cfg.num_buckets / 2) as i64;
+        let max_exact = nb / 2;
+        let mut out = Vec::with_capacity(len * len);
+        for q in 0..len as i64 {
+            for k in 0..len as i64 {
+                let rel = k - q;
+                let mut b = if rel > 0 { nb } else { 0 };
+                let r = rel.abs();
+                if r < max_exact {
+                    b += r;
+                } else {
+                    let f = (r as f32 / max_exact as f32).ln()
+                        / (self.cfg.max_distance as f32 / max_exact as f32).ln()
+                        * (nb - max_exact) as f32;
+                    b += (max_exact + f as i64).min(nb - 1);
+                }
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    fn dropout(&self, e: &mut Engine, x: &Tensor, salt: u64) -> Result<Tensor> {
+        e.scope("dropout", |e| {
+            e.dropout(x, self.cfg.dropout, self.train, salt)
+        })
+    }
+
+    /// T5LayerNorm: RMS norm with the variance in fp32, output cast to the weight's dtype
+    /// when that is fp16/bf16 (and, in O2, back to the low dtype).
+    fn layer_norm(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        prefix: &str,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        let w = p.get(e, &format!("{prefix}.weight"))?;
+        let xf = e.to_dtype(x, DType::F32)?;
+        let sq = e.pow(&xf, 2.0)?;
+        let var = e.mean(&sq, &[-1], true)?;
+        let ve = e.add_scalar(&var, self.cfg.eps)?;
+        let r = e.rsqrt(&ve)?;
+        let mut h = e.mul(x, &r)?;
+        if w.dtype().is_low_precision() {
+            h = e.to_dtype(&h, w.dtype())?;
+        }
+        let mut out = e.mul(&w, &h)?;
+        if let Some(d) = p.precision().o2_dtype() {
+            out = e.to_dtype(&out, d)?;
+        }
+        Ok(out)
+    }
+
+    fn attention(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        a: &str,
+        x: &Tensor,
+        bias: &mut Option<Tensor>,
+    ) -> Result<Tensor> {
+        let (b, s) = (x.shape()[0], x.shape()[1]);
+        let (h, dk) = (self.cfg.num_heads as isize, self.cfg.d_kv as isize);
+        let sa = format!("{a}.SelfAttention");
+        let proj = |e: &mut Engine, name: &str| -> Result<Tensor> {
+            let w = p.get(e, &format!("{sa}.{name}.weight"))?;
+            let y = e.scope(name, |e| e.linear(x, &w, None))?;
+            let y = e.view(&y, &[b as isize, s as isize, h, dk])?;
+            e.transpose(&y, 1, 2)
+        };
+        e.push_module(&sa);
+        let r = (|| -> Result<Tensor> {
+            let q = proj(e, "q")?;
+            let k = proj(e, "k")?;
+            let v = proj(e, "v")?;
+            let kt = e.transpose(&k, 3, 2)?;
+            let scores = e.matmul(&q, &kt)?;
+            if bias.is_none() {
+                let w = p.get(e, &format!("{sa}.relative_attention_bias.weight"))?;
+                let ids = Tensor::from_i64(self.buckets(s), &[s, s])?;
+                let vals = e.scope("relative_attention_bias", |e| e.embedding(&w, &ids))?;
+                let vals = e.permute(&vals, &[2, 0, 1])?;
+                *bias = Some(e.unsqueeze(&vals, 0)?);
+            }
+            let pb = bias.as_ref().expect("set above");
+            // `scores += position_bias` is in place: computed in the promoted type, stored
+            // in the scores' dtype.
+            let sum = e.add(&scores, pb)?;
+            let scores = e.to_dtype(&sum, scores.dtype())?;
+            let sf = e.to_dtype(&scores, DType::F32)?;
+            let attn = e.softmax(&sf, -1)?;
+            let attn = e.to_dtype(&attn, scores.dtype())?;
+            let attn = e.scope("dropout", |e| {
+                e.dropout(&attn, self.cfg.dropout, self.train, 1)
+            })?;
+            let ctx = e.matmul(&attn, &v)?;
+            let ctx = e.transpose(&ctx, 1, 2)?;
+            let ctx = e.reshape(&ctx, &[b as isize, s as isize, h * dk])?;
+            let wo = p.get(e, &format!("{sa}.o.weight"))?;
+            e.scope("o", |e| e.linear(&ctx, &wo, None))
+        })();
+        e.pop_module();
+        r
+    }
+
+    fn feed_forward(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        ff: &str,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        let d = format!("{ff}.DenseReluDense");
+        e.push_module(&d);
+        let r = (|| -> Result<Tensor> {
+            let mut hidden = match self.cfg.feed_forward {
+                FeedForward::Relu => {
+                    let wi = p.get(e, &format!("{d}.wi.weight"))?;
+                    let a = e.scope("wi", |e| e.linear(x, &wi, None))?;
+                    e.scope("act", |e| e.relu(&a))?
+                }
+                FeedForward::GatedGelu => {
+                    let w0 = p.get(e, &format!("{d}.wi_0.weight"))?;
+                    let w1 = p.get(e, &format!("{d}.wi_1.weight"))?;
+                    let g = e.scope("wi_0", |e| e.linear(x, &w0, None))?;
+                    let g = e.scope("act", |e| e.gelu(&g, true))?;
+                    let l = e.scope("wi_1", |e| e.linear(x, &w1, None))?;
+                    e.mul(&g, &l)?
+                }
+            };
+            hidden = self.dropout(e, &hidden, 2)?;
+            let wo = p.get(e, &format!("{d}.wo.weight"))?;
+            if hidden.dtype() != wo.dtype() {
+                hidden = e.to_dtype(&hidden, wo.dtype())?;
+            }
+            e.scope("wo", |e| e.linear(&hidden, &wo, None))
+        })();
+        e.pop_module();
+        r
+    }
+
+    /// transformers' T5Block clamp: for fp16 hidden states, clamp to ±(65504 − 1000) when
+    /// any value is infinite, else to ±65504.
+    fn clamp(&self, e: &mut Engine, x: Tensor) -> Result<Tensor> {
+        if !self.clamp || x.dtype() != DType::F16 {
+            return Ok(x);
+        }
+        let any_inf = x.f32s()?.iter().any(|v| v.is_infinite());
+        let v = if any_inf { 65504.0 - 1000.0 } else { 65504.0 };
+        e.clamp(&x, Some(-v), Some(v))
+    }
+
+    /// The encoder's last hidden state for token ids [batch, seq].
+    pub fn encode(&self, e: &mut Engine, p: &ParamAccess<'_>, ids: &Tensor) -> Result<Tensor> {
+        if ids.rank() != 2 || ids.dtype() != DType::I64 {
+            return Err(Error::tensor(
+                "input_ids",
+                format!(
+                    "expected int64 [batch, seq], got {} {:?}",
+                    ids.dtype(),
+                    ids.shape()
+                ),
+            ));
+        }
+        let shared = p.get(e, "shared.weight")?;
+        let mut x = e.scope("encoder.embed_tokens", |e| e.embedding(&shared, ids))?;
+        x = e.scope("encoder", |e| self.dropout(e, &x, 0))?;
+        let mut bias = None;
+        for i in 0..self.cfg.num_layers {
+            let blk = format!("encoder.block.{i}");
+            let a = format!("{blk}.layer.0");
+            let n = e.scope(&format!("{a}.layer_norm"), |e| {
+                self.layer_norm(e, p, &format!("{a}.layer_norm"), &x)
+            })?;
+            let att = self.attention(e, p, &a, &n, &mut bias)?;
+            x = e.scope(&a, |e| {
+                let att = self.dropout(e, &att, 3)?;
+                e.add(&x, &att)
+            })?;
+            x = e.scope(&blk, |e| self.clamp(e, x))?;
+            let ff = format!("{blk}.layer.1");
+            let n = e.scope(&format!("{ff}.layer_norm"), |e| {
+                self.layer_norm(e, p, &format!("{ff}.layer_norm"), &x)
+            })?;
+            let y = self.feed_forward(e, p, &ff, &n)?;
+            x = e.scope(&ff, |e| {
+                let y = self.dropout(e, &y, 4)?;
+                e.add(&x, &y)
+            })?;
+            x = e.scope(&blk, |e| self.clamp(e, x))?;
+        }
+        let x = e.scope("encoder.final_layer_norm", |e| {
+            self.layer_norm(e, p, "encoder.final_layer_norm", &x)
+        })?;
+        e.scope("encoder", |e| self.dropout(e, &x, 5))
+    }
+}
+
+impl Model for T5Encoder {
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        format!(
+            "t5-encoder d_model {} d_ff {} layers {} heads {} d_kv {} vocab {} ({:?}{})",
+            c.d_model,
+            c.d_ff,
+            c.num_layers,
+            c.num_heads,
+            c.d_kv,
+            c.vocab_size,
+            c.feed_forward,
+            if self.clamp { ", fp16 clamp" } else { "" }
+        )
+    }
+
+    fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
+        let ids = &batch.inputs;
+        if ids.dtype() != DType::I64 {
+            return Err(Error::tensor(
+                "input_ids",
+                format!("expected int64 token ids, got {}", ids.dtype()),
+            ));
+        }
+        let v = self.cfg.vocab_size as i64;
+        if let Some((pos, &bad)) = ids
+            .i64s()?
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t < 0 || t >= v)
+        {
+            return Err(Error::tensor(
+                "input_ids",
+                format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
+            ));
+        }
+        let h = self.encode(e, p, ids)?;
+        let shared = p.get(e, "shared.weight")?;
+        let logits = e.scope("lm_head", |e| {
+            let hs = e.mul_scalar(&h, (self.cfg.d_model as f64).powf(-0.5))?;
+            e.linear(&hs, &shared, None)
+        })?;
+        let logits = if p.precision().o2_dtype().is_some() {
+            e.to_dtype(&logits, DType::F32)?
+        } else {
+            logits
+        };
+        let loss = e.scope("loss", |e| {
+            e.cross_entropy(&logits, &batch.labels, Some(-100))
+        })?;
+        Ok(Output { loss, logits })
+    }
+}
+
+/// Seeded synthetic token ids [batch, seq] (labels = ids).
+pub fn synthetic_ids(
+    vocab: usize,
+    batch: usize,
+    seq: usize,
+    seed: u64,
+    step: u64,
+) -> Result<Batch> {
+    let mut rng = Rng::derive(seed, &[0x1d5, step]);
+    let ids: Vec<i64> = (0..batch * seq)
+        .map(|_| rng.below(vocab as u64) as i64)
+        .collect();
+    let t = Tensor::from_i64(ids, &[batch, seq])?;
+    Ok(Batch {
+        inputs: t.clone(),
+        labels: t,
+    })
+}
+
+/// Token ids (and optional labels) from a safetensors file with `input_ids` [batch, seq].
+pub fn load_inputs(path: &Path) -> Result<Batch> {
+    let mut map = load_safetensors(path)?;
+    let ids = map.remove("input_ids").ok_or_else(|| {
+        Error::tensor(
+            format!("{}: input_ids", path.display()),
+            "missing (expected int64 [batch, seq])",
+        )
+    })?;
+    if ids.dtype() != DType::I64 || ids.rank() != 2 {
+        return Err(Error::tensor(
+            format!("{}: input_ids", path.display()),
+            format!(
+                "expected int64 [batch, seq], got {} {:?}",
+                ids.dtype(),
+                ids.shape()
+            ),
+        ));
+    }
+    let labels = match map.remove("labels") {
+        Some(l) => {
+            if l.dtype() != DType::I64 || l.shape() != ids.shape() {
+                return Err(Error::tensor(
+                    format!("{}: labels", path.display()),
+                    format!(
+                        "expected int64 {:?}, got {} {:?}",
+                        ids.shape(),
+                        l.dtype(),
+                        l.shape()
+                    ),
+                ));
+            }
+            l
+        }
+        None => ids.clone(),
+    };
+    Ok(Batch {
+        inputs: ids,
+        labels,
+    })
+}
