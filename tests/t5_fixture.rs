@@ -57,8 +57,7 @@ fn fp32_forward_matches_module_by_module() {
         // A module's output is the last op that ran inside it (dropout with p = 0 runs none).
         let Some(op) = ops
             .iter()
-            .filter(|o| within(&o.module, module) && !o.module.starts_with("lm_head"))
-            .next_back()
+            .rfind(|o| within(&o.module, module) && !o.module.starts_with("lm_head"))
         else {
             assert!(module.ends_with("dropout"), "no op ran inside {module}");
             continue;
@@ -136,11 +135,7 @@ fn check_scenario(name: &str, precision: &str, keep: &[&str], clamp: bool) {
                 o.module
             );
             let n = sc["first_nan"]["output_n_nan"].as_u64().unwrap();
-            let last_in_module = ops
-                .iter()
-                .filter(|x| within(&x.module, m))
-                .next_back()
-                .unwrap();
+            let last_in_module = ops.iter().rfind(|x| within(&x.module, m)).unwrap();
             assert_eq!(
                 last_in_module.stats.nan, n,
                 "{name}: NaN count of {m}'s output"
@@ -156,8 +151,7 @@ fn check_scenario(name: &str, precision: &str, keep: &[&str], clamp: bool) {
     // The encoder's final output: NaN count as PyTorch's.
     let last = ops
         .iter()
-        .filter(|o| within(&o.module, "encoder.final_layer_norm"))
-        .next_back()
+        .rfind(|o| within(&o.module, "encoder.final_layer_norm"))
         .unwrap();
     assert_eq!(
         last.stats.nan,
