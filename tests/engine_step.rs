@@ -245,3 +245,36 @@ fn disabled_probes_change_nothing_but_the_records() {
         assert_eq!(x.value.to_f64_vec(), y.value.to_f64_vec());
     }
 }
+
+/// Re-running the last step under another recipe starts from the same weights, scale and
+/// batch, and leaves the trainer alone.
+#[test]
+fn replay_reruns_the_same_step() {
+    use amprobe::train::Variant;
+    let mut t = trainer(|_| {});
+    let r = t.step(0).unwrap();
+    let same = t.replay(&Variant::default()).unwrap();
+    assert_eq!(
+        same.record.loss, r.loss,
+        "the same recipe gives the same step"
+    );
+    assert_eq!(same.record.scale_before, r.scale_before);
+    let fp32 = t
+        .replay(&Variant {
+            precision: Some(Precision::Fp32),
+            ..Variant::default()
+        })
+        .unwrap();
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("tests/golden/seed_mlp/expected.json").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        fp32.record.loss.unwrap(),
+        golden["modes"]["fp32"]["loss"].as_f64().unwrap()
+    );
+    assert_eq!(fp32.outputs.len(), 1);
+    // The trainer's own next step is unaffected by the replays.
+    let r1 = t.step(1).unwrap();
+    assert!(r1.loss.unwrap() < r.loss.unwrap());
+}

@@ -78,6 +78,10 @@ impl Model for Mlp {
         format!("mlp {}→{}→{}", self.inputs, self.hidden, self.classes)
     }
 
+    fn clone_model(&self) -> Box<dyn Model> {
+        Box::new(self.clone())
+    }
+
     fn forward(&self, eng: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
         let mut x = batch.inputs.clone();
         if x.shape().last() != Some(&self.inputs) {
@@ -108,7 +112,11 @@ impl Model for Mlp {
         let loss = eng.scope("loss", |e| {
             e.cross_entropy(&logits, &batch.labels, Some(-100))
         })?;
-        Ok(Output { loss, logits })
+        Ok(Output {
+            loss,
+            hidden: logits.clone(),
+            logits,
+        })
     }
 }
 

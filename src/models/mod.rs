@@ -112,6 +112,9 @@ pub struct Output {
     pub loss: Tensor,
     /// The logits the loss was computed from.
     pub logits: Tensor,
+    /// The model's final hidden state (the encoder output for T5; the logits for the MLP),
+    /// for accuracy comparisons between precisions.
+    pub hidden: Tensor,
 }
 
 /// A model the step engine can train.
@@ -120,4 +123,14 @@ pub trait Model: Send + Sync {
     fn describe(&self) -> String;
     /// Runs the forward pass and the loss.
     fn forward(&self, eng: &mut Engine, params: &ParamAccess<'_>, batch: &Batch) -> Result<Output>;
+    /// A copy of the model (for re-running a step under another precision recipe).
+    fn clone_model(&self) -> Box<dyn Model>;
+    /// Turns transformers' fp16 clamp on or off; false when the model has none.
+    fn set_clamp(&mut self, _on: bool) -> bool {
+        false
+    }
+    /// Whether the fp16 clamp is on.
+    fn clamp(&self) -> bool {
+        false
+    }
 }

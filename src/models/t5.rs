@@ -508,6 +508,19 @@ impl Model for T5Encoder {
         )
     }
 
+    fn clone_model(&self) -> Box<dyn Model> {
+        Box::new(self.clone())
+    }
+
+    fn set_clamp(&mut self, on: bool) -> bool {
+        self.clamp = on;
+        true
+    }
+
+    fn clamp(&self) -> bool {
+        self.clamp
+    }
+
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
         let ids = &batch.inputs;
         if ids.dtype() != DType::I64 {
@@ -542,7 +555,11 @@ impl Model for T5Encoder {
         let loss = e.scope("loss", |e| {
             e.cross_entropy(&logits, &batch.labels, Some(-100))
         })?;
-        Ok(Output { loss, logits })
+        Ok(Output {
+            loss,
+            logits,
+            hidden: h,
+        })
     }
 }
 

@@ -116,6 +116,60 @@ pub struct Trainer {
     engine: Engine,
     data: Box<dyn DataSource>,
     last_grads: Vec<Option<Tensor>>,
+    before: Option<StepInputs>,
+    outputs: Vec<StepOutput>,
+}
+
+/// What a step started from: the parameters, the scale and the batches it used.
+#[derive(Clone)]
+struct StepInputs {
+    step: u64,
+    params: ParamStore,
+    scale: f32,
+    batches: Vec<Batch>,
+}
+
+/// The loss and final hidden state of one micro-batch (for accuracy comparisons).
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// Unscaled loss.
+    pub loss: f64,
+    /// The model's final hidden state.
+    pub hidden: Tensor,
+}
+
+/// A different precision recipe for re-running a step from the same weights and data.
+#[derive(Debug, Clone, Default)]
+pub struct Variant {
+    /// Precision mode (None: the trainer's).
+    pub precision: Option<Precision>,
+    /// Module patterns kept in fp32 (None: the trainer's).
+    pub keep_fp32: Option<Vec<String>>,
+    /// Loss scale for the step (None: the scale the step used).
+    pub scale: Option<f32>,
+    /// transformers' fp16 clamp (None: the model's setting).
+    pub clamp: Option<bool>,
+    /// Probes on or off (None: the trainer's).
+    pub probes: Option<bool>,
+}
+
+/// A step re-run under a [`Variant`].
+pub struct Replay {
+    /// Its record (op records always kept).
+    pub record: StepRecord,
+    /// Loss and hidden state per micro-batch.
+    pub outputs: Vec<StepOutput>,
+}
+
+struct Replayed(Vec<Batch>);
+
+impl DataSource for Replayed {
+    fn batch(&mut self, _step: u64, micro: u32) -> Result<Batch> {
+        self.0
+            .get(micro as usize)
+            .cloned()
+            .ok_or_else(|| Error::Invalid(format!("no recorded batch for micro-batch {micro}")))
+    }
 }
 
 impl Trainer {
@@ -159,6 +213,8 @@ impl Trainer {
             engine,
             data,
             last_grads: vec![None; n],
+            before: None,
+            outputs: Vec::new(),
         })
     }
 
@@ -182,6 +238,53 @@ impl Trainer {
     pub fn last_grads(&self) -> &[Option<Tensor>] {
         &self.last_grads
     }
+    /// Loss and final hidden state of each micro-batch of the last step.
+    pub fn last_outputs(&self) -> &[StepOutput] {
+        &self.outputs
+    }
+
+    /// Re-runs the last step from the weights, loss scale and batches it started from,
+    /// under another precision recipe; this trainer's state is untouched.
+    pub fn replay(&self, v: &Variant) -> Result<Replay> {
+        let b = self
+            .before
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no step to re-run yet".into()))?;
+        let mut cfg = self.cfg.clone();
+        if let Some(p) = v.precision {
+            cfg.precision = p;
+        }
+        if let Some(k) = &v.keep_fp32 {
+            cfg.keep_fp32 = k.clone();
+        }
+        if let Some(p) = v.probes {
+            cfg.probes = p;
+        }
+        cfg.scaler.init_scale = v.scale.unwrap_or(b.scale);
+        cfg.sampling = OpSampling {
+            every: 1,
+            first: true,
+            nonfinite: true,
+        };
+        let mut model = self.model.clone_model();
+        if let Some(c) = v.clamp {
+            if !model.set_clamp(c) && c {
+                return Err(Error::Invalid(format!(
+                    "{} has no fp16 clamp",
+                    model.describe()
+                )));
+            }
+        }
+        let mut params = b.params.clone();
+        params.convert(DType::F32, |_| false)?;
+        let mut t = Trainer::new(cfg, model, params, Box::new(Replayed(b.batches.clone())))?;
+        let record = t.step(b.step)?;
+        Ok(Replay {
+            record,
+            outputs: t.outputs,
+        })
+    }
+
     /// Adds an injection (test hook: writes a value into a chosen op's output).
     pub fn inject(&mut self, inj: Injection) {
         self.engine.add_injection(inj);
@@ -205,13 +308,25 @@ impl Trainer {
         let scale_before = self.scaler.scale();
         let accumulate = self.cfg.accumulate;
         let mut weight_casts = 0;
+        let mut before = StepInputs {
+            step,
+            params: self.params.clone(),
+            scale: scale_before,
+            batches: Vec::new(),
+        };
+        self.outputs.clear();
         for micro in 0..accumulate {
             self.engine.begin_micro(micro);
             let batch = self.data.batch(step, micro)?;
+            before.batches.push(batch.clone());
             let access = ParamAccess::new(&self.params, self.cfg.precision);
             let out = self.model.forward(&mut self.engine, &access, &batch)?;
             let mut loss = out.loss;
             loss_sum += loss.item()?;
+            self.outputs.push(StepOutput {
+                loss: loss.item()?,
+                hidden: out.hidden,
+            });
             if accumulate > 1 {
                 let d = divisor(accumulate, loss.dtype())?;
                 loss = self.engine.scope("loss", |e| e.div(&loss, &d))?;
@@ -235,6 +350,7 @@ impl Trainer {
                 }
             }
         }
+        self.before = Some(before);
         // Gradients as mutable buffers for the scaler, clipping and the optimizer.
         let mut bufs: Vec<Option<(Vec<f32>, DType)>> = grads
             .iter()
