@@ -272,6 +272,15 @@ fn binary_grad<T: Finish>(
     h: impl Fn(T, T, T) -> T,
 ) -> Result<Computed> {
     let n: usize = out.iter().product();
+    if sa == out && sb == out {
+        let v: Vec<T> = a
+            .iter()
+            .zip(b)
+            .zip(g)
+            .map(|((&x, &y), &z)| h(x, y, z))
+            .collect();
+        return T::finish(v, target, dtype);
+    }
     let mut full = Vec::with_capacity(n);
     let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
     let tg = crate::tensor::strides(out);

@@ -16,11 +16,48 @@ pub(crate) struct Mat<'a, T> {
 
 /// C = A·B for A [m, k] and B [k, n] (strided), accumulated in T, as a new row-major Vec.
 pub(crate) fn gemm<T: Real>(m: usize, n: usize, k: usize, a: Mat<'_, T>, b: Mat<'_, T>) -> Vec<T> {
+    gemm_par(m, n, k, a, b, m * n * k >= 1 << 18)
+}
+
+/// Batched C_i = A_i·B_i into one row-major Vec: small products run one per thread, large
+/// ones one after another, each parallel inside.
+fn gemm_batched<'a, T: Real>(
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: impl Fn(usize) -> Mat<'a, T> + Sync,
+    b: impl Fn(usize) -> Mat<'a, T> + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    if batch > 1 && m * n * k < 1 << 21 {
+        let parts: Vec<Vec<T>> = (0..batch)
+            .into_par_iter()
+            .map(|i| gemm_par(m, n, k, a(i), b(i), false))
+            .collect();
+        parts.concat()
+    } else {
+        let mut y = Vec::with_capacity(batch * m * n);
+        for i in 0..batch {
+            y.extend(gemm(m, n, k, a(i), b(i)));
+        }
+        y
+    }
+}
+
+fn gemm_par<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    parallel: bool,
+) -> Vec<T> {
     let mut c = vec![T::zero(); m * n];
     if m == 0 || n == 0 || k == 0 {
         return c;
     }
-    let par = if m * n * k >= 1 << 18 {
+    let par = if parallel {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
@@ -152,16 +189,14 @@ fn matmul_fwd<T: Finish>(a: &[T], b: &[T], s: &MmShape, dtype: crate::DType) -> 
     if b_shared {
         return T::finish(gemm(batch * m, n, k, row(a, k), row(b, n)), &s.out, dtype);
     }
-    let mut y = Vec::with_capacity(batch * m * n);
-    for i in 0..batch {
-        y.extend(gemm(
-            m,
-            n,
-            k,
-            row(&a[i * m * k..], k),
-            row(&b[i * k * n..], n),
-        ));
-    }
+    let y = gemm_batched(
+        batch,
+        m,
+        n,
+        k,
+        |i| row(&a[i * m * k..], k),
+        |i| row(&b[i * k * n..], n),
+    );
     T::finish(y, &s.out, dtype)
 }
 
@@ -188,13 +223,22 @@ fn matmul_bwd<T: Finish>(
         let gb = gemm(k, n, batch * m, transposed(a, k), row(g, n));
         return Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?));
     }
-    let mut ga = Vec::with_capacity(batch * m * k);
-    let mut gb = Vec::with_capacity(batch * k * n);
-    for i in 0..batch {
-        let gi = &g[i * m * n..];
-        ga.extend(gemm(m, k, n, row(gi, n), transposed(&b[i * k * n..], n)));
-        gb.extend(gemm(k, n, m, transposed(&a[i * m * k..], k), row(gi, n)));
-    }
+    let ga = gemm_batched(
+        batch,
+        m,
+        k,
+        n,
+        |i| row(&g[i * m * n..], n),
+        |i| transposed(&b[i * k * n..], n),
+    );
+    let gb = gemm_batched(
+        batch,
+        k,
+        n,
+        m,
+        |i| transposed(&a[i * m * k..], k),
+        |i| row(&g[i * m * n..], n),
+    );
     Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?))
 }
 

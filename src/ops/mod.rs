@@ -57,6 +57,17 @@ impl Finish for f32 {
     }
     fn finish_acc(acc: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Computed> {
         let mut rounding = RoundCounts::default();
+        if dtype == DType::F32 {
+            let data: Vec<f32> = acc.iter().map(|&x| x as f32).collect();
+            for (&x, &r) in acc.iter().zip(&data) {
+                rounding.overflow += (x.is_finite() && r.is_infinite()) as u64;
+                rounding.underflow += (x != 0.0 && r == 0.0) as u64;
+            }
+            return Ok(Computed::new(
+                Tensor::from_exact(data, shape, dtype)?,
+                rounding,
+            ));
+        }
         let data: Vec<f32> = acc
             .into_iter()
             .map(|x| {
@@ -247,5 +258,9 @@ pub(crate) fn sum_to<T: Finish>(
     target: &[usize],
     dtype: DType,
 ) -> Result<Computed> {
+    if full == target {
+        // Nothing to sum: the values are already in the dtype.
+        return T::finish(data.to_vec(), target, dtype);
+    }
     T::finish_acc(sum_to_f64(data, full, target), target, dtype)
 }

@@ -1,0 +1,100 @@
+//! T5-mini training step on the CPU: fp32, emulated fp16 and bf16 autocast, probes on and
+//! off. T5EncoderModel with the relu FFN, d_model 256, d_ff 1024, 4 layers, 4 heads,
+//! d_kv 64, vocab 512, batch 8, seq 128, the LM objective on the tied embedding, SGD.
+//! Run with `cargo bench --bench t5_step`; `scripts/bench_t5_torch.py` measures PyTorch
+//! on the same workload.
+
+use amprobe::amp::mode::Precision;
+use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+use amprobe::optim::{OptimizerConfig, SgdConfig};
+use amprobe::train::{Synthetic, TrainConfig, Trainer};
+use std::time::Instant;
+
+fn trainer(precision: Precision, probes: bool) -> Trainer {
+    let cfg = T5Config {
+        d_model: 256,
+        d_ff: 1024,
+        d_kv: 64,
+        num_heads: 4,
+        num_layers: 4,
+        vocab_size: 512,
+        num_buckets: 32,
+        max_distance: 128,
+        eps: 1e-6,
+        feed_forward: FeedForward::Relu,
+        dropout: 0.0,
+    };
+    let model = T5Encoder::new(cfg);
+    let params = model.init(0).expect("init");
+    let train = TrainConfig {
+        precision,
+        probes,
+        optimizer: OptimizerConfig::Sgd(SgdConfig {
+            lr: 0.01,
+            ..SgdConfig::default()
+        }),
+        sampling: amprobe::train::OpSampling {
+            every: 0,
+            first: false,
+            nonfinite: true,
+        },
+        ..TrainConfig::default()
+    };
+    let data = Synthetic(|step, micro| synthetic_ids(512, 8, 128, 0, step * 1024 + micro as u64));
+    Trainer::new(train, Box::new(model), params, Box::new(data)).expect("trainer")
+}
+
+fn median_ms(t: &mut Trainer, start: u64, reps: u64) -> f64 {
+    let mut v: Vec<f64> = (0..reps)
+        .map(|s| {
+            let t0 = Instant::now();
+            t.step(start + s).expect("step");
+            t0.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let reps = std::env::var("AMPROBE_BENCH_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let modes = [Precision::Fp32, Precision::Fp16, Precision::Bf16];
+    let mut rows = Vec::new();
+    for &m in &modes {
+        let mut on = trainer(m, true);
+        let mut off = trainer(m, false);
+        on.step(0).expect("warm-up");
+        off.step(0).expect("warm-up");
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for round in 0..3 {
+            a.push(median_ms(&mut on, 1 + round * reps, reps));
+            b.push(median_ms(&mut off, 1 + round * reps, reps));
+        }
+        a.sort_by(f64::total_cmp);
+        b.sort_by(f64::total_cmp);
+        rows.push((m, a[1], b[1]));
+    }
+    let fp32_off = rows[0].2;
+    println!(
+        "{:<6} {:>12} {:>12} {:>14} {:>16}",
+        "mode", "probed ms", "unprobed ms", "probes on/off", "unprobed / fp32"
+    );
+    for (m, on, off) in &rows {
+        println!(
+            "{:<6} {:>12.1} {:>12.1} {:>14.3} {:>16.3}",
+            m.name(),
+            on,
+            off,
+            on / off,
+            off / fp32_off
+        );
+    }
+    let gflop = 22.0;
+    println!(
+        "fp32 unprobed: {:.1} GFLOP/s (about {gflop} GFLOP per step)",
+        gflop / (fp32_off / 1e3)
+    );
+}
