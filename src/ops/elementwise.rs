@@ -247,11 +247,35 @@ fn binary_kernel<T: Finish>(
 ) -> Result<Computed> {
     let n: usize = out.iter().product();
     let mut res = Vec::with_capacity(n);
-    if sa == sb {
-        res.extend(a.iter().zip(b).map(|(&x, &y)| op.f(x, y)));
-    } else {
-        let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
-        for_each_offset(out, [&ta, &tb], |[i, j]| res.push(op.f(a[i], b[j])));
+    use super::Pattern;
+    match (sa == out, sb == out) {
+        (true, true) => res.extend(a.iter().zip(b).map(|(&x, &y)| op.f(x, y))),
+        (true, false) if Pattern::of(sb, out) == Pattern::Tile(b.len()) => {
+            for rowv in a.chunks_exact(b.len()) {
+                res.extend(rowv.iter().zip(b).map(|(&x, &y)| op.f(x, y)));
+            }
+        }
+        (true, false) if matches!(Pattern::of(sb, out), Pattern::Repeat(_)) => {
+            let r = n / b.len();
+            for (rowv, &y) in a.chunks_exact(r).zip(b) {
+                res.extend(rowv.iter().map(|&x| op.f(x, y)));
+            }
+        }
+        (false, true) if Pattern::of(sa, out) == Pattern::Tile(a.len()) => {
+            for rowv in b.chunks_exact(a.len()) {
+                res.extend(a.iter().zip(rowv).map(|(&x, &y)| op.f(x, y)));
+            }
+        }
+        (false, true) if matches!(Pattern::of(sa, out), Pattern::Repeat(_)) => {
+            let r = n / a.len();
+            for (rowv, &x) in b.chunks_exact(r).zip(a) {
+                res.extend(rowv.iter().map(|&y| op.f(x, y)));
+            }
+        }
+        _ => {
+            let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
+            for_each_offset(out, [&ta, &tb], |[i, j]| res.push(op.f(a[i], b[j])));
+        }
     }
     T::finish(res, out, dtype)
 }

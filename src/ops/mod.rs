@@ -180,6 +180,44 @@ pub fn broadcast_shape(a: &[usize], b: &[usize], op: &str) -> Result<Vec<usize>>
     Ok(out)
 }
 
+/// How a broadcast operand's elements map onto the output, for the common fast cases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    /// The operand is the output's trailing dims (a bias): element i of the output uses
+    /// operand element i % k.
+    Tile(usize),
+    /// The operand is the output's leading dims with trailing 1s (a per-row scale):
+    /// element i uses operand element i / r.
+    Repeat(usize),
+    /// Anything else.
+    General,
+}
+
+impl Pattern {
+    /// The pattern of `shape` broadcast to `out`.
+    pub(crate) fn of(shape: &[usize], out: &[usize]) -> Pattern {
+        let r = out.len();
+        let pad = r - shape.len().min(r);
+        let dim = |i: usize| if i < pad { 1 } else { shape[i - pad] };
+        let n: usize = shape.iter().product();
+        let total: usize = out.iter().product();
+        if n == 0 || total == 0 {
+            return Pattern::General;
+        }
+        // Tile: leading dims 1, then exactly the output's trailing dims.
+        let first_real = (0..r).find(|&i| dim(i) != 1).unwrap_or(r);
+        if (first_real..r).all(|i| dim(i) == out[i]) {
+            return Pattern::Tile(n);
+        }
+        // Repeat: exactly the output's leading dims, then 1s.
+        let last_real = (0..r).rev().find(|&i| dim(i) != 1).map_or(0, |i| i + 1);
+        if (0..last_real).all(|i| dim(i) == out[i]) {
+            return Pattern::Repeat(total / n);
+        }
+        Pattern::General
+    }
+}
+
 /// Strides of `shape` inside a broadcast `out` shape (0 where broadcast).
 pub(crate) fn bstrides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let r = out.len();
@@ -244,6 +282,23 @@ pub(crate) fn sum_to_f64<T: Real>(data: &[T], full: &[usize], target: &[usize]) 
     let mut acc = vec![0f64; n];
     if target == full {
         return data.iter().map(|x| x.f64()).collect();
+    }
+    match Pattern::of(target, full) {
+        Pattern::Tile(k) => {
+            for rowv in data.chunks_exact(k) {
+                for (a, &x) in acc.iter_mut().zip(rowv) {
+                    *a += x.f64();
+                }
+            }
+            return acc;
+        }
+        Pattern::Repeat(r) => {
+            for (a, rowv) in acc.iter_mut().zip(data.chunks_exact(r)) {
+                *a = rowv.iter().map(|x| x.f64()).sum();
+            }
+            return acc;
+        }
+        Pattern::General => {}
     }
     let ts = bstrides(target, full);
     let ones = crate::tensor::strides(full);
