@@ -1,5 +1,7 @@
-//! `amprobe report TRACE --out DIR`: charts, `summary.md` and `index.html` of a trace.
+//! `amprobe report TRACE --out DIR [--step N] [--fail-on RULES]`: charts, `summary.md`
+//! and `index.html` of a trace, and the CI gate.
 
+use amprobe::report::gate::{self, Gate};
 use amprobe::report::{write_report, ReportOptions, TraceFile};
 use clap::Args;
 use std::path::PathBuf;
@@ -15,9 +17,15 @@ pub struct ReportArgs {
     /// else the first step with op records).
     #[arg(long)]
     step: Option<u64>,
+    /// Exit 1 when the trace breaks one of these rules (comma-separated): nonfinite,
+    /// skip-rate>X%, headroom>X%, underflow>X%, scale-collapse.
+    #[arg(long, value_name = "RULES")]
+    fail_on: Option<String>,
 }
 
 pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
+    // Bad rules are an error before any work is done.
+    let rules = a.fail_on.as_deref().map(gate::parse_rules).transpose()?;
     let tf = TraceFile::open(&a.trace)?;
     let out = write_report(
         &tf,
@@ -32,5 +40,14 @@ pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
     println!("verdict: {}", out.facts.verdict);
     println!("report: {}", out.index_html.display());
     println!("summary: {}", out.summary_md.display());
-    Ok(0)
+    let Some(rules) = rules else {
+        return Ok(0);
+    };
+    let mut g = Gate::new(rules);
+    for s in &tf.trace.steps {
+        g.observe(s);
+    }
+    let outcomes = g.outcomes();
+    print!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()));
+    Ok(gate::exit_code(&outcomes))
 }

@@ -132,10 +132,16 @@ pub fn skip_cause(s: &StepRecord, recorded: Option<&str>) -> Option<String> {
     Some("Inf/NaN in the gradients".to_string())
 }
 
-/// How close one op's output came to fp16's largest value: `max|x| / 65504`, or infinity
-/// when rounding the op's result to its dtype overflowed.
-pub fn headroom_ratio(op: &OpRecord) -> f64 {
-    if op.rounding.overflow > 0 {
+/// How close one op of step `s` came to fp16's largest value: `max|x| / 65504`, or
+/// infinity when rounding the op's result to its dtype overflowed or the op is the step's
+/// first Inf origin.
+pub fn headroom_ratio(s: &StepRecord, op: &OpRecord) -> f64 {
+    let origin = s
+        .origins
+        .first_inf
+        .as_ref()
+        .is_some_and(|o| o.op_index == op.index && o.micro == op.micro);
+    if op.rounding.overflow > 0 || origin {
         f64::INFINITY
     } else {
         op.stats.max_abs / FP16.max
@@ -170,7 +176,7 @@ pub fn headroom_hits(steps: &[StepRecord], threshold: f64) -> Vec<HeadroomHit> {
     let mut best: BTreeMap<(u64, String, String), HeadroomHit> = BTreeMap::new();
     for s in steps {
         for op in s.ops.iter().flatten().filter(|o| headroom_checked(o)) {
-            let ratio = headroom_ratio(op);
+            let ratio = headroom_ratio(s, op);
             if !(ratio > threshold || op.stats.to_f16.overflow > 0) {
                 continue;
             }
@@ -498,8 +504,22 @@ pub fn fmt_pct(f: f64) -> String {
         "over 100% (overflowed)".to_string()
     } else if f >= 10.0 {
         format!("{:.0}%", f * 100.0)
+    } else if f > 0.0 && f < 1e-3 {
+        // Three significant digits, so a small share does not read as zero.
+        let p = f * 100.0;
+        let d = (2 - p.log10().floor() as i32).max(0) as usize;
+        format!("{p:.d$}%")
     } else {
         format!("{:.1}%", f * 100.0)
+    }
+}
+
+/// `1 step`, `3 steps`.
+pub fn plural(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }
 
@@ -514,6 +534,10 @@ mod tests {
         assert_eq!(fmt_num(1e30), "1.000e30");
         assert_eq!(fmt_num(f64::NAN), "NaN");
         assert_eq!(fmt_pct(0.125), "12.5%");
+        assert_eq!(fmt_pct(0.0), "0.0%");
+        assert_eq!(fmt_pct(3.9453125 / 65504.0), "0.00602%");
+        assert_eq!(plural(1, "step"), "1 step");
+        assert_eq!(plural(0, "step"), "0 steps");
         assert_eq!(fmt_pct(f64::INFINITY), "over 100% (overflowed)");
     }
 

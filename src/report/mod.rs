@@ -8,6 +8,7 @@
 pub mod charts;
 pub mod doc;
 pub mod facts;
+pub mod gate;
 pub mod summary;
 
 use crate::error::{Error, Result};
