@@ -9,6 +9,7 @@ pub mod models;
 pub mod ops;
 pub mod optim;
 pub mod probe;
+pub mod report;
 pub mod rng;
 pub mod runner;
 pub mod tensor;

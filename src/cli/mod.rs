@@ -1,5 +1,6 @@
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
+mod report;
 mod run;
 mod scaler;
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run AMP training steps with probes on every op.
     Run(Box<run::RunArgs>),
+    /// Charts, summary.md and index.html of a trace.
+    Report(report::ReportArgs),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -29,6 +32,7 @@ pub fn main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(a) => run::run(*a),
+        Command::Report(a) => report::run(a),
         Command::Scaler { command } => scaler::run(command),
     }
 }

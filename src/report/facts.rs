@@ -1,0 +1,609 @@
+//! What a trace says, derived once for the charts, the summary and the gate: the verdict,
+//! origins, skip causes, headroom, underflow, the per-parameter table and remedies.
+
+use crate::dtype::FP16;
+use crate::trace::io::Trace;
+use crate::trace::record::{OpRecord, OpRef, ParamRecord, Phase, StepRecord};
+use std::collections::BTreeMap;
+
+/// True for ops that only change a tensor's dtype (autocast and explicit casts): their
+/// output repeats their input's values, so histograms and comparisons leave them out.
+pub fn is_cast(op: &str) -> bool {
+    matches!(op, "to" | "cast" | "_to_copy")
+}
+
+/// True for ops of the loss scaler's own bookkeeping (the `scaler` module: loss × scale
+/// and its backward). They hold the scale itself, not model values.
+pub fn is_scaler_op(op: &OpRecord) -> bool {
+    op.module == "scaler"
+}
+
+/// True for the ops whose outputs count as activations: forward ops of the model, casts
+/// and scaler bookkeeping excluded.
+pub fn is_activation(op: &OpRecord) -> bool {
+    op.phase == Phase::Forward && !is_cast(&op.op) && !is_scaler_op(op)
+}
+
+/// True for the ops whose outputs count as activation gradients: backward ops that
+/// differentiate with respect to an activation (not a `weight` or `bias`), casts and
+/// scaler bookkeeping excluded.
+pub fn is_activation_grad(op: &OpRecord) -> bool {
+    op.phase == Phase::Backward
+        && !is_cast(&op.op)
+        && !is_scaler_op(op)
+        && !matches!(op.wrt.as_deref(), Some("weight") | Some("bias"))
+}
+
+/// True when any op output of the step or any parameter gradient held an Inf or NaN, or
+/// the step names an origin.
+pub fn step_has_nonfinite(s: &StepRecord) -> bool {
+    s.origins.first_inf.is_some()
+        || s.origins.first_nan.is_some()
+        || s.params.iter().any(|p| p.nonfinite > 0)
+        || s.ops
+            .as_ref()
+            .is_some_and(|ops| ops.iter().any(|o| o.stats.nonfinite() > 0))
+}
+
+/// The step a per-op chart shows by default: the first step with op records and a
+/// non-finite value, else the first step with op records; `None` when no step has op
+/// records.
+pub fn default_step(steps: &[StepRecord]) -> Option<u64> {
+    let with_ops = || steps.iter().filter(|s| s.ops.is_some());
+    with_ops()
+        .find(|s| step_has_nonfinite(s))
+        .or_else(|| with_ops().next())
+        .map(|s| s.step)
+}
+
+/// "forward", "backward" or "optimizer".
+pub fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Forward => "forward",
+        Phase::Backward => "backward",
+        Phase::Optimizer => "optimizer",
+    }
+}
+
+/// A module path as shown to people (`<root>` for the empty path).
+pub fn module_name(m: &str) -> &str {
+    if m.is_empty() {
+        "<root>"
+    } else {
+        m
+    }
+}
+
+/// `step 0 backward op #13 `to` in `loss``.
+pub fn describe_op(o: &OpRef) -> String {
+    format!(
+        "step {} {} op #{} `{}` in `{}`",
+        o.step,
+        phase_name(o.phase),
+        o.op_index,
+        o.op,
+        module_name(&o.module)
+    )
+}
+
+/// The earlier (in execution order) of a step's first Inf and first NaN, with its kind.
+pub fn first_origin(s: &StepRecord) -> Option<(&'static str, &OpRef)> {
+    match (&s.origins.first_inf, &s.origins.first_nan) {
+        (Some(i), Some(n)) if n.op_index < i.op_index => Some(("NaN", n)),
+        (Some(i), _) => Some(("Inf", i)),
+        (None, Some(n)) => Some(("NaN", n)),
+        (None, None) => None,
+    }
+}
+
+/// Why step `s` was skipped; `None` when it was not. `recorded` is a cause the run wrote
+/// itself (see [`super::TraceFile::skip_causes`]) and wins. Otherwise: an event that
+/// mentions the skip, else the step's first Inf/NaN origin, else the first parameter with
+/// a non-finite gradient, else the scaler's finding alone.
+pub fn skip_cause(s: &StepRecord, recorded: Option<&str>) -> Option<String> {
+    if !s.skipped {
+        return None;
+    }
+    if let Some(r) = recorded {
+        return Some(r.to_string());
+    }
+    if let Some(e) = s
+        .events
+        .iter()
+        .find(|e| e.to_ascii_lowercase().contains("skip"))
+    {
+        return Some(e.clone());
+    }
+    if let Some((kind, o)) = first_origin(s) {
+        let what = match o.phase {
+            Phase::Forward => "forward",
+            Phase::Backward => "gradient",
+            Phase::Optimizer => "optimizer",
+        };
+        return Some(format!(
+            "{what} {kind} from `{}` in `{}`",
+            o.op,
+            module_name(&o.module)
+        ));
+    }
+    if let Some(p) = s.params.iter().find(|p| p.nonfinite > 0) {
+        return Some(format!("non-finite gradient of `{}`", p.name));
+    }
+    Some("Inf/NaN in the gradients".to_string())
+}
+
+/// How close one op of step `s` came to fp16's largest value: `max|x| / 65504`, or
+/// infinity when rounding the op's result to its dtype overflowed or the op is the step's
+/// first Inf origin.
+pub fn headroom_ratio(s: &StepRecord, op: &OpRecord) -> f64 {
+    let origin = s
+        .origins
+        .first_inf
+        .as_ref()
+        .is_some_and(|o| o.op_index == op.index && o.micro == op.micro);
+    if op.rounding.overflow > 0 || origin {
+        f64::INFINITY
+    } else {
+        op.stats.max_abs / FP16.max
+    }
+}
+
+/// True for the ops the headroom check looks at: forward ops, scaler bookkeeping excluded
+/// (the scaled loss is meant to be large, and backward values are scaled on purpose).
+pub fn headroom_checked(op: &OpRecord) -> bool {
+    op.phase == Phase::Forward && !is_scaler_op(op)
+}
+
+/// One op close to (or over) fp16's largest value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadroomHit {
+    /// The op.
+    pub op: OpRef,
+    /// Output dtype.
+    pub dtype: crate::dtype::DType,
+    /// Largest finite `|x|` of the output.
+    pub max_abs: f64,
+    /// [`headroom_ratio`] of the op.
+    pub ratio: f64,
+    /// Values that would overflow if the output were rounded to fp16.
+    pub f16_overflow: u64,
+}
+
+/// Forward ops of all steps with op records whose [`headroom_ratio`] exceeds `threshold`
+/// (a fraction of fp16's max) or whose output would overflow fp16; one entry per
+/// `(op index, op, module)`, the worst step kept, sorted worst first.
+pub fn headroom_hits(steps: &[StepRecord], threshold: f64) -> Vec<HeadroomHit> {
+    let mut best: BTreeMap<(u64, String, String), HeadroomHit> = BTreeMap::new();
+    for s in steps {
+        for op in s.ops.iter().flatten().filter(|o| headroom_checked(o)) {
+            let ratio = headroom_ratio(s, op);
+            if !(ratio > threshold || op.stats.to_f16.overflow > 0) {
+                continue;
+            }
+            let hit = HeadroomHit {
+                op: OpRef::from_op(s.step, op),
+                dtype: op.output.dtype,
+                max_abs: op.stats.max_abs,
+                ratio,
+                f16_overflow: op.stats.to_f16.overflow.max(op.rounding.overflow),
+            };
+            let key = (op.index, op.op.clone(), op.module.clone());
+            match best.get(&key) {
+                Some(h) if h.ratio >= ratio => {}
+                _ => {
+                    best.insert(key, hit);
+                }
+            }
+        }
+    }
+    let mut v: Vec<HeadroomHit> = best.into_values().collect();
+    v.sort_by(|a, b| {
+        b.ratio
+            .total_cmp(&a.ratio)
+            .then(a.op.op_index.cmp(&b.op.op_index))
+    });
+    v
+}
+
+/// Share of a parameter's finite nonzero gradient values lost to fp16 underflow even after
+/// loss scaling, with the number of such values it is a share of.
+pub fn grad_underflow(p: &ParamRecord) -> (f64, f64) {
+    let zeros = (p.zero_frac * p.numel as f64).round();
+    let nonzero = (p.numel as f64 - zeros - p.nonfinite as f64).max(0.0);
+    (p.f16_underflow_frac_scaled, nonzero)
+}
+
+/// The per-parameter table row, over every step of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamRow {
+    /// Parameter name.
+    pub name: String,
+    /// Storage dtype.
+    pub dtype: String,
+    /// Gradient dtype (last step that had one).
+    pub grad_dtype: String,
+    /// Elements.
+    pub numel: u64,
+    /// Largest `|g|` (unscaled) in the last step.
+    pub last_max_abs_grad: f64,
+    /// L2 norm of the unscaled gradient in the last step.
+    pub last_grad_l2: f64,
+    /// Smallest nonzero per-step max|g| over all steps (`None` when always zero).
+    pub min_max_abs_grad: Option<f64>,
+    /// Largest per-step max|g| over all steps.
+    pub max_max_abs_grad: f64,
+    /// Share of zero gradient values in the last step.
+    pub last_zero_frac: f64,
+    /// Worst share of values that would flush to zero in fp16 unscaled.
+    pub worst_underflow_unscaled: f64,
+    /// Worst share of values that flush to zero in fp16 even after scaling.
+    pub worst_underflow_scaled: f64,
+    /// Steps in which the gradient held an Inf or NaN.
+    pub nonfinite_steps: u64,
+    /// Largest `|p|` after the last step.
+    pub last_param_max_abs: f64,
+}
+
+/// One row per parameter (in order of first appearance), over all steps.
+pub fn param_table(steps: &[StepRecord]) -> Vec<ParamRow> {
+    let mut rows: Vec<ParamRow> = Vec::new();
+    let mut at: BTreeMap<String, usize> = BTreeMap::new();
+    for s in steps {
+        for p in &s.params {
+            let i = *at.entry(p.name.clone()).or_insert_with(|| {
+                rows.push(ParamRow {
+                    name: p.name.clone(),
+                    dtype: p.dtype.to_string(),
+                    grad_dtype: String::new(),
+                    numel: p.numel,
+                    last_max_abs_grad: 0.0,
+                    last_grad_l2: 0.0,
+                    min_max_abs_grad: None,
+                    max_max_abs_grad: 0.0,
+                    last_zero_frac: 0.0,
+                    worst_underflow_unscaled: 0.0,
+                    worst_underflow_scaled: 0.0,
+                    nonfinite_steps: 0,
+                    last_param_max_abs: 0.0,
+                });
+                rows.len() - 1
+            });
+            let r = &mut rows[i];
+            if let Some(g) = p.grad_dtype {
+                r.grad_dtype = g.to_string();
+            }
+            r.last_max_abs_grad = p.max_abs_grad;
+            r.last_grad_l2 = p.grad_l2;
+            if p.max_abs_grad > 0.0 {
+                r.min_max_abs_grad = Some(
+                    r.min_max_abs_grad
+                        .map_or(p.max_abs_grad, |m| m.min(p.max_abs_grad)),
+                );
+            }
+            r.max_max_abs_grad = r.max_max_abs_grad.max(p.max_abs_grad);
+            r.last_zero_frac = p.zero_frac;
+            r.worst_underflow_unscaled = r
+                .worst_underflow_unscaled
+                .max(p.f16_underflow_frac_unscaled);
+            r.worst_underflow_scaled = r.worst_underflow_scaled.max(p.f16_underflow_frac_scaled);
+            r.nonfinite_steps += u64::from(p.nonfinite > 0);
+            r.last_param_max_abs = p.param_max_abs_after;
+        }
+    }
+    rows
+}
+
+/// The verdict of a trace: the end record's when the run finished, else the runner's rule
+/// applied to the finished steps.
+pub fn verdict(trace: &Trace) -> String {
+    if let Some(e) = &trace.end {
+        return e.verdict.clone();
+    }
+    let params_finite = trace.steps.last().is_none_or(|s| {
+        s.params
+            .iter()
+            .all(|p| !p.param_max_abs_after.is_nan() && p.param_max_abs_after.is_finite())
+    });
+    crate::runner::verdict(&trace.steps, params_finite).to_string()
+}
+
+/// One sentence explaining a verdict.
+pub fn verdict_explanation(v: &str) -> &'static str {
+    match v {
+        "clean" => "No Inf or NaN appeared and no optimizer step was skipped.",
+        "overflow-skips" => {
+            "Some optimizer steps were skipped because the scaled gradients held Inf or NaN; \
+             the forward pass stayed finite. Dynamic loss scaling does this now and then by \
+             design; many skips mean the scale is too high or collapsing."
+        }
+        "forward-nonfinite" => {
+            "An Inf or NaN appeared in the forward pass. Loss scaling cannot fix this: \
+             activations left the low-precision range."
+        }
+        "diverged" => "Parameters became Inf or NaN: non-finite updates were applied.",
+        _ => "Verdict written by the run.",
+    }
+}
+
+/// Everything the summary shows, derived from one trace.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    /// Verdict (`clean`, `overflow-skips`, `forward-nonfinite`, `diverged`).
+    pub verdict: String,
+    /// Steps with an origin: `(kind "Inf"/"NaN", origin)`, every one, in step order.
+    pub origins: Vec<(&'static str, OpRef)>,
+    /// The chain of the first step that has one.
+    pub chain: Vec<OpRef>,
+    /// Skipped steps: `(step, scale before, scale after, cause)`.
+    pub skipped: Vec<(u64, f64, f64, String)>,
+    /// Events with their step.
+    pub events: Vec<(u64, String)>,
+    /// Forward ops over half of fp16's max (or overflowing it).
+    pub headroom: Vec<HeadroomHit>,
+    /// Parameters whose gradient loses values to fp16 underflow after scaling:
+    /// `(name, worst share, step of it)`.
+    pub underflow: Vec<(String, f64, u64)>,
+    /// Per-parameter rows.
+    pub params: Vec<ParamRow>,
+    /// Steps that carry op records.
+    pub steps_with_ops: Vec<u64>,
+}
+
+/// The headroom share above which the report warns.
+pub const HEADROOM_WARN: f64 = 0.5;
+
+impl Facts {
+    /// Derives the facts of a trace; `recorded_causes` are skip causes the run wrote.
+    pub fn new(trace: &Trace, recorded_causes: &BTreeMap<u64, String>) -> Facts {
+        let steps = &trace.steps;
+        let mut origins = Vec::new();
+        for s in steps {
+            if let Some(o) = &s.origins.first_inf {
+                origins.push(("Inf", o.clone()));
+            }
+            if let Some(o) = &s.origins.first_nan {
+                origins.push(("NaN", o.clone()));
+            }
+        }
+        let chain = steps
+            .iter()
+            .find(|s| !s.origins.chain.is_empty())
+            .map(|s| s.origins.chain.clone())
+            .unwrap_or_default();
+        let skipped = steps
+            .iter()
+            .filter_map(|s| {
+                skip_cause(s, recorded_causes.get(&s.step).map(String::as_str))
+                    .map(|c| (s.step, s.scale_before, s.scale_after, c))
+            })
+            .collect();
+        let events = steps
+            .iter()
+            .flat_map(|s| s.events.iter().map(move |e| (s.step, e.clone())))
+            .collect();
+        let mut worst: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+        for s in steps {
+            for p in &s.params {
+                if p.f16_underflow_frac_scaled > 0.0 {
+                    let e = worst.entry(p.name.clone()).or_insert((0.0, s.step));
+                    if p.f16_underflow_frac_scaled > e.0 {
+                        *e = (p.f16_underflow_frac_scaled, s.step);
+                    }
+                }
+            }
+        }
+        let mut underflow: Vec<(String, f64, u64)> =
+            worst.into_iter().map(|(n, (f, s))| (n, f, s)).collect();
+        underflow.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Facts {
+            verdict: verdict(trace),
+            origins,
+            chain,
+            skipped,
+            events,
+            headroom: headroom_hits(steps, HEADROOM_WARN),
+            underflow,
+            params: param_table(steps),
+            steps_with_ops: steps
+                .iter()
+                .filter(|s| s.ops.is_some())
+                .map(|s| s.step)
+                .collect(),
+        }
+    }
+
+    /// What to try, from what the trace shows; one sentence each.
+    pub fn remedies(&self, precision: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let fp16 = precision.contains("16") && !precision.contains("bf");
+        if let Some((kind, o)) = self.origins.iter().find(|(_, o)| o.phase == Phase::Forward) {
+            out.push(format!(
+                "The forward {kind} starts at `{}` in `{}`: keep that module in fp32 \
+                 (`--keep-fp32 {}`), or train in bf16 (`--precision bf16`), whose exponent \
+                 range equals fp32's. A smaller loss scale does not help a forward overflow.",
+                o.op,
+                module_name(&o.module),
+                module_name(&o.module)
+            ));
+        }
+        if !self.skipped.is_empty() {
+            let first = self.skipped.first().map_or(0.0, |s| s.1);
+            let last = self.skipped.last().map_or(0.0, |s| s.2);
+            out.push(format!(
+                "{} step(s) were skipped; the scale went from {} to {}. If skips keep \
+                 coming after the scale settles, the gradients themselves overflow: look at \
+                 the first Inf; if they stop, start from a lower scale (`--init-scale`).",
+                self.skipped.len(),
+                fmt_num(first),
+                fmt_num(last)
+            ));
+        }
+        if self
+            .events
+            .iter()
+            .any(|(_, e)| e.to_ascii_lowercase().contains("collapse"))
+        {
+            out.push(
+                "The loss scale collapsed: every step overflows whatever the scale, so the \
+                 cause is upstream of the scaler (a forward overflow or a bad input)."
+                    .to_string(),
+            );
+        }
+        if let Some((name, f, step)) = self.underflow.first() {
+            out.push(format!(
+                "{:.1}% of `{name}`'s gradient values flush to zero in fp16 even after \
+                 scaling (step {step}): raise the loss scale or keep its module in fp32.",
+                f * 100.0
+            ));
+        }
+        if let Some(h) = self.headroom.first() {
+            if fp16 || h.ratio > 1.0 {
+                out.push(format!(
+                    "`{}` in `{}` reaches {} of fp16's max: one step away from overflow. \
+                     Keep it in fp32 or use bf16.",
+                    h.op.op,
+                    module_name(&h.op.module),
+                    fmt_pct(h.ratio)
+                ));
+            }
+        }
+        if self.verdict == "diverged" {
+            out.push(
+                "Non-finite values reached the parameters: use a loss scaler (it skips such \
+                 steps) and clip gradients."
+                    .to_string(),
+            );
+        }
+        if out.is_empty() {
+            out.push("Nothing to fix: the run stayed in range.".to_string());
+        }
+        out
+    }
+}
+
+/// A number as a person reads it: plain between 1e-3 and 1e6, else scientific.
+pub fn fmt_num(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".to_string()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else if x == 0.0 {
+        "0".to_string()
+    } else if (1e-3..1e6).contains(&x.abs()) {
+        let s = format!("{x:.6}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        s.to_string()
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// A share as a percentage (`12.5%`, `>1000%`, `inf` for an overflow).
+pub fn fmt_pct(f: f64) -> String {
+    if f.is_infinite() {
+        "over 100% (overflowed)".to_string()
+    } else if f >= 10.0 {
+        format!("{:.0}%", f * 100.0)
+    } else if f > 0.0 && f < 1e-3 {
+        // Three significant digits, so a small share does not read as zero.
+        let p = f * 100.0;
+        let d = (2 - p.log10().floor() as i32).max(0) as usize;
+        format!("{p:.d$}%")
+    } else {
+        format!("{:.1}%", f * 100.0)
+    }
+}
+
+/// `1 step`, `3 steps`.
+pub fn plural(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(fmt_num(65536.0), "65536");
+        assert_eq!(fmt_num(0.5), "0.5");
+        assert_eq!(fmt_num(1e30), "1.000e30");
+        assert_eq!(fmt_num(f64::NAN), "NaN");
+        assert_eq!(fmt_pct(0.125), "12.5%");
+        assert_eq!(fmt_pct(0.0), "0.0%");
+        assert_eq!(fmt_pct(3.9453125 / 65504.0), "0.00602%");
+        assert_eq!(plural(1, "step"), "1 step");
+        assert_eq!(plural(0, "step"), "0 steps");
+        assert_eq!(fmt_pct(f64::INFINITY), "over 100% (overflowed)");
+    }
+
+    #[test]
+    fn first_origin_takes_the_earlier_op() {
+        let r = |i: u64| OpRef {
+            step: 0,
+            micro: 0,
+            phase: Phase::Backward,
+            op_index: i,
+            op: "x".into(),
+            module: "m".into(),
+            forward_op: None,
+        };
+        let mut s = StepRecord::default();
+        assert!(first_origin(&s).is_none());
+        s.origins.first_nan = Some(r(5));
+        assert_eq!(
+            first_origin(&s).map(|(k, o)| (k, o.op_index)),
+            Some(("NaN", 5))
+        );
+        s.origins.first_inf = Some(r(7));
+        assert_eq!(
+            first_origin(&s).map(|(k, o)| (k, o.op_index)),
+            Some(("NaN", 5))
+        );
+        s.origins.first_inf = Some(r(3));
+        assert_eq!(
+            first_origin(&s).map(|(k, o)| (k, o.op_index)),
+            Some(("Inf", 3))
+        );
+    }
+
+    #[test]
+    fn skip_cause_priority() {
+        let mut s = StepRecord {
+            skipped: true,
+            ..StepRecord::default()
+        };
+        assert_eq!(
+            skip_cause(&s, None).as_deref(),
+            Some("Inf/NaN in the gradients")
+        );
+        s.origins.first_inf = Some(OpRef {
+            step: 0,
+            micro: 0,
+            phase: Phase::Forward,
+            op_index: 2,
+            op: "matmul".into(),
+            module: "enc.wo".into(),
+            forward_op: None,
+        });
+        assert_eq!(
+            skip_cause(&s, None).as_deref(),
+            Some("forward Inf from `matmul` in `enc.wo`")
+        );
+        s.events.push("step skipped: scale at floor".into());
+        assert_eq!(
+            skip_cause(&s, None).as_deref(),
+            Some("step skipped: scale at floor")
+        );
+        assert_eq!(
+            skip_cause(&s, Some("recorded")).as_deref(),
+            Some("recorded")
+        );
+        s.skipped = false;
+        assert_eq!(skip_cause(&s, Some("recorded")), None);
+    }
+}

@@ -1,0 +1,490 @@
+//! The CI gate: rules a run must keep (`--fail-on nonfinite,skip-rate>5%,...`), checked over
+//! step records, one step at a time so a running training loop can feed it too.
+//!
+//! Rules:
+//! - `nonfinite`: no Inf or NaN may originate in the forward pass (any step's first Inf or
+//!   first NaN in phase forward breaks it).
+//! - `skip-rate>X%`: more than X% of the steps skipped breaks it.
+//! - `headroom>X%`: a forward op whose largest finite |output| exceeds X% of fp16's max
+//!   (65504) breaks it; an op whose rounding overflowed, or where an Inf originated, counts
+//!   as infinitely over. Only steps with op records are checked; scaler bookkeeping is
+//!   left out.
+//! - `underflow>X%`: gradients losing more than X% of their values to fp16 underflow break
+//!   it: a backward op whose rounding flushed more than X% of its nonzero results to zero
+//!   (steps with op records), or a parameter whose unscaled gradient would lose more than X%
+//!   of its nonzero values when multiplied by the loss scale and rounded to fp16.
+//! - `scale-collapse`: a step reporting a loss-scale collapse (an event starting with
+//!   "scale collapse"), or a scale that became 0 or non-finite, breaks it.
+
+use super::facts::{self, describe_op, fmt_num, fmt_pct, plural};
+use crate::error::{Error, Result};
+use crate::trace::io::Trace;
+use crate::trace::record::{OpRef, Phase, StepRecord};
+use std::fmt;
+
+/// One rule of the gate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// No forward Inf/NaN origin.
+    NonFinite,
+    /// Skipped steps at most this percentage.
+    SkipRate(f64),
+    /// Forward ops at most this percentage of fp16's max.
+    Headroom(f64),
+    /// Gradient values flushed by fp16 underflow at most this percentage.
+    Underflow(f64),
+    /// No loss-scale collapse.
+    ScaleCollapse,
+}
+
+const RULES_HELP: &str =
+    "nonfinite, skip-rate>X%, headroom>X%, underflow>X%, scale-collapse (comma-separated)";
+
+impl Rule {
+    /// Parses one rule: `nonfinite`, `skip-rate>5%`, `headroom>50%`, `underflow>1%`,
+    /// `scale-collapse`. Spaces are ignored; the `%` is optional (X is a percentage).
+    pub fn parse(s: &str) -> Result<Rule> {
+        let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        let bad = |why: String| {
+            Error::Invalid(format!("--fail-on rule `{s}`: {why} (rules: {RULES_HELP})"))
+        };
+        match t.as_str() {
+            "nonfinite" => return Ok(Rule::NonFinite),
+            "scale-collapse" => return Ok(Rule::ScaleCollapse),
+            _ => {}
+        }
+        let Some((name, value)) = t.split_once('>') else {
+            return Err(bad("unknown rule".into()));
+        };
+        let value = value.strip_suffix('%').unwrap_or(value);
+        let x: f64 = value.parse().map_err(|_| {
+            bad(format!(
+                "`{value}` is not a number (expected a percentage such as 5%)"
+            ))
+        })?;
+        if !x.is_finite() || x < 0.0 {
+            return Err(bad(format!("{x} is not a percentage (expected 0 or more)")));
+        }
+        match name {
+            "skip-rate" => Ok(Rule::SkipRate(x)),
+            "headroom" => Ok(Rule::Headroom(x)),
+            "underflow" => Ok(Rule::Underflow(x)),
+            "nonfinite" | "scale-collapse" => Err(bad(format!("`{name}` takes no threshold"))),
+            _ => Err(bad("unknown rule".into())),
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::NonFinite => f.write_str("nonfinite"),
+            Rule::SkipRate(x) => write!(f, "skip-rate>{x}%"),
+            Rule::Headroom(x) => write!(f, "headroom>{x}%"),
+            Rule::Underflow(x) => write!(f, "underflow>{x}%"),
+            Rule::ScaleCollapse => f.write_str("scale-collapse"),
+        }
+    }
+}
+
+/// Parses a comma-separated rule list; an empty list is an error.
+pub fn parse_rules(s: &str) -> Result<Vec<Rule>> {
+    let rules: Vec<Rule> = s
+        .split(',')
+        .filter(|r| !r.trim().is_empty())
+        .map(Rule::parse)
+        .collect::<Result<_>>()?;
+    if rules.is_empty() {
+        return Err(Error::Invalid(format!(
+            "--fail-on: no rule given (rules: {RULES_HELP})"
+        )));
+    }
+    Ok(rules)
+}
+
+/// What one rule found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The rule.
+    pub rule: Rule,
+    /// True when the run broke it.
+    pub broken: bool,
+    /// What was found, as a sentence starting with the rule.
+    pub message: String,
+}
+
+/// A rule the run broke, with what broke it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Broken {
+    /// The rule.
+    pub rule: Rule,
+    /// What broke it, as a sentence starting with the rule.
+    pub message: String,
+}
+
+/// The worst gradient underflow seen: share, and where.
+#[derive(Debug, Clone, PartialEq)]
+enum UnderflowAt {
+    Op(OpRef),
+    Param(String, u64),
+}
+
+/// Checks rules over step records fed one at a time ([`Gate::observe`]), keeping only
+/// what the rules need (no op records are held).
+#[derive(Debug, Clone)]
+pub struct Gate {
+    rules: Vec<Rule>,
+    steps: u64,
+    skipped: u64,
+    forward_origins: u64,
+    first_forward: Option<(&'static str, OpRef)>,
+    steps_with_ops: u64,
+    worst_headroom: Option<(f64, OpRef, f64)>,
+    worst_underflow: Option<(f64, UnderflowAt)>,
+    collapse: Option<(u64, String)>,
+}
+
+impl Gate {
+    /// A gate checking `rules`.
+    pub fn new(rules: Vec<Rule>) -> Gate {
+        Gate {
+            rules,
+            steps: 0,
+            skipped: 0,
+            forward_origins: 0,
+            first_forward: None,
+            steps_with_ops: 0,
+            worst_headroom: None,
+            worst_underflow: None,
+            collapse: None,
+        }
+    }
+
+    /// The rules checked.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Takes one step record into account. Call it before dropping the step's op
+    /// records: `headroom` and the op part of `underflow` read them.
+    pub fn observe(&mut self, s: &StepRecord) {
+        self.steps += 1;
+        self.skipped += u64::from(s.skipped);
+        let fwd: Vec<(&'static str, &OpRef)> =
+            [("Inf", &s.origins.first_inf), ("NaN", &s.origins.first_nan)]
+                .into_iter()
+                .filter_map(|(k, o)| {
+                    o.as_ref()
+                        .filter(|o| o.phase == Phase::Forward)
+                        .map(|o| (k, o))
+                })
+                .collect();
+        if !fwd.is_empty() {
+            self.forward_origins += 1;
+            if self.first_forward.is_none() {
+                let (k, o) = fwd
+                    .iter()
+                    .min_by_key(|(_, o)| o.op_index)
+                    .copied()
+                    .unwrap_or(fwd[0]);
+                self.first_forward = Some((k, o.clone()));
+            }
+        }
+        let mut under = |share: f64, at: UnderflowAt| {
+            if share > self.worst_underflow.as_ref().map_or(0.0, |w| w.0) {
+                self.worst_underflow = Some((share, at));
+            }
+        };
+        if let Some(ops) = &s.ops {
+            self.steps_with_ops += 1;
+            for op in ops {
+                if facts::headroom_checked(op) {
+                    let r = facts::headroom_ratio(s, op);
+                    if self.worst_headroom.as_ref().is_none_or(|w| r > w.0) {
+                        self.worst_headroom =
+                            Some((r, OpRef::from_op(s.step, op), op.stats.max_abs));
+                    }
+                }
+                if op.phase == Phase::Backward && op.rounding.underflow > 0 {
+                    // Results that were nonzero before rounding: the finite nonzero ones
+                    // plus those rounding flushed.
+                    let before = op.stats.finite_nonzero() + op.rounding.underflow;
+                    under(
+                        op.rounding.underflow as f64 / before as f64,
+                        UnderflowAt::Op(OpRef::from_op(s.step, op)),
+                    );
+                }
+            }
+        }
+        for p in &s.params {
+            under(
+                p.f16_underflow_frac_scaled,
+                UnderflowAt::Param(p.name.clone(), s.step),
+            );
+        }
+        if self.collapse.is_none() {
+            if let Some(e) = s
+                .events
+                .iter()
+                .find(|e| e.to_ascii_lowercase().starts_with("scale collapse"))
+            {
+                self.collapse = Some((s.step, e.clone()));
+            } else if s.scale_after == 0.0 || !s.scale_after.is_finite() {
+                self.collapse = Some((
+                    s.step,
+                    format!("the loss scale became {}", fmt_num(s.scale_after)),
+                ));
+            }
+        }
+    }
+
+    /// The outcome of every rule over the steps observed so far, in rule order.
+    pub fn outcomes(&self) -> Vec<Outcome> {
+        self.rules.iter().map(|&r| self.outcome(r)).collect()
+    }
+
+    /// The broken rules over the steps observed so far.
+    pub fn broken(&self) -> Vec<Broken> {
+        self.outcomes()
+            .into_iter()
+            .filter(|o| o.broken)
+            .map(|o| Broken {
+                rule: o.rule,
+                message: o.message,
+            })
+            .collect()
+    }
+
+    fn outcome(&self, rule: Rule) -> Outcome {
+        let n = self.steps;
+        let (broken, detail) = match rule {
+            Rule::NonFinite => match &self.first_forward {
+                Some((k, o)) => (
+                    true,
+                    format!(
+                        "forward {k} first at {} ({} of {} with a forward Inf/NaN)",
+                        describe_op(o),
+                        self.forward_origins,
+                        plural(n, "step")
+                    ),
+                ),
+                None => (false, format!("no forward Inf/NaN in {}", plural(n, "step"))),
+            },
+            Rule::SkipRate(x) => {
+                let rate = if n == 0 {
+                    0.0
+                } else {
+                    self.skipped as f64 / n as f64 * 100.0
+                };
+                (
+                    rate > x,
+                    format!(
+                        "{} of {} skipped ({rate:.1}%)",
+                        self.skipped,
+                        plural(n, "step")
+                    ),
+                )
+            }
+            Rule::Headroom(x) => match &self.worst_headroom {
+                None => (
+                    false,
+                    "not checked: no step has op records".to_string(),
+                ),
+                Some((r, o, max)) => (
+                    *r * 100.0 > x,
+                    format!(
+                        "largest forward output is {} of fp16's max at {} (max |x| {}; {} with op records)",
+                        fmt_pct(*r),
+                        describe_op(o),
+                        fmt_num(*max),
+                        plural(self.steps_with_ops, "step")
+                    ),
+                ),
+            },
+            Rule::Underflow(x) => match &self.worst_underflow {
+                None => (
+                    false,
+                    format!(
+                        "no gradient value lost to fp16 underflow in {}",
+                        plural(n, "step")
+                    ),
+                ),
+                Some((f, at)) => (
+                    *f * 100.0 > x,
+                    match at {
+                        UnderflowAt::Op(o) => format!(
+                            "{} of the nonzero results of {} flushed to zero in fp16",
+                            fmt_pct(*f),
+                            describe_op(o)
+                        ),
+                        UnderflowAt::Param(p, s) => format!(
+                            "{} of `{p}`'s nonzero gradient values flush to zero in fp16 after loss scaling, step {s}",
+                            fmt_pct(*f)
+                        ),
+                    },
+                ),
+            },
+            Rule::ScaleCollapse => match &self.collapse {
+                Some((s, e)) => (true, format!("step {s}: {e}")),
+                None => (false, format!("no collapse in {}", plural(n, "step"))),
+            },
+        };
+        Outcome {
+            rule,
+            broken,
+            message: format!("{rule}: {detail}"),
+        }
+    }
+}
+
+/// Every rule's outcome over `steps`.
+pub fn evaluate_steps(rules: &[Rule], steps: &[StepRecord]) -> Vec<Outcome> {
+    let mut g = Gate::new(rules.to_vec());
+    for s in steps {
+        g.observe(s);
+    }
+    g.outcomes()
+}
+
+/// The rules of `rules` (comma-separated, see the module docs) that `trace` breaks.
+pub fn evaluate(rules: &str, trace: &Trace) -> Result<Vec<Broken>> {
+    let rules = parse_rules(rules)?;
+    let mut g = Gate::new(rules);
+    for s in &trace.steps {
+        g.observe(s);
+    }
+    Ok(g.broken())
+}
+
+/// True when stdout is a terminal and `NO_COLOR` is not set.
+pub fn stdout_color() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The outcomes as lines (`FAIL rule: ...` / `ok   rule: ...`) and a closing line;
+/// ANSI colours only when `color`.
+pub fn format_outcomes(outcomes: &[Outcome], color: bool) -> String {
+    let mut o = String::new();
+    for x in outcomes {
+        let tag = match (x.broken, color) {
+            (true, true) => "\x1b[1;31mFAIL\x1b[0m",
+            (true, false) => "FAIL",
+            (false, true) => "\x1b[32mok  \x1b[0m",
+            (false, false) => "ok  ",
+        };
+        o.push_str(&format!("{tag} {}\n", x.message));
+    }
+    let n = outcomes.iter().filter(|x| x.broken).count();
+    o.push_str(&if n == 0 {
+        format!("gate: passed ({} rules)\n", outcomes.len())
+    } else {
+        format!("gate: {n} of {} rules broken\n", outcomes.len())
+    });
+    o
+}
+
+/// The process exit code for outcomes: 1 when a rule is broken, else 0.
+pub fn exit_code(outcomes: &[Outcome]) -> i32 {
+    i32::from(outcomes.iter().any(|o| o.broken))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_rules_and_their_text() {
+        let r = parse_rules("nonfinite, skip-rate>5%,headroom > 50 %,underflow>0.5,scale-collapse")
+            .unwrap();
+        assert_eq!(
+            r,
+            [
+                Rule::NonFinite,
+                Rule::SkipRate(5.0),
+                Rule::Headroom(50.0),
+                Rule::Underflow(0.5),
+                Rule::ScaleCollapse
+            ]
+        );
+        let text: Vec<String> = r.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            text,
+            [
+                "nonfinite",
+                "skip-rate>5%",
+                "headroom>50%",
+                "underflow>0.5%",
+                "scale-collapse"
+            ]
+        );
+        for bad in [
+            "",
+            "nan-check",
+            "skip-rate",
+            "skip-rate>x%",
+            "skip-rate>-1%",
+            "nonfinite>3%",
+            "headroom>inf",
+        ] {
+            let e = parse_rules(bad).unwrap_err().to_string();
+            assert!(e.contains("rules: nonfinite, skip-rate>X%"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn skip_rate_is_strictly_greater() {
+        let steps: Vec<StepRecord> = (0..4)
+            .map(|i| StepRecord {
+                step: i,
+                skipped: i == 0,
+                scale_after: 1.0,
+                ..StepRecord::default()
+            })
+            .collect();
+        let o = evaluate_steps(&[Rule::SkipRate(25.0), Rule::SkipRate(24.9)], &steps);
+        assert!(!o[0].broken, "25% is not more than 25%");
+        assert!(o[1].broken);
+        assert_eq!(
+            o[1].message,
+            "skip-rate>24.9%: 1 of 4 steps skipped (25.0%)"
+        );
+    }
+
+    #[test]
+    fn zero_scale_is_a_collapse_without_an_event() {
+        let s = StepRecord {
+            scale_after: 0.0,
+            ..StepRecord::default()
+        };
+        let o = evaluate_steps(&[Rule::ScaleCollapse], &[s]);
+        assert!(o[0].broken);
+        assert_eq!(
+            o[0].message,
+            "scale-collapse: step 0: the loss scale became 0"
+        );
+    }
+
+    #[test]
+    fn formatting_with_and_without_colour() {
+        let o = vec![
+            Outcome {
+                rule: Rule::NonFinite,
+                broken: true,
+                message: "nonfinite: x".into(),
+            },
+            Outcome {
+                rule: Rule::ScaleCollapse,
+                broken: false,
+                message: "scale-collapse: y".into(),
+            },
+        ];
+        assert_eq!(
+            format_outcomes(&o, false),
+            "FAIL nonfinite: x\nok   scale-collapse: y\ngate: 1 of 2 rules broken\n"
+        );
+        assert!(format_outcomes(&o, true).contains("\x1b[1;31mFAIL\x1b[0m nonfinite: x"));
+        assert_eq!(exit_code(&o), 1);
+        assert_eq!(exit_code(&o[1..]), 0);
+    }
+}
