@@ -2,6 +2,7 @@
 
 mod run;
 mod scaler;
+mod tui;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run AMP training steps with probes on every op.
     Run(Box<run::RunArgs>),
+    /// Watch a run live or replay a trace in a terminal UI.
+    Tui(Box<tui::TuiArgs>),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -30,5 +33,6 @@ pub fn main() -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Scaler { command } => scaler::run(command),
+        Command::Tui(a) => tui::run(*a),
     }
 }

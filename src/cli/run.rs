@@ -10,66 +10,74 @@ use std::path::PathBuf;
 pub struct RunArgs {
     /// Run configuration (TOML).
     config: PathBuf,
+    #[command(flatten)]
+    flags: RunFlags,
+}
+
+/// The flags that override a run configuration, shared by `run` and `tui CONFIG`.
+#[derive(Args, Debug, Default)]
+pub struct RunFlags {
     /// Precision mode: fp32, fp16, bf16, o2, o2-bf16, half, bfloat16-pure.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     precision: Option<String>,
     /// Optimizer steps.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     steps: Option<u64>,
     /// Micro-batches per optimizer step.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     accumulate: Option<u32>,
     /// Clip the total gradient norm (after unscaling).
-    #[arg(long, value_name = "MAX_NORM")]
+    #[arg(long, value_name = "MAX_NORM", requires = "config")]
     clip: Option<f32>,
     /// sgd, adam or adamw.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     optimizer: Option<String>,
     /// Loss scaler: default, maxclip, hysteresis, fixed, none.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     scaler: Option<String>,
     /// Initial loss scale.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     init_scale: Option<f32>,
     /// Clean steps before the scale grows.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     growth_interval: Option<u32>,
     /// Scale growth factor.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     growth_factor: Option<f64>,
     /// Scale backoff factor.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     backoff_factor: Option<f64>,
     /// Cap of the `maxclip` scaler.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     max_scale: Option<f32>,
     /// Learning rate.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     lr: Option<f64>,
     /// Seed.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     seed: Option<u64>,
     /// Autocast policy table: cuda (default) or cpu.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     policy: Option<String>,
     /// Keep modules matching this dotted pattern in fp32 (repeatable).
-    #[arg(long = "keep-fp32", value_name = "PATTERN")]
+    #[arg(long = "keep-fp32", value_name = "PATTERN", requires = "config")]
     keep_fp32: Vec<String>,
     /// Write the trace (JSON Lines) here.
     #[arg(long)]
-    trace: Option<PathBuf>,
+    pub trace: Option<PathBuf>,
     /// Write the summary JSON here.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     summary_json: Option<PathBuf>,
     /// Keep full op records every N steps.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     sample_every: Option<u64>,
     /// Switch probes off (to measure their cost).
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     no_probes: bool,
 }
 
-fn apply_flags(cfg: &mut RunConfig, a: &RunArgs) {
+/// Sets every given flag in the config (flags win over the file).
+pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     let t = &mut cfg.train;
     macro_rules! set {
         ($dst:expr, $src:expr) => {
@@ -185,7 +193,7 @@ fn print_human(s: &RunSummary) {
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let mut cfg = RunConfig::load(&a.config)?;
-    apply_flags(&mut cfg, &a);
+    apply_flags(&mut cfg, &a.flags);
     let opts = RunOptions {
         command_line: std::env::args().collect(),
         progress: true,
