@@ -15,6 +15,7 @@ pub mod runner;
 pub mod tensor;
 pub mod trace;
 pub mod train;
+pub mod tui;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

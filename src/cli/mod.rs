@@ -3,6 +3,7 @@
 mod report;
 mod run;
 mod scaler;
+mod tui;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +21,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Charts, summary.md and index.html of a trace.
     Report(report::ReportArgs),
+    /// Watch a run live or replay a trace in a terminal UI.
+    Tui(Box<tui::TuiArgs>),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -34,5 +37,6 @@ pub fn main() -> anyhow::Result<i32> {
         Command::Run(a) => run::run(*a),
         Command::Report(a) => report::run(a),
         Command::Scaler { command } => scaler::run(command),
+        Command::Tui(a) => tui::run(*a),
     }
 }

@@ -10,12 +10,19 @@ use std::path::PathBuf;
 pub struct RunArgs {
     /// Run configuration (TOML); optional when --hf or --hf-config is given.
     config: Option<PathBuf>,
+    #[command(flatten)]
+    flags: RunFlags,
+}
+
+/// The flags that override a run configuration, shared by `run` and `tui CONFIG`.
+#[derive(Args, Debug, Default)]
+pub struct RunFlags {
     /// Hugging Face T5 checkpoint directory (config.json + model.safetensors or an index).
     #[arg(long, value_name = "DIR")]
-    hf: Option<PathBuf>,
+    pub hf: Option<PathBuf>,
     /// Hugging Face config.json (with --weights).
     #[arg(long, value_name = "FILE")]
-    hf_config: Option<PathBuf>,
+    pub hf_config: Option<PathBuf>,
     /// Weights (safetensors file, or a checkpoint directory).
     #[arg(long, value_name = "FILE")]
     weights: Option<PathBuf>,
@@ -78,7 +85,7 @@ pub struct RunArgs {
     keep_fp32: Vec<String>,
     /// Write the trace (JSON Lines) here.
     #[arg(long)]
-    trace: Option<PathBuf>,
+    pub trace: Option<PathBuf>,
     /// Write the summary JSON here.
     #[arg(long)]
     summary_json: Option<PathBuf>,
@@ -90,7 +97,8 @@ pub struct RunArgs {
     no_probes: bool,
 }
 
-fn apply_flags(cfg: &mut RunConfig, a: &RunArgs) {
+/// Sets every given flag in the config (flags win over the file).
+pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     // Paths given on the command line are relative to the working directory.
     let cwd = |p: &Option<PathBuf>| {
         p.as_ref()
@@ -235,10 +243,10 @@ fn print_human(s: &RunSummary) {
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let mut cfg = match &a.config {
         Some(p) => RunConfig::load(p)?,
-        None if a.hf.is_some() || a.hf_config.is_some() => RunConfig::default(),
+        None if a.flags.hf.is_some() || a.flags.hf_config.is_some() => RunConfig::default(),
         None => anyhow::bail!("give a run configuration (TOML) or --hf DIR / --hf-config FILE"),
     };
-    apply_flags(&mut cfg, &a);
+    apply_flags(&mut cfg, &a.flags);
     let opts = RunOptions {
         command_line: std::env::args().collect(),
         progress: true,

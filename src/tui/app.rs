@@ -1,0 +1,786 @@
+//! The application: panels, the shared step cursor, key dispatch, drawing, the event loop,
+//! the live feed (a run on a worker thread, or a trace being written), and the terminal
+//! session that is always restored (also on panic).
+
+use super::compare::{CompareState, CompareView};
+use super::format::{clip, rpad};
+use super::help::HelpView;
+use super::layers::{LayersState, LayersView};
+use super::model::{Model, RunState, SourceKind};
+use super::ops::{OpsState, OpsView};
+use super::overview::{OverviewState, OverviewView};
+use super::scale::{ScaleState, ScaleView};
+use super::theme::Theme;
+use crate::config::RunConfig;
+use crate::error::{Error, Result};
+use crate::runner::RunOptions;
+use crate::trace::io::TraceReader;
+use crate::trace::record::Record;
+use ratatui::backend::{Backend, CrosstermBackend};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::{cursor, execute, terminal as ct};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use ratatui::{Frame, Terminal};
+use std::io::{IsTerminal, Stdout};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::{Mutex, Once};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+/// Data-driven redraws happen at most this often; a key press redraws at once.
+pub const FRAME_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest wait for input before looking at the feed again.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Longest time spent taking records off the feed before input is looked at again.
+const PUMP_BUDGET: Duration = Duration::from_millis(20);
+
+/// The panels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tab {
+    /// Run, verdict, first Inf / NaN card, progress.
+    Overview,
+    /// Loss-scale history and loss curve.
+    Scale,
+    /// Per-layer gradient magnitudes.
+    Layers,
+    /// Every op of the selected step.
+    Ops,
+    /// Two traces side by side.
+    Compare,
+}
+
+impl Tab {
+    /// Every panel in key order (1-5).
+    pub const ALL: [Tab; 5] = [
+        Tab::Overview,
+        Tab::Scale,
+        Tab::Layers,
+        Tab::Ops,
+        Tab::Compare,
+    ];
+
+    /// The panel's name on its tab.
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Overview => "Overview",
+            Tab::Scale => "Scale",
+            Tab::Layers => "Layers",
+            Tab::Ops => "Ops",
+            Tab::Compare => "Compare",
+        }
+    }
+}
+
+/// The selected step, shared by every panel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCursor {
+    /// Index into [`Model::steps`]; `None` before the first step.
+    pub idx: Option<usize>,
+    /// Track the newest step as steps arrive (live runs, until the user moves).
+    pub follow: bool,
+}
+
+impl StepCursor {
+    /// Selects the step at index `i` and stops following.
+    pub fn set(&mut self, i: usize) {
+        self.idx = Some(i);
+        self.follow = false;
+    }
+}
+
+/// What a panel did with a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Not a key of this panel.
+    Ignored,
+    /// Handled.
+    Handled,
+    /// Handled, with a note for the status bar.
+    Message(String),
+}
+
+/// What a view needs besides its panel's state.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    /// The run's records.
+    pub model: &'a Model,
+    /// Index of the selected step.
+    pub step: Option<usize>,
+    /// Styles.
+    pub theme: Theme,
+}
+
+/// The whole UI state: the model(s), the panels' states, the selected panel and step.
+pub struct App {
+    model: Model,
+    other: Option<Model>,
+    theme: Theme,
+    tab: Tab,
+    cursor: StepCursor,
+    overview: OverviewState,
+    scale: ScaleState,
+    layers: LayersState,
+    ops: OpsState,
+    compare: CompareState,
+    help: bool,
+    message: Option<String>,
+    quit: bool,
+}
+
+impl App {
+    /// An app over `model`, optionally compared with `other`. A replay opens on the step of
+    /// the first non-finite op (else the last step); a live model follows the newest step.
+    pub fn new(model: Model, other: Option<Model>, theme: Theme) -> App {
+        let live = model.source != SourceKind::Replay;
+        let idx = if live {
+            model.steps.len().checked_sub(1)
+        } else {
+            model
+                .first_nonfinite()
+                .map(|(s, _)| s)
+                .or(model.steps.len().checked_sub(1))
+        };
+        App {
+            model,
+            other,
+            theme,
+            tab: Tab::Overview,
+            cursor: StepCursor { idx, follow: live },
+            overview: OverviewState::default(),
+            scale: ScaleState,
+            layers: LayersState::default(),
+            ops: OpsState::default(),
+            compare: CompareState::default(),
+            help: false,
+            message: None,
+            quit: false,
+        }
+    }
+
+    /// The run's records.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The second trace, when comparing.
+    pub fn other(&self) -> Option<&Model> {
+        self.other.as_ref()
+    }
+
+    /// The selected panel.
+    pub fn tab(&self) -> Tab {
+        self.tab
+    }
+
+    /// The selected step.
+    pub fn cursor(&self) -> StepCursor {
+        self.cursor
+    }
+
+    /// The Ops panel's state.
+    pub fn ops(&self) -> &OpsState {
+        &self.ops
+    }
+
+    /// The Layers panel's state.
+    pub fn layers(&self) -> &LayersState {
+        &self.layers
+    }
+
+    /// The Compare panel's state.
+    pub fn compare(&self) -> &CompareState {
+        &self.compare
+    }
+
+    /// True while the help overlay is shown.
+    pub fn help_open(&self) -> bool {
+        self.help
+    }
+
+    /// The note shown in the status bar, if any.
+    pub fn message(&self) -> Option<&str> {
+        self.message.as_deref()
+    }
+
+    /// True once the user asked to quit.
+    pub fn should_quit(&self) -> bool {
+        self.quit
+    }
+
+    /// Panels on offer: Compare only with a second trace.
+    pub fn tabs(&self) -> Vec<Tab> {
+        Tab::ALL
+            .into_iter()
+            .filter(|&t| t != Tab::Compare || self.other.is_some())
+            .collect()
+    }
+
+    /// Adds a record that arrived from the feed.
+    pub fn push(&mut self, rec: Record) {
+        self.model.push(rec);
+        if self.cursor.follow || self.cursor.idx.is_none() {
+            self.cursor.idx = self.model.steps.len().checked_sub(1);
+        }
+    }
+
+    /// Records how the feed ended (see [`Model::finish`]).
+    pub fn finish(&mut self, outcome: std::result::Result<Option<String>, String>) {
+        self.model.finish(outcome);
+    }
+
+    fn move_step(&mut self, delta: isize) {
+        let n = self.model.steps.len();
+        if n == 0 {
+            return;
+        }
+        let cur = self.cursor.idx.unwrap_or(n - 1) as isize;
+        let next = (cur + delta).clamp(0, n as isize - 1) as usize;
+        self.cursor.set(next);
+        if next == n - 1 && delta > 0 && self.model.source != SourceKind::Replay {
+            self.cursor.follow = true;
+        }
+    }
+
+    /// Selects the first non-finite op of the run in the Ops panel.
+    pub fn jump_to_first_nonfinite(&mut self) {
+        match self.model.first_nonfinite() {
+            Some((s, p)) => {
+                self.tab = Tab::Ops;
+                self.ops.select(&self.model, &mut self.cursor, s, p);
+                let o = &self.model.steps[s].ops.as_deref().unwrap_or(&[])[p];
+                self.message = Some(format!(
+                    "first non-finite: step {} #{} {}",
+                    self.model.steps[s].step,
+                    o.index,
+                    super::format::op_at(&o.op, &o.module)
+                ));
+            }
+            None => self.message = Some("no non-finite op in the steps so far".into()),
+        }
+    }
+
+    /// Handles one terminal event; returns true when the screen should be redrawn.
+    pub fn handle_event(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Key(k) => self.handle_key(k),
+            Event::Resize(..) => true,
+            _ => false,
+        }
+    }
+
+    /// Handles one key; returns true when something may have changed.
+    pub fn handle_key(&mut self, key: KeyEvent) -> bool {
+        if key.kind == KeyEventKind::Release {
+            return false;
+        }
+        self.message = None;
+        if self.help {
+            self.help = false;
+            if key.code == KeyCode::Char('q') {
+                self.quit = true;
+            }
+            return true;
+        }
+        if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
+            self.quit = true;
+            return true;
+        }
+        if self.tab == Tab::Ops && self.ops.editing() {
+            let r = self.ops.handle_key(key, &self.model, &mut self.cursor);
+            return self.reply(r);
+        }
+        let tabs = self.tabs();
+        let pos = tabs.iter().position(|&t| t == self.tab).unwrap_or(0);
+        match key.code {
+            KeyCode::Char('q') => self.quit = true,
+            KeyCode::Char('?') => self.help = true,
+            KeyCode::Tab => self.tab = tabs[(pos + 1) % tabs.len()],
+            KeyCode::BackTab => self.tab = tabs[(pos + tabs.len() - 1) % tabs.len()],
+            KeyCode::Char(c @ '1'..='5') => {
+                let t = Tab::ALL[c as usize - '1' as usize];
+                if tabs.contains(&t) {
+                    self.tab = t;
+                } else {
+                    self.message = Some("Compare needs a second trace (--compare FILE)".into());
+                }
+            }
+            KeyCode::Left => self.move_step(-1),
+            KeyCode::Right => self.move_step(1),
+            KeyCode::Home => self.move_step(isize::MIN / 2),
+            KeyCode::End => {
+                self.move_step(isize::MAX / 2);
+                self.cursor.follow = self.model.source != SourceKind::Replay;
+            }
+            KeyCode::Char('f') => self.jump_to_first_nonfinite(),
+            _ => {
+                let r = self.panel_key(key);
+                if r == Reply::Ignored && key.code == KeyCode::Esc {
+                    self.quit = true;
+                    return true;
+                }
+                return self.reply(r);
+            }
+        }
+        true
+    }
+
+    fn reply(&mut self, r: Reply) -> bool {
+        match r {
+            Reply::Ignored => false,
+            Reply::Handled => true,
+            Reply::Message(m) => {
+                self.message = Some(m);
+                true
+            }
+        }
+    }
+
+    fn panel_key(&mut self, key: KeyEvent) -> Reply {
+        let (m, c) = (&self.model, &mut self.cursor);
+        match self.tab {
+            Tab::Overview => self.overview.handle_key(key, m, c),
+            Tab::Scale => self.scale.handle_key(key, m, c),
+            Tab::Layers => self.layers.handle_key(key, m, c),
+            Tab::Ops => {
+                self.ops.sync(m, c.idx);
+                self.ops.handle_key(key, m, c)
+            }
+            Tab::Compare => self.compare.handle_key(key, m, self.other.as_ref(), c),
+        }
+    }
+
+    fn tab_line(&self, width: usize) -> Line<'static> {
+        let th = self.theme;
+        let mut spans = vec![Span::styled(" amprobe ", th.accent())];
+        for t in self.tabs() {
+            let n = Tab::ALL.iter().position(|&x| x == t).unwrap_or(0) + 1;
+            if t == self.tab {
+                spans.push(Span::styled(format!("[{n} {}]", t.title()), th.selected()));
+            } else {
+                spans.push(Span::styled(format!(" {n} {} ", t.title()), th.dim()));
+            }
+        }
+        let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+        let step = match self
+            .cursor
+            .idx
+            .and_then(|i| self.model.steps.get(i).map(|s| (i, s)))
+        {
+            Some((i, s)) => format!(
+                "step {} · {}/{}{} ",
+                s.step,
+                i + 1,
+                self.model.steps.len(),
+                if self.cursor.follow { " ▶" } else { "" }
+            ),
+            None => "no step ".into(),
+        };
+        spans.push(Span::raw(rpad(&step, width.saturating_sub(used))));
+        Line::from(spans)
+    }
+
+    fn status_line(&self, width: usize) -> Line<'static> {
+        let th = self.theme;
+        let m = &self.model;
+        let kind = match m.source {
+            SourceKind::Replay => "replay",
+            SourceKind::Live => "live",
+            SourceKind::Follow => "follow",
+        };
+        let (state, style) = match &m.state {
+            RunState::Waiting => ("waiting for the run".to_string(), th.dim()),
+            RunState::Running => (
+                match m.expected_steps() {
+                    Some(t) => format!("running · {}/{t} steps", m.steps.len()),
+                    None => format!("running · {} steps", m.steps.len()),
+                },
+                th.accent(),
+            ),
+            RunState::Finished => (format!("finished · {} steps", m.steps.len()), th.good()),
+            RunState::Incomplete => (
+                format!("no end record · {} steps", m.steps.len()),
+                th.warn(),
+            ),
+            RunState::Failed(e) => (format!("FAILED: {e}"), th.bad()),
+        };
+        let right = match &self.message {
+            Some(msg) => Span::styled(format!(" {msg} "), th.accent()),
+            None => Span::styled(" ? help · q quit ".to_string(), th.dim()),
+        };
+        // A cut trace says so before anything else about its state.
+        let (state, style) = match m.truncated {
+            Some(t) => (
+                format!("TRUNCATED: line {} cut · {} steps", t.line, m.steps.len()),
+                th.warn(),
+            ),
+            None => (state, style),
+        };
+        let left = vec![
+            (format!(" {kind} "), th.dim()),
+            (
+                format!("{} · ", super::format::clip_left(&m.label, 28)),
+                th.normal(),
+            ),
+            (state, style),
+        ];
+        // A message gets the room it needs (up to 3/5 of the line) before the state does.
+        let right_w = super::format::width(&right.content).min(width * 3 / 5);
+        let mut room = width.saturating_sub(right_w);
+        let mut spans = Vec::new();
+        for (text, style) in left {
+            let t = clip(&text, room);
+            room -= super::format::width(&t);
+            spans.push(Span::styled(t, style));
+        }
+        let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+        let room = width.saturating_sub(used);
+        spans.push(Span::styled(
+            rpad(&clip(&right.content, room), room),
+            right.style,
+        ));
+        Line::from(spans)
+    }
+
+    /// Draws the whole screen into `frame`.
+    pub fn draw(&mut self, frame: &mut Frame) {
+        let area = frame.area();
+        let [top, body, bottom] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Min(1),
+            Constraint::Length(1),
+        ])
+        .areas(area);
+        self.ops.sync(&self.model, self.cursor.idx);
+        if let Some(o) = &self.other {
+            self.compare.sync(&self.model, o, self.cursor.idx);
+        }
+        frame.render_widget(Paragraph::new(self.tab_line(area.width as usize)), top);
+        let ctx = Ctx {
+            model: &self.model,
+            step: self.cursor.idx,
+            theme: self.theme,
+        };
+        match self.tab {
+            Tab::Overview => frame.render_widget(
+                OverviewView {
+                    state: &self.overview,
+                    ctx,
+                },
+                body,
+            ),
+            Tab::Scale => frame.render_widget(
+                ScaleView {
+                    state: &self.scale,
+                    ctx,
+                },
+                body,
+            ),
+            Tab::Layers => frame.render_widget(
+                LayersView {
+                    state: &self.layers,
+                    ctx,
+                },
+                body,
+            ),
+            Tab::Ops => frame.render_widget(
+                OpsView {
+                    state: &self.ops,
+                    ctx,
+                },
+                body,
+            ),
+            Tab::Compare => frame.render_widget(
+                CompareView {
+                    state: &self.compare,
+                    ctx,
+                    other: self.other.as_ref(),
+                },
+                body,
+            ),
+        }
+        frame.render_widget(
+            Paragraph::new(self.status_line(area.width as usize)),
+            bottom,
+        );
+        if self.help {
+            frame.render_widget(HelpView { theme: self.theme }, body);
+        }
+    }
+}
+
+/// Where terminal events come from (the real terminal, or a script in tests).
+pub trait Input {
+    /// Waits up to `timeout` for the next event; `None` when none came.
+    fn next_event(&mut self, timeout: Duration) -> std::io::Result<Option<Event>>;
+}
+
+/// Events of the real terminal (crossterm).
+pub struct TerminalInput;
+
+impl Input for TerminalInput {
+    fn next_event(&mut self, timeout: Duration) -> std::io::Result<Option<Event>> {
+        if event::poll(timeout)? {
+            Ok(Some(event::read()?))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// How a feed ended: the run's verdict (if it has one), or the error that stopped it.
+pub type Outcome = std::result::Result<Option<String>, String>;
+
+/// Records arriving while the UI runs: from a training run on a worker thread, or from a
+/// trace file another process is writing.
+pub struct Feed {
+    rx: Receiver<Record>,
+    worker: Option<JoinHandle<Outcome>>,
+    done: bool,
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+impl Feed {
+    /// Starts the configured run on a worker thread; its records (the same as the trace's)
+    /// come through the run's live channel. The feed ends with the run's verdict.
+    pub fn spawn_run(cfg: RunConfig, opts: RunOptions) -> Result<Feed> {
+        Feed::spawn(move |tx| {
+            let opts = RunOptions {
+                live: Some(tx),
+                progress: false,
+                ..opts
+            };
+            crate::runner::run(&cfg, &opts)
+                .map(|s| Some(s.verdict))
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    /// Runs `work` on a worker thread with the sending end of the feed; what it returns
+    /// (a verdict, or the error that stopped it) ends the feed once its records are taken.
+    pub fn spawn(
+        work: impl FnOnce(mpsc::Sender<Record>) -> Outcome + Send + 'static,
+    ) -> Result<Feed> {
+        let (tx, rx) = mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("amprobe-run".into())
+            .spawn(move || work(tx))
+            .map_err(|e| Error::Invalid(format!("cannot start the training thread: {e}")))?;
+        Ok(Feed {
+            rx,
+            worker: Some(worker),
+            done: false,
+        })
+    }
+
+    /// Follows the trace file at `path` as it grows, checking for new lines every `poll`,
+    /// until its end record arrives.
+    pub fn follow(path: PathBuf, poll: Duration) -> Result<Feed> {
+        let mut reader = TraceReader::open(&path)?;
+        let (tx, rx) = mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("amprobe-follow".into())
+            .spawn(move || loop {
+                let recs = reader.read_new().map_err(|e| e.to_string())?;
+                for r in recs {
+                    if tx.send(r).is_err() {
+                        return Ok(None);
+                    }
+                }
+                if reader.finished() {
+                    return Ok(None);
+                }
+                std::thread::sleep(poll);
+            })
+            .map_err(|e| Error::Invalid(format!("cannot start the reader thread: {e}")))?;
+        Ok(Feed {
+            rx,
+            worker: Some(worker),
+            done: false,
+        })
+    }
+
+    /// True once the run (or the followed trace) ended and every record was taken.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Moves arrived records into the app, for at most `budget`; when the source has ended
+    /// and everything is taken, records how it ended. Returns true if anything changed.
+    pub fn pump(&mut self, app: &mut App, budget: Duration) -> bool {
+        if self.done {
+            return false;
+        }
+        let t0 = Instant::now();
+        let mut changed = false;
+        loop {
+            match self.rx.try_recv() {
+                Ok(r) => {
+                    app.push(r);
+                    changed = true;
+                    if t0.elapsed() >= budget {
+                        return true;
+                    }
+                }
+                Err(TryRecvError::Empty) => return changed,
+                Err(TryRecvError::Disconnected) => {
+                    // The sender lives as long as the worker's run: every record is in.
+                    let outcome = match self.worker.take().map(JoinHandle::join) {
+                        Some(Ok(o)) => o,
+                        Some(Err(p)) => Err(format!("the run panicked: {}", panic_text(p))),
+                        None => Ok(None),
+                    };
+                    app.finish(outcome);
+                    self.done = true;
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the UI until the user quits: takes records from `feed`, redraws at most every
+/// [`FRAME_INTERVAL`] for new data and at once for a key, polls input with a timeout so
+/// that a busy feed never blocks it. `on_draw` is called after every draw (tests use it to
+/// time key answers).
+pub fn run_loop<B: Backend>(
+    terminal: &mut Terminal<B>,
+    app: &mut App,
+    mut feed: Option<&mut Feed>,
+    input: &mut dyn Input,
+    on_draw: &mut dyn FnMut(&App),
+) -> Result<()> {
+    let term_err = |e: B::Error| Error::Invalid(format!("terminal: {e}"));
+    let mut draw = |terminal: &mut Terminal<B>, app: &mut App| -> Result<Instant> {
+        terminal.draw(|f| app.draw(f)).map_err(term_err)?;
+        on_draw(app);
+        Ok(Instant::now())
+    };
+    let mut last = draw(terminal, app)?;
+    let mut dirty = false;
+    while !app.should_quit() {
+        if let Some(f) = feed.as_deref_mut() {
+            dirty |= f.pump(app, PUMP_BUDGET);
+        }
+        if dirty && last.elapsed() >= FRAME_INTERVAL {
+            last = draw(terminal, app)?;
+            dirty = false;
+        }
+        let timeout = if dirty {
+            FRAME_INTERVAL
+                .saturating_sub(last.elapsed())
+                .min(POLL_INTERVAL)
+        } else {
+            POLL_INTERVAL
+        };
+        let ev = input
+            .next_event(timeout)
+            .map_err(|e| Error::Invalid(format!("reading terminal input: {e}")))?;
+        if let Some(ev) = ev {
+            if app.handle_event(ev) && !app.should_quit() {
+                last = draw(terminal, app)?;
+                dirty = false;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True while a [`TerminalSession`] holds the terminal.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The thread that drives the UI; a panic there restores the terminal first.
+static UI_THREAD: Mutex<Option<ThreadId>> = Mutex::new(None);
+static HOOK: Once = Once::new();
+
+fn restore_terminal() {
+    let _ = ct::disable_raw_mode();
+    let _ = execute!(std::io::stdout(), ct::LeaveAlternateScreen, cursor::Show);
+}
+
+/// Installs (once) a panic hook that, while a session is active, restores the terminal
+/// before a panic on the UI thread is reported, and keeps a panic on another thread (the
+/// training worker) off the screen: that one is reported in the UI through the worker's
+/// result instead.
+fn install_panic_hook() {
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !ACTIVE.load(Ordering::SeqCst) {
+                previous(info);
+                return;
+            }
+            let ui = UI_THREAD.lock().ok().and_then(|g| *g);
+            if ui == Some(std::thread::current().id()) {
+                ACTIVE.store(false, Ordering::SeqCst);
+                restore_terminal();
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// The terminal in raw mode on the alternate screen; dropping it (also while unwinding
+/// from a panic) puts the terminal back as it was.
+pub struct TerminalSession {
+    terminal: Terminal<CrosstermBackend<Stdout>>,
+}
+
+impl TerminalSession {
+    /// Takes over the terminal. Fails with a clear message when stdin or stdout is not a
+    /// terminal instead of drawing into a pipe.
+    pub fn start() -> Result<TerminalSession> {
+        if !std::io::stdout().is_terminal() {
+            return Err(Error::Invalid(
+                "amprobe tui needs a terminal, but its output is not one (redirected or piped); \
+                 run it in a terminal, or use `amprobe run` for a plain summary"
+                    .into(),
+            ));
+        }
+        if !std::io::stdin().is_terminal() {
+            return Err(Error::Invalid(
+                "amprobe tui needs a terminal for keys, but its input is not one".into(),
+            ));
+        }
+        install_panic_hook();
+        if let Ok(mut g) = UI_THREAD.lock() {
+            *g = Some(std::thread::current().id());
+        }
+        ct::enable_raw_mode().map_err(|e| Error::Invalid(format!("terminal raw mode: {e}")))?;
+        ACTIVE.store(true, Ordering::SeqCst);
+        fn setup() -> std::io::Result<TerminalSession> {
+            execute!(std::io::stdout(), ct::EnterAlternateScreen, cursor::Hide)?;
+            let mut terminal = Terminal::new(CrosstermBackend::new(std::io::stdout()))?;
+            terminal.clear()?;
+            Ok(TerminalSession { terminal })
+        }
+        setup().map_err(|e| {
+            ACTIVE.store(false, Ordering::SeqCst);
+            restore_terminal();
+            Error::Invalid(format!("setting up the terminal: {e}"))
+        })
+    }
+
+    /// The terminal to draw on.
+    pub fn terminal(&mut self) -> &mut Terminal<CrosstermBackend<Stdout>> {
+        &mut self.terminal
+    }
+}
+
+impl Drop for TerminalSession {
+    fn drop(&mut self) {
+        ACTIVE.store(false, Ordering::SeqCst);
+        restore_terminal();
+    }
+}
