@@ -88,6 +88,8 @@ pub struct RunArgs {
     /// Switch probes off (to measure their cost).
     #[arg(long)]
     no_probes: bool,
+    #[command(flatten)]
+    pub(super) diag: super::fix::DiagnoseArgs,
 }
 
 fn apply_flags(cfg: &mut RunConfig, a: &RunArgs) {
@@ -184,7 +186,7 @@ fn scale(x: f64) -> String {
     }
 }
 
-fn print_human(s: &RunSummary) {
+pub(super) fn print_human(s: &RunSummary) {
     println!("amprobe: {} under {}", s.model, s.precision);
     for st in &s.steps {
         println!(
@@ -193,10 +195,10 @@ fn print_human(s: &RunSummary) {
             st.loss.unwrap_or(f64::NAN),
             scale(st.scale_before),
             scale(st.scale_after),
-            if st.skipped {
-                "SKIPPED (inf/nan gradient)"
-            } else {
-                ""
+            match (&st.skip_cause, st.skipped) {
+                (Some(c), _) => format!("SKIPPED ({})", c.kind),
+                (None, true) => "SKIPPED (inf/nan gradient)".to_string(),
+                _ => String::new(),
             }
         );
     }
@@ -227,29 +229,48 @@ fn print_human(s: &RunSummary) {
     for e in &s.events {
         println!("  event: {e}");
     }
+    for line in amprobe::diagnose::text::diagnosis_lines(s) {
+        println!("{line}");
+    }
     if let Some(t) = &s.trace {
         println!("trace: {}", t.display());
     }
 }
 
-pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+/// The run configuration the arguments describe (config file, then flags).
+pub(super) fn config(a: &RunArgs) -> anyhow::Result<RunConfig> {
     let mut cfg = match &a.config {
         Some(p) => RunConfig::load(p)?,
         None if a.hf.is_some() || a.hf_config.is_some() => RunConfig::default(),
         None => anyhow::bail!("give a run configuration (TOML) or --hf DIR / --hf-config FILE"),
     };
-    apply_flags(&mut cfg, &a);
+    apply_flags(&mut cfg, a);
+    Ok(cfg)
+}
+
+/// Runs with these diagnosis options and writes the summary JSON when configured.
+pub(super) fn run_with(
+    cfg: &RunConfig,
+    diagnose: amprobe::diagnose::DiagnoseOptions,
+) -> anyhow::Result<RunSummary> {
     let opts = RunOptions {
         command_line: std::env::args().collect(),
         progress: true,
+        diagnose,
         ..RunOptions::default()
     };
-    let summary = run_training(&cfg, &opts)?;
+    let summary = run_training(cfg, &opts)?;
     if let Some(p) = &cfg.probe.summary_json {
         let text = serde_json::to_string_pretty(&summary)?;
         std::fs::write(p, text + "\n")
             .with_context(|| format!("writing summary {}", p.display()))?;
     }
+    Ok(summary)
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let cfg = config(&a)?;
+    let summary = run_with(&cfg, a.diag.options()?)?;
     print_human(&summary);
     Ok(0)
 }
