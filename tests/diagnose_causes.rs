@@ -163,6 +163,39 @@ fn injected_nan_in_every_recipe_is_divergence() {
     assert!(r.note.as_ref().unwrap().contains("fp32 too"));
 }
 
+/// A gradient too large for fp16 at any scale: an injected 10^6 in the ReLU's backward
+/// output (finite in f32) makes fc1's weight gradient overflow fp16 even at scale 1, while
+/// the fp32 step stays finite.
+#[test]
+fn gradient_too_large_even_unscaled_is_backward_overflow() {
+    let cfg = config("samples/mlp.toml", |c| {
+        c.train.steps = Some(1);
+    });
+    let opts = RunOptions {
+        injections: vec![Injection {
+            step: None,
+            op: "relu".into(),
+            module: "relu".into(),
+            phase: Phase::Backward,
+            value: 1e6,
+        }],
+        ..RunOptions::default()
+    };
+    let s = run_with(&cfg, opts);
+    let st = &s.steps[0];
+    assert!(st.skipped);
+    let c = st.skip_cause.as_ref().unwrap();
+    assert_eq!(c.kind, SkipKind::BackwardOverflow, "{c:?}");
+    let op = c.op.as_ref().unwrap();
+    assert_eq!(op.phase, Phase::Backward);
+    assert_eq!(op.module, "fc1");
+    assert_eq!(c.dtype, Some(amprobe::DType::F16));
+    // It overflowed at scale 1 too: no pre-scale value, no safe scale.
+    assert_eq!((c.unscaled_max_abs, c.safe_scale), (None, None));
+    // fp32 check and scale-1 re-run.
+    assert_eq!(c.replays, 2);
+}
+
 #[test]
 fn mlp_module_names_for_the_injection() {
     // The divergence test injects into `relu` in `relu`: make sure that op exists.
