@@ -108,6 +108,18 @@ fn fixture_under_fp16_autocast_is_forward_overflow() {
         assert_eq!(c.replays, 1);
     }
     assert_eq!(s.diagnosis_replays, 3);
+    // With probes off the step has no op records: one more re-run recovers them.
+    let mut quiet = cfg.clone();
+    quiet.probe.enabled = Some(false);
+    quiet.train.steps = Some(1);
+    let s = run_with(&quiet, RunOptions::default());
+    let c = s.steps[0].skip_cause.as_ref().unwrap();
+    assert_eq!(c.kind, SkipKind::ForwardOverflow);
+    assert_eq!(
+        c.op.as_ref().map(|o| o.module.as_str()),
+        Some("encoder.block.3.layer.1.DenseReluDense.wo")
+    );
+    assert_eq!(c.replays, 2);
     // The classification limit leaves later skips unclassified, and says so.
     let s = run_with(
         &cfg,

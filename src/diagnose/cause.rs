@@ -120,20 +120,24 @@ pub fn fp32_reference(trainer: &Trainer) -> Result<Replay> {
     })
 }
 
-/// The op records of the trainer's last step: `rec.ops` when kept, else a re-run of the
-/// same recipe with probes on (counted in `replays`).
-fn step_ops(trainer: &Trainer, rec: &StepRecord, replays: &mut u32) -> Result<Vec<OpRecord>> {
-    if let Some(ops) = &rec.ops {
-        return Ok(ops.clone());
+/// The trainer's last step with its op records and origins: `rec` when it kept them, else
+/// a re-run of the same recipe with probes on (counted in `replays`).
+fn probed(trainer: &Trainer, rec: &StepRecord, replays: &mut u32) -> Result<StepRecord> {
+    if rec.ops.is_some() {
+        return Ok(rec.clone());
     }
     *replays += 1;
     let r = trainer.replay(&Variant {
         probes: Some(true),
         ..Variant::default()
     })?;
-    r.record
-        .ops
-        .ok_or_else(|| Error::Invalid(format!("step {}: re-run kept no op records", rec.step)))
+    if r.record.ops.is_none() {
+        return Err(Error::Invalid(format!(
+            "step {}: re-run kept no op records",
+            rec.step
+        )));
+    }
+    Ok(r.record)
 }
 
 /// The first backward op that overflowed its dtype when rounding (else the first backward
@@ -212,7 +216,8 @@ pub fn classify_with(trainer: &Trainer, rec: &StepRecord, fp32: &Replay) -> Resu
             ..blank(SkipKind::Divergence)
         });
     }
-    let ops = step_ops(trainer, rec, &mut replays)?;
+    let rec = &probed(trainer, rec, &mut replays)?;
+    let ops = rec.ops.clone().unwrap_or_default();
     if let Some(o) = forward_origin(rec) {
         return Ok(SkipCause {
             dtype: op_by_index(&ops, o.op_index).map(|x| x.output.dtype),

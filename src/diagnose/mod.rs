@@ -6,8 +6,9 @@
 //! is re-run from the weights, loss scale and batches it started from under another recipe.
 //! Re-runs cost a whole step each, so their number is bounded and reported:
 //! - skip causes: at most two re-runs per skipped step (fp32 at scale 1; the run's own
-//!   recipe at scale 1 when the forward pass was finite and the scale above 1), for the
-//!   first [`DiagnoseOptions::classify_limit`] skipped steps;
+//!   recipe at scale 1 when the forward pass was finite and the scale above 1), one more
+//!   when the step kept no op records (probes off), for the first
+//!   [`DiagnoseOptions::classify_limit`] skipped steps;
 //! - remedies: one fp32 reference (shared with the cause of the same step), one re-run per
 //!   remedy, and the bisection's re-runs (capped by [`DiagnoseOptions::bisect_budget`]).
 

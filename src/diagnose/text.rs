@@ -53,6 +53,10 @@ fn dtype_name(c: &SkipCause) -> &'static str {
 pub fn cause_sentence(a: u64, b: u64, c: &SkipCause) -> String {
     let head = format!("{} skipped ({})", steps_words(a, b), c.kind);
     let op = c.op.as_ref().map(op_words);
+    let bop =
+        c.op.as_ref()
+            .map(|o| format!("the backward op {}", op_words(o)))
+            .unwrap_or_else(|| "a backward op".into());
     let fwd = c
         .forward_op
         .as_ref()
@@ -66,9 +70,8 @@ pub fn cause_sentence(a: u64, b: u64, c: &SkipCause) -> String {
         ),
         SkipKind::ScaleTooHigh => {
             let mut s = format!(
-                "{head}: the forward pass was finite, but at loss scale {} the backward op {}{fwd} overflowed {}",
+                "{head}: the forward pass was finite, but at loss scale {} {bop}{fwd} overflowed {}",
                 short(c.scale),
-                op.unwrap_or_else(|| "a backward op".into()),
                 dtype_name(c)
             );
             if let Some(m) = c.unscaled_max_abs {
@@ -87,8 +90,7 @@ pub fn cause_sentence(a: u64, b: u64, c: &SkipCause) -> String {
             s + "."
         }
         SkipKind::BackwardOverflow => format!(
-            "{head}: the forward pass was finite, but the backward op {}{fwd} overflows {} even without loss scaling (fp32 is finite): the gradient itself is too large for the low dtype.",
-            op.unwrap_or_else(|| "a backward op".into()),
+            "{head}: the forward pass was finite, but {bop}{fwd} overflows {} even without loss scaling (fp32 is finite): the gradient itself is too large for the low dtype.",
             dtype_name(c)
         ),
         SkipKind::Divergence => format!(
