@@ -2,6 +2,7 @@
 //! proves the fix.
 pub mod amp;
 pub mod config;
+pub mod diagnose;
 pub mod dtype;
 pub mod engine;
 pub mod error;

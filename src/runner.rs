@@ -30,6 +30,8 @@ pub struct RunOptions {
     /// A live channel that receives the same records as the trace (header, each step as it
     /// finishes, end), e.g. for the terminal UI. A closed receiver is ignored.
     pub live: Option<std::sync::mpsc::Sender<Record>>,
+    /// Diagnosis: skip causes, collapse flag, headroom, remedies.
+    pub diagnose: crate::diagnose::DiagnoseOptions,
 }
 
 /// Per-step line of the summary.
@@ -54,6 +56,8 @@ pub struct StepSummary {
     /// holds an Inf or NaN.
     #[serde(with = "crate::trace::record::float_json::option")]
     pub grad_norm: Option<f64>,
+    /// Why the step was skipped (skipped steps within the classification limit).
+    pub skip_cause: Option<crate::diagnose::cause::SkipCause>,
 }
 
 /// Per-parameter line of the summary (last step).
@@ -95,6 +99,17 @@ pub struct RunSummary {
     pub skipped_steps: u64,
     /// Trace file, if one was written.
     pub trace: Option<PathBuf>,
+    // --- diagnosis (src/diagnose) ---
+    /// The loss-scale collapse flag, when raised.
+    pub scale_collapse: Option<crate::diagnose::collapse::CollapseFlag>,
+    /// Skipped steps left without a cause (past the classification limit).
+    pub unclassified_skips: u64,
+    /// Ops close to fp16's limits.
+    pub headroom: crate::diagnose::headroom::HeadroomReport,
+    /// Remedies tried at the first failing step (`run --try-remedies`, `fix`, `bisect`).
+    pub remedies: Option<crate::diagnose::remedy::RemedyReport>,
+    /// Step re-runs the diagnosis used.
+    pub diagnosis_replays: u32,
 }
 
 /// A model, its parameters and its data, ready for a [`Trainer`].
@@ -271,7 +286,9 @@ pub fn header(
 
 /// Runs the configured training and writes the trace (when a path is configured).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
-    let train = cfg.train_config()?;
+    let mut train = cfg.train_config()?;
+    // The scaler's own collapse events use the same streak as the diagnosis.
+    train.scaler.collapse_streak = opts.diagnose.collapse_steps;
     let (model, params, data) = build(cfg, &train)?;
     let mut trainer = Trainer::new(train.clone(), model, params, data)?;
     for inj in &opts.injections {
@@ -301,8 +318,10 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     };
     let t0 = Instant::now();
     let mut records = Vec::new();
+    let mut diag = crate::diagnose::Diagnoser::new(opts.diagnose.clone());
     for s in 0..steps {
         let mut rec = trainer.step(s)?;
+        diag.after_step(&trainer, &mut rec)?;
         if let Some(w) = writer.as_mut() {
             w.write_step(&rec)?;
         }
@@ -319,7 +338,11 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         }
         rec.ops = None;
         records.push(rec);
+        if diag.should_stop() {
+            break;
+        }
     }
+    let diagnosis = diag.finish();
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -332,7 +355,7 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let verdict = verdict(&records, params_finite).to_string();
     if let Some(w) = writer {
         w.finish(&EndRecord {
-            steps,
+            steps: records.len() as u64,
             verdict: verdict.clone(),
             wall_ms: t0.elapsed().as_secs_f64() * 1e3,
         })?;
@@ -384,10 +407,16 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
                 found_inf: r.found_inf,
                 skipped: r.skipped,
                 grad_norm: r.grad_norm,
+                skip_cause: r.skip_cause.as_deref().cloned(),
             })
             .collect(),
         params,
         events,
         trace: cfg.probe.trace.clone(),
+        scale_collapse: diagnosis.scale_collapse,
+        unclassified_skips: diagnosis.unclassified_skips,
+        headroom: diagnosis.headroom,
+        remedies: diagnosis.remedies,
+        diagnosis_replays: diagnosis.replays,
     })
 }

@@ -107,6 +107,7 @@ fn step(n: u64) -> StepRecord {
             _ => vec![],
         },
         wall_ms: 12.5,
+        skip_cause: None,
     }
 }
 

@@ -1,5 +1,7 @@
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
+mod bisect;
+mod fix;
 mod report;
 mod run;
 mod scaler;
@@ -23,6 +25,12 @@ enum Command {
     Report(report::ReportArgs),
     /// Watch a run live or replay a trace in a terminal UI.
     Tui(Box<tui::TuiArgs>),
+    /// Find the first failing step, re-run it under each remedy (bf16, modules kept in fp32
+    /// by bisection, the T5 clamp, a safe loss scale) and report which make it finite and
+    /// what they cost in accuracy against fp32.
+    Fix(Box<fix::FixArgs>),
+    /// Find a minimal set of modules that, kept in fp32, makes the first failing step finite.
+    Bisect(Box<bisect::BisectArgs>),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -36,6 +44,8 @@ pub fn main() -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Report(a) => report::run(a),
+        Command::Fix(a) => fix::run(*a),
+        Command::Bisect(a) => bisect::run(*a),
         Command::Scaler { command } => scaler::run(command),
         Command::Tui(a) => tui::run(*a),
     }

@@ -11,7 +11,9 @@ pub struct RunArgs {
     /// Run configuration (TOML); optional when --hf or --hf-config is given.
     config: Option<PathBuf>,
     #[command(flatten)]
-    flags: RunFlags,
+    pub(super) flags: RunFlags,
+    #[command(flatten)]
+    pub(super) diag: super::fix::DiagnoseArgs,
 }
 
 /// The flags that override a run configuration, shared by `run` and `tui CONFIG`.
@@ -192,7 +194,7 @@ fn scale(x: f64) -> String {
     }
 }
 
-fn print_human(s: &RunSummary) {
+pub(super) fn print_human(s: &RunSummary) {
     println!("amprobe: {} under {}", s.model, s.precision);
     for st in &s.steps {
         println!(
@@ -201,10 +203,10 @@ fn print_human(s: &RunSummary) {
             st.loss.unwrap_or(f64::NAN),
             scale(st.scale_before),
             scale(st.scale_after),
-            if st.skipped {
-                "SKIPPED (inf/nan gradient)"
-            } else {
-                ""
+            match (&st.skip_cause, st.skipped) {
+                (Some(c), _) => format!("SKIPPED ({})", c.kind),
+                (None, true) => "SKIPPED (inf/nan gradient)".to_string(),
+                _ => String::new(),
             }
         );
     }
@@ -235,29 +237,48 @@ fn print_human(s: &RunSummary) {
     for e in &s.events {
         println!("  event: {e}");
     }
+    for line in amprobe::diagnose::text::diagnosis_lines(s) {
+        println!("{line}");
+    }
     if let Some(t) = &s.trace {
         println!("trace: {}", t.display());
     }
 }
 
-pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+/// The run configuration the arguments describe (config file, then flags).
+pub(super) fn config(a: &RunArgs) -> anyhow::Result<RunConfig> {
     let mut cfg = match &a.config {
         Some(p) => RunConfig::load(p)?,
         None if a.flags.hf.is_some() || a.flags.hf_config.is_some() => RunConfig::default(),
         None => anyhow::bail!("give a run configuration (TOML) or --hf DIR / --hf-config FILE"),
     };
     apply_flags(&mut cfg, &a.flags);
+    Ok(cfg)
+}
+
+/// Runs with these diagnosis options and writes the summary JSON when configured.
+pub(super) fn run_with(
+    cfg: &RunConfig,
+    diagnose: amprobe::diagnose::DiagnoseOptions,
+) -> anyhow::Result<RunSummary> {
     let opts = RunOptions {
         command_line: std::env::args().collect(),
         progress: true,
+        diagnose,
         ..RunOptions::default()
     };
-    let summary = run_training(&cfg, &opts)?;
+    let summary = run_training(cfg, &opts)?;
     if let Some(p) = &cfg.probe.summary_json {
         let text = serde_json::to_string_pretty(&summary)?;
         std::fs::write(p, text + "\n")
             .with_context(|| format!("writing summary {}", p.display()))?;
     }
+    Ok(summary)
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let cfg = config(&a)?;
+    let summary = run_with(&cfg, a.diag.options()?)?;
     print_human(&summary);
     Ok(0)
 }

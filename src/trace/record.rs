@@ -327,6 +327,11 @@ pub struct StepRecord {
     /// Wall-clock time of the step, milliseconds.
     #[serde(with = "float_json")]
     pub wall_ms: f64,
+    /// Why the step was skipped, for skipped steps the diagnosis classified (`None`
+    /// otherwise, and in traces written before the field existed). Boxed: most steps
+    /// have none.
+    #[serde(default)]
+    pub skip_cause: Option<Box<crate::diagnose::cause::SkipCause>>,
 }
 
 /// Last record of a run that finished.

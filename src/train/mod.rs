@@ -118,6 +118,7 @@ pub struct Trainer {
     last_grads: Vec<Option<Tensor>>,
     before: Option<StepInputs>,
     outputs: Vec<StepOutput>,
+    injections: Vec<Injection>,
 }
 
 /// What a step started from: the parameters, the scale and the batches it used.
@@ -215,6 +216,7 @@ impl Trainer {
             last_grads: vec![None; n],
             before: None,
             outputs: Vec::new(),
+            injections: Vec::new(),
         })
     }
 
@@ -278,6 +280,11 @@ impl Trainer {
         let mut params = b.params.clone();
         params.convert(DType::F32, |_| false)?;
         let mut t = Trainer::new(cfg, model, params, Box::new(Replayed(b.batches.clone())))?;
+        // Injections stand for faults in the step itself (data, kernels): they recur in
+        // every recipe of the same step.
+        for inj in &self.injections {
+            t.inject(inj.clone());
+        }
         let record = t.step(b.step)?;
         Ok(Replay {
             record,
@@ -287,6 +294,7 @@ impl Trainer {
 
     /// Adds an injection (test hook: writes a value into a chosen op's output).
     pub fn inject(&mut self, inj: Injection) {
+        self.injections.push(inj.clone());
         self.engine.add_injection(inj);
     }
 
@@ -494,6 +502,7 @@ impl Trainer {
             op_count,
             events,
             wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+            skip_cause: None,
         })
     }
 

@@ -1,0 +1,42 @@
+//! `amprobe bisect CONFIG [run flags]`: run to the first failing step and find a minimal
+//! set of modules that, kept in fp32, makes it finite.
+
+use super::run::{config, run_with, RunArgs};
+use amprobe::diagnose::remedy::RemedyMode;
+use amprobe::diagnose::text::{op_words, remedy_lines};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct BisectArgs {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// Exit code 0 when a set was found (or nothing failed), 1 when none makes the step finite.
+pub fn run(a: BisectArgs) -> anyhow::Result<i32> {
+    let cfg = config(&a.run)?;
+    let mut opts = a.run.diag.options()?;
+    opts.remedies = RemedyMode::BisectOnly;
+    opts.stop_at_failure = true;
+    let s = run_with(&cfg, opts)?;
+    println!("amprobe bisect: {} under {}", s.model, s.precision);
+    let Some(r) = &s.remedies else {
+        println!(
+            "No step failed in {} steps: nothing to bisect.",
+            s.steps.len()
+        );
+        return Ok(0);
+    };
+    for (what, o) in [("first Inf", &s.first_inf), ("first NaN", &s.first_nan)] {
+        if let Some(o) = o {
+            println!("  {what}: step {} {}", o.step, op_words(o));
+        }
+    }
+    for line in remedy_lines(r) {
+        println!("{line}");
+    }
+    Ok(match &r.bisection {
+        Some(b) if b.found => 0,
+        _ => 1,
+    })
+}

@@ -1,0 +1,218 @@
+//! Diagnosis of a run: why steps were skipped, which ops come close to fp16's limits, which
+//! changes of recipe make a failing step finite (each proven by re-running the step), and a
+//! minimal set of modules to keep in fp32 (delta debugging).
+//!
+//! Every answer that needs a counterfactual is measured with [`Trainer::replay`]: the step
+//! is re-run from the weights, loss scale and batches it started from under another recipe.
+//! Re-runs cost a whole step each, so their number is bounded and reported:
+//! - skip causes: at most two re-runs per skipped step (fp32 at scale 1; the run's own
+//!   recipe at scale 1 when the forward pass was finite and the scale above 1), one more
+//!   when the step kept no op records (probes off), for the first
+//!   [`DiagnoseOptions::classify_limit`] skipped steps;
+//! - remedies: one fp32 reference (shared with the cause of the same step), one re-run per
+//!   remedy, and the bisection's re-runs (capped by [`DiagnoseOptions::bisect_budget`]).
+
+pub mod accuracy;
+pub mod bisect;
+pub mod cause;
+pub mod collapse;
+pub mod headroom;
+pub mod remedy;
+pub mod text;
+
+use crate::error::Result;
+use crate::trace::record::{OpRecord, OpRef, Phase, StepRecord};
+use crate::train::{Replay, Trainer};
+use collapse::{CollapseFlag, CollapseTracker};
+use headroom::{Headroom, HeadroomReport, HeadroomThresholds};
+use remedy::{RemedyMode, RemedyReport};
+
+/// What to diagnose during a run, and how much re-running it may cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiagnoseOptions {
+    /// Skipped steps whose cause is found by re-running (0: none). Later skipped steps keep
+    /// no cause, and the summary says how many were left out.
+    pub classify_limit: u32,
+    /// Flag a collapse once the scale has fallen on this many consecutive steps
+    /// (0: only the fall below 1 is flagged).
+    pub collapse_steps: u32,
+    /// Headroom thresholds.
+    pub headroom: HeadroomThresholds,
+    /// What to try at the first failing step.
+    pub remedies: RemedyMode,
+    /// Stop the run after the first failing step (after its remedies).
+    pub stop_at_failure: bool,
+    /// Most re-runs the precision bisection may use.
+    pub bisect_budget: u32,
+}
+
+impl Default for DiagnoseOptions {
+    fn default() -> Self {
+        DiagnoseOptions {
+            classify_limit: 16,
+            collapse_steps: 8,
+            headroom: HeadroomThresholds::default(),
+            remedies: RemedyMode::Off,
+            stop_at_failure: false,
+            bisect_budget: 64,
+        }
+    }
+}
+
+/// The first op of a step whose forward output became non-finite on its own (first Inf or
+/// first NaN in the forward phase, whichever ran first).
+pub fn forward_origin(rec: &StepRecord) -> Option<&OpRef> {
+    [&rec.origins.first_inf, &rec.origins.first_nan]
+        .into_iter()
+        .flatten()
+        .filter(|o| o.phase == Phase::Forward)
+        .min_by_key(|o| o.op_index)
+}
+
+/// The earliest origin of a step in any phase.
+pub fn any_origin(rec: &StepRecord) -> Option<&OpRef> {
+    [&rec.origins.first_inf, &rec.origins.first_nan]
+        .into_iter()
+        .flatten()
+        .min_by_key(|o| o.op_index)
+}
+
+/// A step failed: it was skipped, or a forward value became non-finite.
+pub fn failed(rec: &StepRecord) -> bool {
+    rec.skipped || forward_origin(rec).is_some()
+}
+
+/// A step is finite: not skipped, no inf/NaN gradient, a finite loss, and no forward
+/// origin of a non-finite value.
+pub fn finite(rec: &StepRecord) -> bool {
+    !rec.skipped
+        && !rec.found_inf
+        && rec.loss.is_none_or(f64::is_finite)
+        && forward_origin(rec).is_none()
+}
+
+/// Anything non-finite in a step: an origin in any phase, an inf/NaN gradient, a skipped
+/// step, a non-finite loss or gradient norm.
+pub fn nonfinite_anywhere(rec: &StepRecord) -> bool {
+    rec.skipped
+        || rec.found_inf
+        || any_origin(rec).is_some()
+        || rec.loss.is_some_and(|l| !l.is_finite())
+        || rec.grad_norm.is_some_and(|g| !g.is_finite())
+        || rec.params.iter().any(|p| p.nonfinite > 0)
+}
+
+/// The op record with index `index` (records are in index order, so a binary search finds
+/// it; a linear scan covers any other order).
+pub(crate) fn op_by_index(ops: &[OpRecord], index: u64) -> Option<&OpRecord> {
+    match ops.binary_search_by_key(&index, |o| o.index) {
+        Ok(i) => Some(&ops[i]),
+        Err(_) => ops.iter().find(|o| o.index == index),
+    }
+}
+
+/// The forward op a backward op reference differentiates, as a reference.
+pub(crate) fn forward_ref(step: u64, ops: &[OpRecord], op: &OpRef) -> Option<OpRef> {
+    op.forward_op
+        .and_then(|i| op_by_index(ops, i))
+        .map(|o| OpRef::from_op(step, o))
+}
+
+/// What the diagnosis of a whole run found (see the fields of the run summary).
+#[derive(Debug, Clone, Default)]
+pub struct RunDiagnosis {
+    /// Headroom warnings.
+    pub headroom: HeadroomReport,
+    /// The scale collapse flag, if raised.
+    pub scale_collapse: Option<CollapseFlag>,
+    /// Remedies tried at the first failing step.
+    pub remedies: Option<RemedyReport>,
+    /// Skipped steps left without a cause (past the classification limit).
+    pub unclassified_skips: u64,
+    /// Re-runs used by the whole diagnosis.
+    pub replays: u32,
+}
+
+/// Diagnoses a run step by step: call [`Diagnoser::after_step`] right after each
+/// `Trainer::step` (before the record is written), then [`Diagnoser::finish`].
+pub struct Diagnoser {
+    opts: DiagnoseOptions,
+    headroom: Headroom,
+    collapse: CollapseTracker,
+    classified: u32,
+    out: RunDiagnosis,
+    failed_at: Option<u64>,
+}
+
+impl Diagnoser {
+    /// A diagnoser with these options.
+    pub fn new(opts: DiagnoseOptions) -> Diagnoser {
+        Diagnoser {
+            headroom: Headroom::new(opts.headroom),
+            collapse: CollapseTracker::new(opts.collapse_steps),
+            opts,
+            classified: 0,
+            out: RunDiagnosis::default(),
+            failed_at: None,
+        }
+    }
+
+    /// Looks at the step `trainer` just ran: collects headroom from its op records,
+    /// classifies a skip (into `rec.skip_cause`), flags a scale collapse (into
+    /// `rec.events`), and tries remedies at the first failing step when asked to.
+    pub fn after_step(&mut self, trainer: &Trainer, rec: &mut StepRecord) -> Result<()> {
+        if let Some(ops) = &rec.ops {
+            self.headroom.observe(rec.step, rec.scale_before, ops);
+        }
+        let mut reference: Option<Replay> = None;
+        if rec.skipped {
+            if self.classified < self.opts.classify_limit {
+                self.classified += 1;
+                let (c, fp32) = cause::classify(trainer, rec)?;
+                self.out.replays += c.replays;
+                rec.skip_cause = Some(Box::new(c));
+                reference = Some(fp32);
+            } else {
+                self.out.unclassified_skips += 1;
+            }
+        }
+        if let Some(flag) = self.collapse.observe(rec) {
+            rec.events.push(flag.sentence());
+            if self.out.scale_collapse.is_none() {
+                self.out.scale_collapse = Some(flag);
+            }
+        }
+        if self.failed_at.is_none() && failed(rec) {
+            self.failed_at = Some(rec.step);
+            if self.opts.remedies != RemedyMode::Off {
+                let r = remedy::try_remedies(
+                    trainer,
+                    rec,
+                    reference,
+                    self.opts.remedies,
+                    self.opts.bisect_budget,
+                )?;
+                self.out.replays += r.replays;
+                self.out.remedies = Some(r);
+            }
+        }
+        Ok(())
+    }
+
+    /// True once the run should stop ([`DiagnoseOptions::stop_at_failure`] and a step
+    /// failed).
+    pub fn should_stop(&self) -> bool {
+        self.opts.stop_at_failure && self.failed_at.is_some()
+    }
+
+    /// The first failing step, if any.
+    pub fn failed_at(&self) -> Option<u64> {
+        self.failed_at
+    }
+
+    /// The diagnosis of the run.
+    pub fn finish(mut self) -> RunDiagnosis {
+        self.out.headroom = self.headroom.report();
+        self.out
+    }
+}

@@ -1,0 +1,374 @@
+//! The diagnosis in plain words, for the human summary.
+
+use super::bisect::Bisection;
+use super::cause::{SkipCause, SkipKind};
+use super::collapse::short;
+use super::headroom::{HeadroomKind, HeadroomWarning};
+use super::remedy::RemedyReport;
+use crate::dtype::FP16;
+use crate::runner::RunSummary;
+use crate::trace::record::{OpRef, Phase};
+
+/// Modules shown per headroom kind in the text (the JSON has all).
+const SHOWN: usize = 12;
+
+fn module(m: &str) -> &str {
+    if m.is_empty() {
+        "<root>"
+    } else {
+        m
+    }
+}
+
+fn phase(p: Phase) -> &'static str {
+    match p {
+        Phase::Forward => "forward",
+        Phase::Backward => "backward",
+        Phase::Optimizer => "optimizer",
+    }
+}
+
+/// `` `op` in `module` ``.
+pub fn op_words(o: &OpRef) -> String {
+    format!("`{}` in `{}`", o.op, module(&o.module))
+}
+
+fn steps_words(a: u64, b: u64) -> String {
+    if a == b {
+        format!("step {a}")
+    } else {
+        format!("steps {a}–{b}")
+    }
+}
+
+fn pow2(s: f64) -> String {
+    format!("{} (2^{})", short(s), s.log2().round() as i64)
+}
+
+fn dtype_name(c: &SkipCause) -> &'static str {
+    c.dtype.map_or("its dtype", |d| d.name())
+}
+
+/// One sentence on a skip cause covering steps `a..=b`.
+pub fn cause_sentence(a: u64, b: u64, c: &SkipCause) -> String {
+    let head = format!("{} skipped ({})", steps_words(a, b), c.kind);
+    let op = c.op.as_ref().map(op_words);
+    let bop =
+        c.op.as_ref()
+            .map(|o| format!("the backward op {}", op_words(o)))
+            .unwrap_or_else(|| "a backward op".into());
+    let fwd = c
+        .forward_op
+        .as_ref()
+        .map(|f| format!(" (the gradient of forward op {})", op_words(f)))
+        .unwrap_or_default();
+    match c.kind {
+        SkipKind::ForwardOverflow => format!(
+            "{head}: {} went non-finite in the forward pass ({}), before any gradient existed; a lower loss scale cannot help, the activation itself leaves the range.",
+            op.unwrap_or_else(|| "a forward op".into()),
+            dtype_name(c)
+        ),
+        SkipKind::ScaleTooHigh => {
+            let mut s = format!(
+                "{head}: the forward pass was finite, but at loss scale {} {bop}{fwd} overflowed {}",
+                short(c.scale),
+                dtype_name(c)
+            );
+            if let Some(m) = c.unscaled_max_abs {
+                s += &format!("; unscaled its largest |g| is {}, which fits", num(m));
+                if let Some(o) = c.op_safe_scale {
+                    s += &format!(" up to scale {}", pow2(o));
+                }
+            }
+            s += ". The same step at scale 1 is finite";
+            if let Some(safe) = c.safe_scale {
+                s += &format!(
+                    "; every gradient of the step fits at scale {}: use --init-scale {safe}",
+                    pow2(safe)
+                );
+            }
+            s + "."
+        }
+        SkipKind::BackwardOverflow => format!(
+            "{head}: the forward pass was finite, but {bop}{fwd} overflows {} even without loss scaling (fp32 is finite): the gradient itself is too large for the low dtype.",
+            dtype_name(c)
+        ),
+        SkipKind::Divergence => format!(
+            "{head}: the step is non-finite in fp32 too{}; this is not a precision problem (look at the data, the learning rate, the model).",
+            c.op
+                .as_ref()
+                .map(|o| format!(" (first at {} in the {} pass)", op_words(o), phase(o.phase)))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+fn same_cause(a: &SkipCause, b: &SkipCause) -> bool {
+    let key = |c: &SkipCause| {
+        (
+            c.kind,
+            c.op.as_ref()
+                .map(|o| (o.op.clone(), o.module.clone(), o.phase)),
+        )
+    };
+    key(a) == key(b)
+}
+
+/// A value in short form: plain for ordinary magnitudes, scientific for huge or tiny ones.
+pub fn num(x: f64) -> String {
+    let a = x.abs();
+    if !x.is_finite() {
+        format!("{x}")
+    } else if a == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e6).contains(&a) {
+        format!("{x:.3e}")
+    } else if a >= 1000.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+/// `max |x|` against the fp16 max, as a share (below it) or a multiple (above it).
+fn share(w: &HeadroomWarning) -> String {
+    if w.fp16_max_share < 1.0 {
+        format!("{:.0}% of the fp16 max", w.fp16_max_share * 100.0)
+    } else {
+        let m = w.fp16_max_share;
+        if m >= 10.0 {
+            format!("{m:.0}× the fp16 max")
+        } else {
+            format!("{m:.2}× the fp16 max")
+        }
+    }
+}
+
+fn headroom_value(w: &HeadroomWarning) -> String {
+    match w.kind {
+        HeadroomKind::NearOverflow if w.max_abs.is_infinite() => {
+            format!("`{}` overflowed {} to inf", w.op, w.dtype.name())
+        }
+        HeadroomKind::NearOverflow => format!(
+            "`{}` max |x| {} ({}, {})",
+            w.op,
+            num(w.max_abs),
+            share(w),
+            w.dtype.name()
+        ),
+        HeadroomKind::Underflow => format!(
+            "`{}` {:.1}% ({} of {}, {})",
+            w.op,
+            w.underflow_share * 100.0,
+            w.fp16_underflow,
+            w.finite_nonzero,
+            w.dtype.name()
+        ),
+    }
+}
+
+/// Headroom warnings of one kind, one line per (module, phase): in execution order for
+/// near overflow (the first op that comes close is the warning before the NaN), worst
+/// first for underflow.
+fn headroom_lines(ws: &[&HeadroomWarning], kind: HeadroomKind) -> Vec<String> {
+    let mut groups: Vec<(String, Phase, Vec<&HeadroomWarning>)> = Vec::new();
+    for w in ws {
+        match groups
+            .iter_mut()
+            .find(|(m, p, _)| *m == w.module && *p == w.phase)
+        {
+            Some(g) => g.2.push(w),
+            None => groups.push((w.module.clone(), w.phase, vec![w])),
+        }
+    }
+    if kind == HeadroomKind::Underflow {
+        let worst = |g: &Vec<&HeadroomWarning>| g.iter().map(|w| w.severity()).fold(0.0, f64::max);
+        groups.sort_by(|a, b| worst(&b.2).total_cmp(&worst(&a.2)));
+    }
+    let n = groups.len();
+    let mut out: Vec<String> = groups
+        .iter()
+        .take(SHOWN)
+        .map(|(m, p, g)| {
+            let scale = g[0]
+                .loss_scale
+                .map(|s| format!(", loss scale {}", short(s)))
+                .unwrap_or_default();
+            let vals: Vec<String> = g.iter().map(|w| headroom_value(w)).collect();
+            format!(
+                "  `{}` ({}, step {}{scale}): {}",
+                module(m),
+                phase(*p),
+                g[0].step,
+                vals.join("; ")
+            )
+        })
+        .collect();
+    if n > SHOWN {
+        out.push(format!(
+            "  ({} more modules in the summary JSON)",
+            n - SHOWN
+        ));
+    }
+    out
+}
+
+fn rel(x: Option<f64>) -> String {
+    x.map_or("?".into(), |v| format!("{v:.1e}"))
+}
+
+/// The remedies in plain words.
+pub fn remedy_lines(r: &RemedyReport) -> Vec<String> {
+    let mut out = vec![format!(
+        "Remedies at step {} ({}), each proven by re-running the step from the same weights and data{}:",
+        r.step,
+        r.failure,
+        r.reference_loss
+            .map(|l| format!("; fp32 loss {l:.6}"))
+            .unwrap_or_default()
+    )];
+    for m in &r.remedies {
+        if m.finite {
+            out.push(format!(
+                "  FIXES IT: {} makes step {} finite; loss differs from fp32 by {}, final hidden state by {} (relative). Flags: {}",
+                m.remedy,
+                r.step,
+                rel(m.loss_rel_err),
+                rel(m.hidden_rel_err),
+                m.flags.join(" ")
+            ));
+        } else {
+            let why = match (&m.first_nonfinite, m.skipped) {
+                (Some(o), _) => format!("; first non-finite: {} ({})", op_words(o), phase(o.phase)),
+                (None, true) => "; the step is still skipped".into(),
+                _ => String::new(),
+            };
+            out.push(format!(
+                "  does not fix it: {} leaves step {} non-finite{why}.",
+                m.remedy, r.step
+            ));
+        }
+    }
+    if let Some(b) = &r.bisection {
+        out.extend(bisection_lines(b));
+    }
+    if let Some(n) = &r.note {
+        out.push(format!("  {n}."));
+    }
+    if let Some(best) = r.best() {
+        out.push(format!(
+            "Suggested fix: {} (closest to fp32 among those that work): {}",
+            best.remedy,
+            best.flags.join(" ")
+        ));
+    }
+    out
+}
+
+/// The bisection in plain words, with the ready flags and TOML snippet.
+pub fn bisection_lines(b: &Bisection) -> Vec<String> {
+    let mut out = Vec::new();
+    if !b.found {
+        out.push(format!(
+            "  Bisection ({} re-runs of the step over {} candidate modules): keeping modules in fp32 does not make step {} finite.",
+            b.replays, b.candidates, b.step
+        ));
+        return out;
+    }
+    out.push(format!(
+        "  Bisection ({} re-runs of the step over {} candidate modules{}): keeping {} in fp32 makes step {} finite{}.",
+        b.replays,
+        b.candidates,
+        if b.coarse { ", parent modules included" } else { "" },
+        b.modules.join(", "),
+        b.step,
+        if b.minimal {
+            " (1-minimal: dropping any one of them fails again)"
+        } else {
+            " (the re-run budget ran out before the set was minimal)"
+        }
+    ));
+    if let (Some(p), Some(ok)) = (&b.pattern, b.pattern_finite) {
+        out.push(format!(
+            "  All of them are `{p}` modules: the pattern `{p}` {}.",
+            if ok {
+                "was verified by one more re-run: finite"
+            } else {
+                "does NOT make the step finite (verified by one more re-run); use the exact paths"
+            }
+        ));
+    }
+    out.push(format!("  Use: {}", b.flags()));
+    out.push("  or in the config:".into());
+    out.extend(b.toml().lines().map(|l| format!("    {l}")));
+    out
+}
+
+/// The whole diagnosis of a run in plain words: skip causes, collapse, headroom, remedies.
+pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
+    let mut out = Vec::new();
+    // Skip causes, consecutive steps with the same cause and op together.
+    let mut i = 0;
+    let steps = &s.steps;
+    while i < steps.len() {
+        let Some(c) = steps[i].skip_cause.as_ref() else {
+            i += 1;
+            continue;
+        };
+        let mut j = i;
+        while j + 1 < steps.len()
+            && steps[j + 1]
+                .skip_cause
+                .as_ref()
+                .is_some_and(|d| same_cause(c, d))
+        {
+            j += 1;
+        }
+        out.push(cause_sentence(steps[i].step, steps[j].step, c));
+        i = j + 1;
+    }
+    if s.unclassified_skips > 0 {
+        out.push(format!(
+            "{} more skipped steps were not classified (raise --classify-limit).",
+            s.unclassified_skips
+        ));
+    }
+    if let Some(f) = &s.scale_collapse {
+        out.push(format!("Step {}: {}.", f.step, f.sentence()));
+    }
+    let h = &s.headroom;
+    for (kind, head) in [
+        (
+            HeadroomKind::NearOverflow,
+            format!(
+                "exceed {:.0}% of the fp16 maximum ({}): in fp16 they overflow or are close to it",
+                h.thresholds.overflow_share * 100.0,
+                h.thresholds.overflow_share * FP16.max
+            ),
+        ),
+        (
+            HeadroomKind::Underflow,
+            format!(
+                "would flush more than {}% of their nonzero values to zero in fp16",
+                h.thresholds.underflow_share * 100.0
+            ),
+        ),
+    ] {
+        let ws: Vec<&HeadroomWarning> = h.warnings.iter().filter(|w| w.kind == kind).collect();
+        if ws.is_empty() {
+            continue;
+        }
+        out.push(format!("Headroom: {} ops {head}:", ws.len()));
+        out.extend(headroom_lines(&ws, kind));
+    }
+    if let Some(r) = &s.remedies {
+        out.extend(remedy_lines(r));
+    }
+    if s.diagnosis_replays > 0 {
+        out.push(format!(
+            "The diagnosis re-ran a step {} times.",
+            s.diagnosis_replays
+        ));
+    }
+    out
+}

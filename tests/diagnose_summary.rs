@@ -1,0 +1,134 @@
+//! The command line: the summary JSON carries origins, skip causes, headroom and remedies;
+//! the human summary says them in plain words; `fix` and `bisect` answer.
+
+use std::process::{Command, Output};
+
+fn amprobe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .args(args)
+        .output()
+        .expect("amprobe runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn summary_json_and_human_summary_of_try_remedies() {
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("s.json");
+    let o = amprobe(&[
+        "run",
+        "samples/t5_overflow.toml",
+        "--try-remedies",
+        "--summary-json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let wo = "encoder.block.3.layer.1.DenseReluDense.wo";
+    assert_eq!(s["first_inf"]["module"], wo);
+    assert_eq!(s["first_nan"]["module"], "encoder.final_layer_norm");
+    let chain = s["chain"].as_array().unwrap();
+    assert_eq!(chain.first().unwrap()["module"], wo);
+    assert_eq!(chain.last().unwrap()["module"], "encoder.final_layer_norm");
+    for st in s["steps"].as_array().unwrap() {
+        assert_eq!(st["skip_cause"]["kind"], "forward-overflow");
+        assert_eq!(st["skip_cause"]["op"]["module"], wo);
+    }
+    let warnings = s["headroom"]["warnings"].as_array().unwrap();
+    assert!(warnings
+        .iter()
+        .any(|w| w["module"] == wo && w["kind"] == "near-overflow" && w["max_abs"] == "inf"));
+    assert_eq!(s["headroom"]["thresholds"]["overflow_share"], 0.5);
+    let rem = &s["remedies"];
+    assert_eq!(rem["step"], 0);
+    let list = rem["remedies"].as_array().unwrap();
+    let wo_fix = list
+        .iter()
+        .find(|m| m["flags"] == serde_json::json!(["--keep-fp32", "wo"]))
+        .unwrap();
+    assert_eq!(wo_fix["finite"], true);
+    assert!(wo_fix["loss_rel_err"].as_f64().unwrap() < 1e-3);
+    assert!(wo_fix["hidden_rel_err"].as_f64().unwrap() < 1e-3);
+    assert_eq!(rem["bisection"]["keep_fp32"], serde_json::json!(["wo"]));
+    assert!(s["diagnosis_replays"].as_u64().unwrap() > 3);
+
+    let text = stdout(&o);
+    for want in [
+        "SKIPPED (forward-overflow)",
+        "steps 0–2 skipped (forward-overflow): `linear` in `encoder.block.3.layer.1.DenseReluDense.wo` went non-finite in the forward pass (float16)",
+        "a lower loss scale cannot help",
+        "Headroom:",
+        "FIXES IT: keeping `wo` in fp32 makes step 0 finite; loss differs from fp32 by",
+        "FIXES IT: bf16 autocast makes step 0 finite",
+        "does not fix it: transformers' fp16 clamp",
+        "keep_fp32 = [\"wo\"]",
+        "Suggested fix:",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn scale_too_high_in_plain_words() {
+    let o = amprobe(&[
+        "run",
+        "samples/mlp.toml",
+        "--init-scale",
+        "1e30",
+        "--steps",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = stdout(&o);
+    for want in [
+        "SKIPPED (scale-too-high)",
+        "steps 0–1 skipped (scale-too-high): the forward pass was finite, but at loss scale 1.000e30 the backward op `to` in `loss`",
+        "The same step at scale 1 is finite",
+        "use --init-scale 262144",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn fix_and_bisect_commands() {
+    let o = amprobe(&["fix", "samples/t5_overflow.toml"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = stdout(&o);
+    assert!(text.contains("step    0"), "{text}");
+    assert!(
+        !text.contains("step    1"),
+        "fix stops at the failing step:\n{text}"
+    );
+    assert!(text.contains("Suggested fix:"), "{text}");
+
+    let o = amprobe(&["bisect", "samples/t5_overflow.toml"]);
+    assert_eq!(o.status.code(), Some(0));
+    let text = stdout(&o);
+    for want in [
+        "keeping encoder.block.3.layer.1.DenseReluDense.wo in fp32 makes step 0 finite",
+        "re-runs of the step over",
+        "the pattern `wo` was verified",
+        "Use: --keep-fp32 wo",
+        "keep_fp32 = [\"wo\"]",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    // Nothing to fix on a healthy run.
+    let o = amprobe(&["fix", "samples/t5_overflow.toml", "--keep-fp32", "wo"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("nothing to fix"));
+    // Bad thresholds are refused with the flag's name.
+    let o = amprobe(&["run", "samples/mlp.toml", "--underflow-threshold", "2"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--underflow-threshold"));
+}
