@@ -1,5 +1,6 @@
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
+mod export;
 mod report;
 mod run;
 mod scaler;
@@ -20,6 +21,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Charts, summary.md and index.html of a trace.
     Report(report::ReportArgs),
+    /// Export a trace to another format (Chrome trace events for Perfetto).
+    Export(export::ExportArgs),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -33,6 +36,7 @@ pub fn main() -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Report(a) => report::run(a),
+        Command::Export(a) => export::run(a),
         Command::Scaler { command } => scaler::run(command),
     }
 }

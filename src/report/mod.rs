@@ -9,6 +9,7 @@ pub mod charts;
 pub mod doc;
 pub mod facts;
 pub mod gate;
+pub mod perfetto;
 pub mod summary;
 
 use crate::error::{Error, Result};
