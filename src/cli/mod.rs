@@ -1,5 +1,6 @@
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
+mod compare;
 mod export;
 mod report;
 mod run;
@@ -21,6 +22,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Charts, summary.md and index.html of a trace.
     Report(report::ReportArgs),
+    /// Compare runs of one model in different precisions, op by op against fp32.
+    Compare(compare::CompareArgs),
     /// Export a trace to another format (Chrome trace events for Perfetto).
     Export(export::ExportArgs),
     /// Loss-scaler tools.
@@ -37,6 +40,7 @@ pub fn main() -> anyhow::Result<i32> {
         Command::Run(a) => run::run(*a),
         Command::Report(a) => report::run(a),
         Command::Export(a) => export::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Scaler { command } => scaler::run(command),
     }
 }

@@ -6,6 +6,7 @@
 //! run, a killed one (a cut last line), or a model with thousands of ops per step.
 
 pub mod charts;
+pub mod compare;
 pub mod doc;
 pub mod facts;
 pub mod gate;
