@@ -291,7 +291,7 @@ fn compare_cli_writes_table_overlays_and_diff_chart() {
     // Its x: the bf16 run matches every reference op, so its circles (orange, one per
     // aligned position, in order) give the x of each position.
     let bottom = diff
-        .text_exact("aligned op (reference execution order, steps one after another)")
+        .text_exact("aligned op (step:reference op index, in execution order)")
         .unwrap()
         .y;
     let mut orange: Vec<f64> = diff

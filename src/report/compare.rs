@@ -268,24 +268,24 @@ fn diff_op(
         (
             Class::Range,
             format!(
-                "Inf/NaN in the {dt} output ({} values) where the reference is finite",
-                a.stats.nonfinite()
+                "Inf/NaN in the {dt} output ({}) where the reference is finite",
+                facts::plural(a.stats.nonfinite(), "value")
             ),
         )
     } else if a.rounding.overflow > 0 {
         (
             Class::Range,
             format!(
-                "{} values overflowed to Inf when rounded to {dt}",
-                a.rounding.overflow
+                "{} overflowed to Inf when rounded to {dt}",
+                facts::plural(a.rounding.overflow, "value")
             ),
         )
     } else if flushed > RANGE_SHARE {
         (
             Class::Range,
             format!(
-                "{} values ({}) flushed to zero when rounded to {dt}",
-                a.rounding.underflow,
+                "{} ({}) flushed to zero when rounded to {dt}",
+                facts::plural(a.rounding.underflow, "value"),
                 fmt_pct(flushed)
             ),
         )
@@ -578,9 +578,19 @@ impl Chart for DiffChart {
             .y_label_area_size(80)
             .build_cartesian_2d(-0.5..x1, y0..y1)?;
         let top_row = y1 - 0.8;
+        let multi_step = pos.first().map(|p| p.0) != pos.last().map(|p| p.0);
+        let radius = match pos.len() {
+            0..=300 => 4,
+            301..=1000 => 3,
+            _ => 2,
+        };
         chart
             .configure_mesh()
-            .x_desc("aligned op (reference execution order, steps one after another)")
+            .x_desc(if multi_step {
+                "aligned op (step:reference op index, in execution order)"
+            } else {
+                "aligned op (reference op index, in execution order)"
+            })
             .y_desc("relative difference from the reference (log)")
             .axis_desc_style(("sans-serif", 16).into_font().color(&BLACK))
             .label_style(("sans-serif", 13).into_font().color(&BLACK))
@@ -591,8 +601,13 @@ impl Chart for DiffChart {
             .x_label_formatter(&|v| {
                 let i = v.round();
                 if (v - i).abs() < 1e-9 && i >= 0.0 {
-                    pos.get(i as usize)
-                        .map_or_else(String::new, |p| format!("#{}", p.1))
+                    pos.get(i as usize).map_or_else(String::new, |p| {
+                        if multi_step {
+                            format!("{}:#{}", p.0, p.1)
+                        } else {
+                            format!("#{}", p.1)
+                        }
+                    })
                 } else {
                     String::new()
                 }
@@ -607,25 +622,30 @@ impl Chart for DiffChart {
                 }
             })
             .draw()?;
-        // Step boundaries.
+        // Step boundaries; labels thinned so they never overlap.
         let (ox, oy) = top.get_base_pixel();
         let mut prev_step = None;
+        let mut label_end = i32::MIN;
         for (i, p) in pos.iter().enumerate() {
             if prev_step != Some(p.0) {
                 let x = i as f64 - 0.5;
                 chart.draw_series(LineSeries::new(
                     vec![(x, y0), (x, y1)],
-                    C_GREY.stroke_width(1),
+                    C_GREY.mix(0.5).stroke_width(1),
                 ))?;
                 let q = chart.backend_coord(&(x, y1));
-                top.draw(&Text::new(
-                    format!("step {}", p.0),
-                    (q.0 - ox + 4, q.1 - oy + 4),
-                    ("sans-serif", 13)
-                        .into_font()
-                        .color(&C_GREY)
-                        .pos(Pos::new(HPos::Left, VPos::Top)),
-                ))?;
+                if q.0 >= label_end {
+                    let label = format!("step {}", p.0);
+                    label_end = q.0 + 8 * label.len() as i32 + 12;
+                    top.draw(&Text::new(
+                        label,
+                        (q.0 - ox + 4, q.1 - oy + 4),
+                        ("sans-serif", 13)
+                            .into_font()
+                            .color(&C_GREY)
+                            .pos(Pos::new(HPos::Left, VPos::Top)),
+                    ))?;
+                }
                 prev_step = Some(p.0);
             }
         }
@@ -654,15 +674,17 @@ impl Chart for DiffChart {
                     top_row
                 }
             };
-            chart.draw_series(
-                ops.iter()
-                    .filter(|o| o.class == Class::Rounding)
-                    .map(|o| Circle::new((at[&(o.step, o.ref_index)] as f64, y(o)), 4, c.filled())),
-            )?;
+            chart.draw_series(ops.iter().filter(|o| o.class == Class::Rounding).map(|o| {
+                Circle::new(
+                    (at[&(o.step, o.ref_index)] as f64, y(o)),
+                    radius,
+                    c.filled(),
+                )
+            }))?;
             chart.draw_series(ops.iter().filter(|o| o.class == Class::Range).map(|o| {
                 Cross::new(
                     (at[&(o.step, o.ref_index)] as f64, y(o)),
-                    6,
+                    radius + 2,
                     c.stroke_width(2),
                 )
             }))?;
@@ -822,6 +844,16 @@ pub fn write_compare(traces: &[TraceFile], opts: &CompareOptions) -> Result<Comp
     })
 }
 
+/// A relative difference for a table: a percentage, or `Inf/NaN` when the run's output
+/// is not finite.
+fn rel_text(r: f64) -> String {
+    if r.is_finite() {
+        fmt_pct(r)
+    } else {
+        "Inf/NaN".into()
+    }
+}
+
 /// One line per run: its first divergence and class, as `compare` prints it.
 pub fn first_divergence_lines(cmp: &Comparison) -> Vec<String> {
     let r = &cmp.runs[cmp.reference].label;
@@ -946,8 +978,8 @@ fn build_doc(traces: &[TraceFile], cmp: &Comparison, charts: &[(Rendered, String
                 o.reason,
                 fmt_num(o.run_max_abs),
                 fmt_num(o.ref_max_abs),
-                fmt_pct(o.rel_max_abs),
-                fmt_pct(o.rel_l2)
+                rel_text(o.rel_max_abs),
+                rel_text(o.rel_l2)
             ))),
             None => d.push(Block::Para(format!(
                 "No op diverged beyond {}.",
@@ -1005,8 +1037,8 @@ fn build_doc(traces: &[TraceFile], cmp: &Comparison, charts: &[(Rendered, String
                             o.dtype.to_string(),
                             fmt_num(o.run_max_abs),
                             fmt_num(o.ref_max_abs),
-                            fmt_pct(o.rel_max_abs),
-                            fmt_pct(o.rel_l2),
+                            rel_text(o.rel_max_abs),
+                            rel_text(o.rel_l2),
                             if o.propagated {
                                 "range (propagated)".into()
                             } else {
