@@ -347,6 +347,8 @@ pub struct Facts {
     pub params: Vec<ParamRow>,
     /// Steps that carry op records.
     pub steps_with_ops: Vec<u64>,
+    /// Steps in the trace.
+    pub steps: usize,
 }
 
 /// The headroom share above which the report warns.
@@ -409,6 +411,7 @@ impl Facts {
                 .filter(|s| s.ops.is_some())
                 .map(|s| s.step)
                 .collect(),
+            steps: steps.len(),
         }
     }
 
@@ -427,16 +430,40 @@ impl Facts {
             ));
         }
         if !self.skipped.is_empty() {
-            let first = self.skipped.first().map_or(0.0, |s| s.1);
-            let last = self.skipped.last().map_or(0.0, |s| s.2);
-            out.push(format!(
-                "{} step(s) were skipped; the scale went from {} to {}. If skips keep \
-                 coming after the scale settles, the gradients themselves overflow: look at \
-                 the first Inf; if they stop, start from a lower scale (`--init-scale`).",
-                self.skipped.len(),
-                fmt_num(first),
-                fmt_num(last)
-            ));
+            let rate = self.skipped.len() as f64 / self.steps.max(1) as f64;
+            let scales: Vec<f64> = self.skipped.iter().map(|s| s.1).collect();
+            let same = scales.windows(2).all(|w| w[0] == w[1]);
+            if same && self.skipped.len() > 1 && scales[0] > 1.0 {
+                out.push(format!(
+                    "Every skip ({} of {} steps, {}) happened at loss scale {}: the scaler \
+                     grows into the gradients' overflow and backs off, again and again. Cap \
+                     the scale below it (`--scaler maxclip --max-scale {}`) or grow it less \
+                     often (`--growth-interval`).",
+                    self.skipped.len(),
+                    self.steps,
+                    fmt_pct(rate),
+                    super::charts::scale_text(scales[0]),
+                    fmt_num(scales[0] / 2.0)
+                ));
+            } else if rate > 0.05 {
+                out.push(format!(
+                    "{} of {} steps ({}) were skipped: more than dynamic loss scaling needs. \
+                     If the skips go on after the scale has come down, the gradients overflow \
+                     whatever the scale: start from the first Inf above; if they stop, start \
+                     from a lower scale (`--init-scale`).",
+                    self.skipped.len(),
+                    self.steps,
+                    fmt_pct(rate)
+                ));
+            } else {
+                out.push(format!(
+                    "{} of {} steps ({}) were skipped: occasional skips are how dynamic loss \
+                     scaling finds its scale.",
+                    self.skipped.len(),
+                    self.steps,
+                    fmt_pct(rate)
+                ));
+            }
         }
         if self
             .events
