@@ -94,7 +94,9 @@ fn fp16_overflow_is_the_first_divergence_and_a_range_failure() {
     assert_eq!(first.class, Class::Range);
     assert!(!first.propagated, "the overflowing op is the origin");
     assert!(
-        first.reason.contains("where the reference is finite"),
+        first
+            .reason
+            .contains("that the reference does not have (1 value)"),
         "{}",
         first.reason
     );

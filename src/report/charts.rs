@@ -1003,7 +1003,14 @@ impl OpMaxChart {
             ),
             ops: ops
                 .iter()
-                .map(|o| (o.index, o.phase, o.stats.max_abs, o.stats.nonfinite() > 0))
+                .map(|o| {
+                    (
+                        o.index,
+                        o.phase,
+                        o.stats.max_abs,
+                        facts::unmasked_nonfinite(o) > 0,
+                    )
+                })
                 .collect(),
             first_inf: s.origins.first_inf.clone(),
             first_nan: s.origins.first_nan.clone(),

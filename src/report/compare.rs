@@ -246,7 +246,12 @@ fn diff_op(
     let (sa, sr) = (scale_of(rs, a), scale_of(fs, r));
     let (ma, mr) = (a.stats.max_abs / sa, r.stats.max_abs / sr);
     let (la, lr) = (a.stats.l2() / sa, r.stats.l2() / sr);
-    let new_nonfinite = a.stats.nonfinite() > 0 && r.stats.nonfinite() == 0;
+    // More NaN, +inf or -inf than the reference: masked -inf, present in both, does not count.
+    let (sa_, sr_) = (&a.stats, &r.stats);
+    let extra = sa_.nan.saturating_sub(sr_.nan)
+        + sa_.pos_inf.saturating_sub(sr_.pos_inf)
+        + sa_.neg_inf.saturating_sub(sr_.neg_inf);
+    let new_nonfinite = extra > 0;
     let (mut rel_max_abs, mut rel_l2) = (rel_diff(ma, mr), rel_diff(la, lr));
     if new_nonfinite {
         rel_max_abs = f64::INFINITY;
@@ -268,8 +273,8 @@ fn diff_op(
         (
             Class::Range,
             format!(
-                "Inf/NaN in the {dt} output ({}) where the reference is finite",
-                facts::plural(a.stats.nonfinite(), "value")
+                "Inf/NaN in the {dt} output that the reference does not have ({})",
+                facts::plural(extra, "value")
             ),
         )
     } else if a.rounding.overflow > 0 {
@@ -362,7 +367,7 @@ pub fn diff_runs(run: &TraceFile, reference: &TraceFile, threshold: f64, index: 
         for (k, a) in &a_keyed {
             if let Some((_, r)) = r_keyed.iter().find(|(rk, _)| rk == k) {
                 let od = diff_op(rs, a, fs, r, threshold, inf_before);
-                inf_before |= od.class == Class::Range && a.stats.nonfinite() > r.stats.nonfinite();
+                inf_before |= od.class == Class::Range && od.rel().is_infinite();
                 matched.push(od);
             }
         }
@@ -1070,6 +1075,75 @@ fn build_doc(traces: &[TraceFile], cmp: &Comparison, charts: &[(Rendered, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::TensorStats;
+    use crate::trace::record::TensorMeta;
+
+    fn op(index: u64, dtype: DType, values: &[f32], masked: u64) -> OpRecord {
+        OpRecord {
+            micro: 0,
+            index,
+            phase: Phase::Forward,
+            op: "masked_fill".into(),
+            module: "enc.attn".into(),
+            inputs: Vec::new(),
+            output: TensorMeta {
+                dtype,
+                shape: vec![values.len()],
+            },
+            stats: TensorStats::compute(dtype, values),
+            rounding: Default::default(),
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: masked,
+        }
+    }
+
+    fn step(scale: f64) -> StepRecord {
+        StepRecord {
+            scale_before: scale,
+            ..StepRecord::default()
+        }
+    }
+
+    #[test]
+    fn masked_neg_inf_in_both_runs_is_not_a_range_failure() {
+        let ni = f32::NEG_INFINITY;
+        let r = op(3, DType::F32, &[1.0, ni, 2.0, ni], 2);
+        let a = op(5, DType::F16, &[1.0, ni, 2.0, ni], 2);
+        let d = diff_op(&step(1.0), &a, &step(1.0), &r, 0.05, false);
+        assert!(!d.diverged && d.class == Class::Rounding, "{d:?}");
+        // One more -inf than the reference: a range failure, counted.
+        let a = op(5, DType::F16, &[1.0, ni, ni, ni], 2);
+        let d = diff_op(&step(1.0), &a, &step(1.0), &r, 0.05, false);
+        assert!(d.diverged && d.class == Class::Range);
+        assert!(
+            d.reason
+                .ends_with("that the reference does not have (1 value)"),
+            "{}",
+            d.reason
+        );
+        assert!(d.rel().is_infinite());
+    }
+
+    #[test]
+    fn rounding_difference_and_flush_share() {
+        let r = op(0, DType::F32, &[1.0, 3.0, 1e-6, 1e-6], 0);
+        let a = op(0, DType::F16, &[1.0, 3.25, 0.0, 0.0], 0);
+        let mut a2 = a.clone();
+        // 3.25 vs 3.0: max |x| differs by 1/12.
+        let d = diff_op(&step(1.0), &a, &step(1.0), &r, 0.05, false);
+        assert_eq!(d.rel_max_abs, 0.25 / 3.0);
+        assert!(d.diverged && d.class == Class::Rounding);
+        // The same, with two of four values flushed by rounding: a range failure.
+        a2.rounding.underflow = 2;
+        let d = diff_op(&step(1.0), &a2, &step(1.0), &r, 0.05, false);
+        assert_eq!(d.class, Class::Range);
+        assert!(
+            d.reason.starts_with("2 values (50.0%) flushed to zero"),
+            "{}",
+            d.reason
+        );
+    }
 
     #[test]
     fn relative_difference() {

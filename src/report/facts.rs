@@ -34,6 +34,12 @@ pub fn is_activation_grad(op: &OpRecord) -> bool {
         && !matches!(op.wrt.as_deref(), Some("weight") | Some("bias"))
 }
 
+/// NaN and infinite values of an op's output, less the -inf a mask wrote on purpose.
+pub fn unmasked_nonfinite(op: &OpRecord) -> u64 {
+    let s = &op.stats;
+    s.nan + s.pos_inf + s.neg_inf.saturating_sub(op.masked_neg_inf)
+}
+
 /// True when any op output of the step or any parameter gradient held an Inf or NaN, or
 /// the step names an origin.
 pub fn step_has_nonfinite(s: &StepRecord) -> bool {
@@ -42,7 +48,7 @@ pub fn step_has_nonfinite(s: &StepRecord) -> bool {
         || s.params.iter().any(|p| p.nonfinite > 0)
         || s.ops
             .as_ref()
-            .is_some_and(|ops| ops.iter().any(|o| o.stats.nonfinite() > 0))
+            .is_some_and(|ops| ops.iter().any(|o| unmasked_nonfinite(o) > 0))
 }
 
 /// The step a per-op chart shows by default: the first step with op records and a
@@ -596,6 +602,40 @@ mod tests {
             first_origin(&s).map(|(k, o)| (k, o.op_index)),
             Some(("Inf", 3))
         );
+    }
+
+    #[test]
+    fn masked_neg_inf_is_not_a_non_finite_step() {
+        use crate::probe::TensorStats;
+        use crate::trace::record::TensorMeta;
+        let vals = [1.0, f32::NEG_INFINITY, 2.0];
+        let mut op = OpRecord {
+            micro: 0,
+            index: 0,
+            phase: Phase::Forward,
+            op: "masked_fill".into(),
+            module: "attn".into(),
+            inputs: Vec::new(),
+            output: TensorMeta {
+                dtype: crate::dtype::DType::F32,
+                shape: vec![3],
+            },
+            stats: TensorStats::compute(crate::dtype::DType::F32, &vals),
+            rounding: Default::default(),
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: 1,
+        };
+        let mut s = StepRecord {
+            ops: Some(vec![op.clone()]),
+            ..StepRecord::default()
+        };
+        assert_eq!(unmasked_nonfinite(&op), 0);
+        assert!(!step_has_nonfinite(&s));
+        op.masked_neg_inf = 0;
+        s.ops = Some(vec![op.clone()]);
+        assert_eq!(unmasked_nonfinite(&op), 1);
+        assert!(step_has_nonfinite(&s));
     }
 
     #[test]
