@@ -507,3 +507,32 @@ fn a_skip_cause_written_by_the_run_wins() {
     let svg = Svg::open(&out.join("scale.svg"));
     assert!(svg.text_exact("skipped step: scale-too-high").is_some());
 }
+
+#[test]
+fn recurring_skips_at_one_scale_get_a_cap_remedy() {
+    let dir = tempfile::tempdir().unwrap();
+    // Growth every 5 clean steps drives the scale into the gradients' overflow at 2^19.
+    let t = mlp_trace(dir.path(), "grow", "fp16", 30, vec![], |c| {
+        c.scaler.growth_interval = Some(5)
+    });
+    let trace = read_trace(&t).unwrap();
+    let skipped: Vec<f64> = trace
+        .steps
+        .iter()
+        .filter(|s| s.skipped)
+        .map(|s| s.scale_before)
+        .collect();
+    assert!(
+        skipped.len() >= 2 && skipped.iter().all(|&s| s == 524288.0),
+        "{skipped:?}"
+    );
+    let r = report(&t, &dir.path().join("rep"), None);
+    let md = std::fs::read_to_string(&r.summary_md).unwrap();
+    let want = format!(
+        "Every skip ({} of 30 steps, {:.1}%) happened at loss scale 2^19",
+        skipped.len(),
+        skipped.len() as f64 / 30.0 * 100.0
+    );
+    assert!(md.contains(&want), "{want}\n{md}");
+    assert!(md.contains("`--scaler maxclip --max-scale 262144`"));
+}

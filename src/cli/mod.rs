@@ -1,6 +1,8 @@
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
 mod bisect;
+mod compare;
+mod export;
 mod fix;
 mod report;
 mod run;
@@ -31,6 +33,10 @@ enum Command {
     Fix(Box<fix::FixArgs>),
     /// Find a minimal set of modules that, kept in fp32, makes the first failing step finite.
     Bisect(Box<bisect::BisectArgs>),
+    /// Compare runs of one model in different precisions, op by op against fp32.
+    Compare(compare::CompareArgs),
+    /// Export a trace to another format (Chrome trace events for Perfetto).
+    Export(export::ExportArgs),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -46,6 +52,8 @@ pub fn main() -> anyhow::Result<i32> {
         Command::Report(a) => report::run(a),
         Command::Fix(a) => fix::run(*a),
         Command::Bisect(a) => bisect::run(*a),
+        Command::Export(a) => export::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Scaler { command } => scaler::run(command),
         Command::Tui(a) => tui::run(*a),
     }

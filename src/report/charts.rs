@@ -448,7 +448,10 @@ impl Chart for StepChart {
                 }
             })
             .draw()?;
-        for s in &self.series {
+        let n_series = self.series.len();
+        for (si, s) in self.series.iter().enumerate() {
+            // Runs that coincide stay visible: earlier lines are drawn wider, underneath.
+            let width = 2 + 2 * (n_series - 1 - si) as u32;
             // Split the line at non-finite values.
             let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
             for &(st, v) in &s.points {
@@ -469,7 +472,7 @@ impl Chart for StepChart {
                 if !s.staircase && s.points.len() <= 200 {
                     chart.draw_series(run.iter().map(|&p| Circle::new(p, 3, s.color.filled())))?;
                 }
-                chart.draw_series(LineSeries::new(run, s.color.stroke_width(2)))?;
+                chart.draw_series(LineSeries::new(run, s.color.stroke_width(width)))?;
             }
         }
         let area = chart.plotting_area().strip_coord_spec();
@@ -1000,7 +1003,14 @@ impl OpMaxChart {
             ),
             ops: ops
                 .iter()
-                .map(|o| (o.index, o.phase, o.stats.max_abs, o.stats.nonfinite() > 0))
+                .map(|o| {
+                    (
+                        o.index,
+                        o.phase,
+                        o.stats.max_abs,
+                        facts::unmasked_nonfinite(o) > 0,
+                    )
+                })
                 .collect(),
             first_inf: s.origins.first_inf.clone(),
             first_nan: s.origins.first_nan.clone(),

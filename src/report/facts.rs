@@ -34,6 +34,12 @@ pub fn is_activation_grad(op: &OpRecord) -> bool {
         && !matches!(op.wrt.as_deref(), Some("weight") | Some("bias"))
 }
 
+/// NaN and infinite values of an op's output, less the -inf a mask wrote on purpose.
+pub fn unmasked_nonfinite(op: &OpRecord) -> u64 {
+    let s = &op.stats;
+    s.nan + s.pos_inf + s.neg_inf.saturating_sub(op.masked_neg_inf)
+}
+
 /// True when any op output of the step or any parameter gradient held an Inf or NaN, or
 /// the step names an origin.
 pub fn step_has_nonfinite(s: &StepRecord) -> bool {
@@ -42,7 +48,7 @@ pub fn step_has_nonfinite(s: &StepRecord) -> bool {
         || s.params.iter().any(|p| p.nonfinite > 0)
         || s.ops
             .as_ref()
-            .is_some_and(|ops| ops.iter().any(|o| o.stats.nonfinite() > 0))
+            .is_some_and(|ops| ops.iter().any(|o| unmasked_nonfinite(o) > 0))
 }
 
 /// The step a per-op chart shows by default: the first step with op records and a
@@ -347,6 +353,8 @@ pub struct Facts {
     pub params: Vec<ParamRow>,
     /// Steps that carry op records.
     pub steps_with_ops: Vec<u64>,
+    /// Steps in the trace.
+    pub steps: usize,
 }
 
 /// The headroom share above which the report warns.
@@ -409,6 +417,7 @@ impl Facts {
                 .filter(|s| s.ops.is_some())
                 .map(|s| s.step)
                 .collect(),
+            steps: steps.len(),
         }
     }
 
@@ -427,16 +436,40 @@ impl Facts {
             ));
         }
         if !self.skipped.is_empty() {
-            let first = self.skipped.first().map_or(0.0, |s| s.1);
-            let last = self.skipped.last().map_or(0.0, |s| s.2);
-            out.push(format!(
-                "{} step(s) were skipped; the scale went from {} to {}. If skips keep \
-                 coming after the scale settles, the gradients themselves overflow: look at \
-                 the first Inf; if they stop, start from a lower scale (`--init-scale`).",
-                self.skipped.len(),
-                fmt_num(first),
-                fmt_num(last)
-            ));
+            let rate = self.skipped.len() as f64 / self.steps.max(1) as f64;
+            let scales: Vec<f64> = self.skipped.iter().map(|s| s.1).collect();
+            let same = scales.windows(2).all(|w| w[0] == w[1]);
+            if same && self.skipped.len() > 1 && scales[0] > 1.0 {
+                out.push(format!(
+                    "Every skip ({} of {} steps, {}) happened at loss scale {}: the scaler \
+                     grows into the gradients' overflow and backs off, again and again. Cap \
+                     the scale below it (`--scaler maxclip --max-scale {}`) or grow it less \
+                     often (`--growth-interval`).",
+                    self.skipped.len(),
+                    self.steps,
+                    fmt_pct(rate),
+                    super::charts::scale_text(scales[0]),
+                    fmt_num(scales[0] / 2.0)
+                ));
+            } else if rate > 0.05 {
+                out.push(format!(
+                    "{} of {} steps ({}) were skipped: more than dynamic loss scaling needs. \
+                     If the skips go on after the scale has come down, the gradients overflow \
+                     whatever the scale: start from the first Inf above; if they stop, start \
+                     from a lower scale (`--init-scale`).",
+                    self.skipped.len(),
+                    self.steps,
+                    fmt_pct(rate)
+                ));
+            } else {
+                out.push(format!(
+                    "{} of {} steps ({}) were skipped: occasional skips are how dynamic loss \
+                     scaling finds its scale.",
+                    self.skipped.len(),
+                    self.steps,
+                    fmt_pct(rate)
+                ));
+            }
         }
         if self
             .events
@@ -569,6 +602,40 @@ mod tests {
             first_origin(&s).map(|(k, o)| (k, o.op_index)),
             Some(("Inf", 3))
         );
+    }
+
+    #[test]
+    fn masked_neg_inf_is_not_a_non_finite_step() {
+        use crate::probe::TensorStats;
+        use crate::trace::record::TensorMeta;
+        let vals = [1.0, f32::NEG_INFINITY, 2.0];
+        let mut op = OpRecord {
+            micro: 0,
+            index: 0,
+            phase: Phase::Forward,
+            op: "masked_fill".into(),
+            module: "attn".into(),
+            inputs: Vec::new(),
+            output: TensorMeta {
+                dtype: crate::dtype::DType::F32,
+                shape: vec![3],
+            },
+            stats: TensorStats::compute(crate::dtype::DType::F32, &vals),
+            rounding: Default::default(),
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: 1,
+        };
+        let mut s = StepRecord {
+            ops: Some(vec![op.clone()]),
+            ..StepRecord::default()
+        };
+        assert_eq!(unmasked_nonfinite(&op), 0);
+        assert!(!step_has_nonfinite(&s));
+        op.masked_neg_inf = 0;
+        s.ops = Some(vec![op.clone()]);
+        assert_eq!(unmasked_nonfinite(&op), 1);
+        assert!(step_has_nonfinite(&s));
     }
 
     #[test]

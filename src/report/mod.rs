@@ -6,9 +6,11 @@
 //! run, a killed one (a cut last line), or a model with thousands of ops per step.
 
 pub mod charts;
+pub mod compare;
 pub mod doc;
 pub mod facts;
 pub mod gate;
+pub mod perfetto;
 pub mod summary;
 
 use crate::error::{Error, Result};

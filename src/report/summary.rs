@@ -430,8 +430,8 @@ fn build_doc(
     d.push(Block::Heading(1, "Charts".into()));
     match op_step {
         Some(s) => d.push(Block::Para(format!(
-            "The per-op chart shows step {s}; the histograms cover the step(s) with op \
-             records ({}).",
+            "The per-op chart shows step {s}; the histograms cover the steps with op \
+             records: {}.",
             list_steps(&facts.steps_with_ops)
         ))),
         None => d.push(Block::Para(
