@@ -357,3 +357,48 @@ fn library_evaluate_and_a_gate_fed_from_a_live_run_agree() {
     }
     assert_eq!(g.outcomes(), gate::evaluate_steps(&rules, &trace.steps));
 }
+
+/// `run --fail-on` gates the run it makes, with the same rules and exit codes as `report`.
+#[test]
+fn run_fail_on_gates_the_run() {
+    let bin = env!("CARGO_BIN_EXE_amprobe");
+    let ok = std::process::Command::new(bin)
+        .args([
+            "run",
+            "samples/mlp.toml",
+            "--fail-on",
+            "nonfinite,skip-rate>10%",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let bad = std::process::Command::new(bin)
+        .args([
+            "run",
+            "samples/t5_overflow.toml",
+            "--steps",
+            "1",
+            "--fail-on",
+            "nonfinite",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&bad.stdout);
+    assert!(out.contains("nonfinite"), "{out}");
+    assert!(
+        !out.contains('\u{1b}'),
+        "no colours when stdout is not a terminal"
+    );
+    let typo = std::process::Command::new(bin)
+        .args(["run", "samples/mlp.toml", "--fail-on", "nonfinit"])
+        .output()
+        .unwrap();
+    assert_eq!(typo.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("nonfinit"));
+}

@@ -14,6 +14,9 @@ pub struct BisectArgs {
 
 /// Exit code 0 when a set was found (or nothing failed), 1 when none makes the step finite.
 pub fn run(a: BisectArgs) -> anyhow::Result<i32> {
+    if a.run.fail_on.is_some() {
+        anyhow::bail!("--fail-on gates `run` and `report`; `bisect` has its own exit code");
+    }
     let cfg = config(&a.run)?;
     let mut opts = a.run.diag.options()?;
     opts.remedies = RemedyMode::BisectOnly;

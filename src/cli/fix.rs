@@ -86,6 +86,9 @@ pub struct FixArgs {
 
 /// Exit code 0 when nothing failed or a remedy fixes the failing step, 1 when none does.
 pub fn run(a: FixArgs) -> anyhow::Result<i32> {
+    if a.run.fail_on.is_some() {
+        anyhow::bail!("--fail-on gates `run` and `report`; `fix` has its own exit code");
+    }
     let cfg = config(&a.run)?;
     let mut opts = a.run.diag.options()?;
     opts.remedies = RemedyMode::All;

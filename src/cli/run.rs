@@ -1,7 +1,9 @@
 //! `amprobe run CONFIG [flags]`: AMP training steps with probes, a trace and a summary.
 
 use amprobe::config::RunConfig;
+use amprobe::report::gate::{self, Gate};
 use amprobe::runner::{run as run_training, RunOptions, RunSummary};
+use amprobe::trace::record::Record;
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -14,6 +16,10 @@ pub struct RunArgs {
     pub(super) flags: RunFlags,
     #[command(flatten)]
     pub(super) diag: super::fix::DiagnoseArgs,
+    /// CI gate: exit 1 when a rule breaks (nonfinite, skip-rate>X%, headroom>X%,
+    /// underflow>X%, scale-collapse; comma-separated).
+    #[arg(long, value_name = "RULES")]
+    pub(super) fail_on: Option<String>,
 }
 
 /// The flags that override a run configuration, shared by `run` and `tui CONFIG`.
@@ -261,13 +267,32 @@ pub(super) fn run_with(
     cfg: &RunConfig,
     diagnose: amprobe::diagnose::DiagnoseOptions,
 ) -> anyhow::Result<RunSummary> {
+    run_gated(cfg, diagnose, None)
+}
+
+/// Runs, feeding every step record (op records included) to `gate` when one is given.
+fn run_gated(
+    cfg: &RunConfig,
+    diagnose: amprobe::diagnose::DiagnoseOptions,
+    gate: Option<&mut Gate>,
+) -> anyhow::Result<RunSummary> {
+    let (tx, rx) = std::sync::mpsc::channel();
     let opts = RunOptions {
         command_line: std::env::args().collect(),
         progress: true,
         diagnose,
+        live: gate.is_some().then_some(tx),
         ..RunOptions::default()
     };
     let summary = run_training(cfg, &opts)?;
+    drop(opts);
+    if let Some(g) = gate {
+        for r in rx.try_iter() {
+            if let Record::Step(s) = r {
+                g.observe(&s);
+            }
+        }
+    }
     if let Some(p) = &cfg.probe.summary_json {
         let text = serde_json::to_string_pretty(&summary)?;
         std::fs::write(p, text + "\n")
@@ -278,7 +303,19 @@ pub(super) fn run_with(
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let cfg = config(&a)?;
-    let summary = run_with(&cfg, a.diag.options()?)?;
+    // Rules are checked before training, so a typo fails at once.
+    let mut gate = match &a.fail_on {
+        Some(r) => Some(Gate::new(gate::parse_rules(r).context("--fail-on")?)),
+        None => None,
+    };
+    let summary = run_gated(&cfg, a.diag.options()?, gate.as_mut())?;
     print_human(&summary);
-    Ok(0)
+    match gate {
+        Some(g) => {
+            let outcomes = g.outcomes();
+            print!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()));
+            Ok(gate::exit_code(&outcomes))
+        }
+        None => Ok(0),
+    }
 }
