@@ -40,3 +40,58 @@ fn fp16_diverges_at_wo_by_range_and_bf16_by_rounding() {
     );
     assert!(!bf16.ops.is_empty());
 }
+
+/// `run --precision fp16,bf16,fp32` runs all three on the same weights and data, writes a
+/// trace per precision and the comparison, and names the fp16 run's first divergence.
+#[test]
+fn run_with_several_precisions_compares_them() {
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("t.jsonl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .args([
+            "run",
+            "samples/t5_overflow.toml",
+            "--precision",
+            "fp16,bf16,fp32",
+            "--steps",
+            "2",
+            "--trace",
+            trace.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("fp16 (t-fp16) vs fp32 (t-fp32): first divergence at step 0 forward"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`encoder.block.3.layer.1.DenseReluDense.wo`: range failure"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bf16 (t-bf16) vs fp32 (t-fp32)")
+            && !text.contains(
+                "bf16 (t-bf16) vs fp32 (t-fp32): first divergence at step 0 forward op #209"
+            ),
+        "{text}"
+    );
+    for p in ["fp16", "bf16", "fp32"] {
+        let t = amprobe::trace::io::read_trace(d.path().join(format!("t-{p}.jsonl"))).unwrap();
+        assert_eq!(t.header.precision, p);
+        assert!(
+            t.steps.iter().all(|s| s.ops.is_some()),
+            "every step keeps op records for the comparison"
+        );
+    }
+    let md = std::fs::read_to_string(d.path().join("t-compare/summary.md")).unwrap();
+    assert!(
+        md.contains("| run | precision | steps | skipped | skip rate | final loss |"),
+        "{md}"
+    );
+}

@@ -16,6 +16,10 @@ pub struct RunArgs {
     pub(super) flags: RunFlags,
     #[command(flatten)]
     pub(super) diag: super::fix::DiagnoseArgs,
+    /// With several precisions (`--precision fp16,bf16,fp32`): where the comparison goes
+    /// (default: next to the traces, `TRACE-compare/`).
+    #[arg(long, value_name = "DIR")]
+    pub(super) compare_out: Option<PathBuf>,
     /// CI gate: exit 1 when a rule breaks (nonfinite, skip-rate>X%, headroom>X%,
     /// underflow>X%, scale-collapse; comma-separated).
     #[arg(long, value_name = "RULES")]
@@ -48,7 +52,7 @@ pub struct RunFlags {
     t5_clamp: bool,
     /// Precision mode: fp32, fp16, bf16, o2, o2-bf16, half, bfloat16-pure.
     #[arg(long)]
-    precision: Option<String>,
+    pub precision: Option<String>,
     /// Optimizer steps.
     #[arg(long)]
     steps: Option<u64>,
@@ -301,7 +305,84 @@ fn run_gated(
     Ok(summary)
 }
 
+/// `--precision A,B[,C]`: one run per precision on the same weights, data and seed, each
+/// with its own trace (`TRACE-<precision>.jsonl`, op records kept every step), then the
+/// comparison of all of them against the fp32 run (or the first).
+fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
+    use amprobe::report::compare::{
+        first_divergence_lines, write_compare, CompareOptions, DEFAULT_THRESHOLD,
+    };
+    use amprobe::report::TraceFile;
+    let base = config(a)?;
+    let stem = base
+        .probe
+        .trace
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("amprobe-trace.jsonl"));
+    let stem = stem.with_extension("");
+    let mut traces = Vec::new();
+    let mut code = 0;
+    for p in precisions {
+        let mut cfg = base.clone();
+        cfg.train.precision = Some(p.clone());
+        if cfg.probe.sample_every.unwrap_or(0) == 0 {
+            cfg.probe.sample_every = Some(1);
+        }
+        let path = PathBuf::from(format!("{}-{p}.jsonl", stem.display()));
+        cfg.probe.trace = Some(path.clone());
+        cfg.probe.summary_json = base
+            .probe
+            .summary_json
+            .as_ref()
+            .map(|s| PathBuf::from(format!("{}-{p}.json", s.with_extension("").display())));
+        let mut gate = match &a.fail_on {
+            Some(r) => Some(Gate::new(gate::parse_rules(r).context("--fail-on")?)),
+            None => None,
+        };
+        let summary = run_gated(&cfg, a.diag.options()?, gate.as_mut())?;
+        print_human(&summary);
+        if let Some(g) = gate {
+            let outcomes = g.outcomes();
+            print!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()));
+            code = code.max(gate::exit_code(&outcomes));
+        }
+        println!();
+        traces.push(TraceFile::open(&path)?);
+    }
+    let reference = precisions.iter().position(|p| {
+        amprobe::amp::mode::Precision::parse(p).ok() == Some(amprobe::amp::mode::Precision::Fp32)
+    });
+    let out_dir = a
+        .compare_out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("{}-compare", stem.display())));
+    let out = write_compare(
+        &traces,
+        &CompareOptions {
+            out_dir,
+            threshold: DEFAULT_THRESHOLD,
+            reference,
+        },
+    )?;
+    for line in first_divergence_lines(&out.comparison) {
+        println!("{line}");
+    }
+    println!("comparison: {}", out.index_html.display());
+    Ok(code)
+}
+
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    if let Some(list) = a.flags.precision.as_deref().filter(|p| p.contains(',')) {
+        let ps: Vec<String> = list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        for p in &ps {
+            amprobe::amp::mode::Precision::parse(p)?;
+        }
+        return run_compared(&a, &ps);
+    }
     let cfg = config(&a)?;
     // Rules are checked before training, so a typo fails at once.
     let mut gate = match &a.fail_on {
