@@ -508,6 +508,8 @@ impl OpsView<'_> {
 const F16_SUBNORMAL_LO: i32 = -24;
 const F16_NORMAL_LO: i32 = -14;
 const F16_OVERFLOW: i32 = 16;
+/// Tallest histogram bar, in rows.
+const HIST_MAX_ROWS: usize = 10;
 
 /// Draws an exponent histogram in `width` columns and `height` rows: bars (height grows
 /// with log2(1 + count)), a band row placing each column against fp16's range, tick labels
@@ -530,7 +532,7 @@ pub fn histogram_lines(h: &ExpHist, width: usize, height: usize, th: &Theme) -> 
             (e0..e0 + per as i32).map(|e| h.get(e)).sum()
         })
         .collect();
-    let bar_rows = height - 3;
+    let bar_rows = (height - 3).min(HIST_MAX_ROWS);
     let top = bins.iter().copied().max().unwrap_or(0);
     let scale = |n: u64| -> usize {
         if n == 0 || top == 0 {
