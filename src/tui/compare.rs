@@ -382,7 +382,10 @@ impl Widget for CompareView<'_> {
                 rpad(&xa.map_or("".into(), |o| format!("#{}", o.index)), 5),
                 pad(format::phase(any.phase), 3),
                 pad(&clip(&any.op, op_w), op_w),
-                pad(&clip_left(format::module(&any.module), mod_w), mod_w),
+                pad(
+                    &format::short_path(format::module(&any.module), mod_w),
+                    mod_w
+                ),
                 side(xa),
                 side(xb)
             );

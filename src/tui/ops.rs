@@ -3,7 +3,7 @@
 //! output statistics and exponent histogram.
 
 use super::app::{Ctx, Reply, StepCursor};
-use super::format::{self, clip, clip_left, num, pad, rpad};
+use super::format::{self, clip, num, pad, rpad};
 use super::model::{is_anomaly, op_nonfinite, Model};
 use super::theme::Theme;
 use crate::probe::stats::ExpHist;
@@ -297,7 +297,10 @@ impl OpsView<'_> {
             rpad(&format!("#{}", op.index), 5),
             pad(format::phase(op.phase), 3),
             pad(&clip(&op.op, c.op), c.op),
-            pad(&clip_left(format::module(&op.module), c.module), c.module),
+            pad(
+                &format::short_path(format::module(&op.module), c.module),
+                c.module
+            ),
             pad(format::dtype(op.output.dtype), 4),
             rpad(&num(op.stats.max_abs), 9),
             rpad(&count(inf), 5),
