@@ -302,6 +302,8 @@ fn a_growing_trace_is_followed_to_its_end() {
     // The half line is held back until its newline arrives.
     assert_eq!(app.model().steps.len(), 1);
     assert_eq!(app.model().state, RunState::Running);
+    let s = screen(&draw(&mut app, 80, 24));
+    assert!(s.contains("follow live.jsonl · following · 1 steps"), "{s}");
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&live)

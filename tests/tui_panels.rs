@@ -430,3 +430,31 @@ fn a_large_trace_with_dotted_paths_draws_quickly_and_clips_paths() {
     type_keys(&mut app, "n");
     assert!(app.message().unwrap().contains("no differing op"));
 }
+
+#[test]
+fn a_trace_without_steps_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, _) = planted_trace(dir.path());
+    t.steps.clear();
+    t.end = None;
+    let mut app = app(amprobe::tui::Model::from_trace(t, "empty.jsonl"), None);
+    assert_eq!(app.cursor().idx, None);
+    let s = screen(&draw(&mut app, 80, 24));
+    assert!(s.contains("no step yet"), "{s}");
+    for tab in "234".chars() {
+        type_keys(&mut app, &tab.to_string());
+        let s = screen(&draw(&mut app, 80, 24));
+        assert!(s.contains("the trace has no step"), "{tab}: {s}");
+    }
+    // Keys that need a step do nothing harmful.
+    for k in [
+        KeyCode::Left,
+        KeyCode::Right,
+        KeyCode::End,
+        KeyCode::Char('n'),
+        KeyCode::Char('f'),
+    ] {
+        app.handle_key(key(k));
+    }
+    assert_eq!(app.cursor().idx, None);
+}

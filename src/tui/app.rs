@@ -393,6 +393,9 @@ impl App {
         };
         let (state, style) = match &m.state {
             RunState::Waiting => ("waiting for the run".to_string(), th.dim()),
+            RunState::Running if m.source == SourceKind::Follow => {
+                (format!("following · {} steps", m.steps.len()), th.accent())
+            }
             RunState::Running => (
                 match m.expected_steps() {
                     Some(t) => format!("running · {}/{t} steps", m.steps.len()),

@@ -230,6 +230,15 @@ impl Model {
         )
     }
 
+    /// What a panel says while there is no step to show.
+    pub fn no_step_note(&self) -> &'static str {
+        match (&self.source, &self.state) {
+            (SourceKind::Replay, _) | (_, RunState::Finished) => " the trace has no step",
+            (_, RunState::Failed(_)) => " the run failed before its first step",
+            _ => " waiting for the first step…",
+        }
+    }
+
     /// Steps the run was configured for, when the header's config says.
     pub fn expected_steps(&self) -> Option<u64> {
         let h = self.header.as_ref()?;

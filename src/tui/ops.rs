@@ -623,8 +623,7 @@ impl Widget for OpsView<'_> {
         let m = self.ctx.model;
         let st = self.state;
         let Some(si) = self.ctx.step else {
-            Paragraph::new(Line::styled(" waiting for the first step…", th.dim()))
-                .render(area, buf);
+            Paragraph::new(Line::styled(m.no_step_note(), th.dim())).render(area, buf);
             return;
         };
         let step = &m.steps[si];

@@ -3,7 +3,7 @@
 
 use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, clip, num, pow2};
-use super::model::{Model, RunState};
+use super::model::{Model, RunState, SourceKind};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -163,6 +163,10 @@ impl OverviewView<'_> {
         let total = m.expected_steps().filter(|&t| t >= n);
         let (state, sstyle) = match &m.state {
             RunState::Waiting => ("waiting".to_string(), th.dim()),
+            RunState::Running if m.source == SourceKind::Follow => (
+                "following the trace (no end record yet)".to_string(),
+                th.accent(),
+            ),
             RunState::Running => ("running".to_string(), th.accent()),
             RunState::Finished => ("finished".to_string(), th.good()),
             RunState::Incomplete => (

@@ -300,8 +300,7 @@ impl Widget for ScaleView<'_> {
         let th = self.ctx.theme;
         let m = self.ctx.model;
         let Some(si) = self.ctx.step else {
-            Paragraph::new(Line::styled(" waiting for the first step…", th.dim()))
-                .render(area, buf);
+            Paragraph::new(Line::styled(m.no_step_note(), th.dim())).render(area, buf);
             return;
         };
         let s = &m.steps[si];
