@@ -3,13 +3,13 @@
 #
 #   scripts/make-gallery.sh [CONFIG [STEPS [RUN FLAGS...]]]
 #
-# What it runs: the training config CONFIG (default samples/mlp.toml, the seed MLP) for
-# STEPS steps (default 60) in fp16, bf16 and fp32, on the same weights, data and seed, with op
+# What it runs: the training config CONFIG (default samples/t5_overflow.toml, the T5 fixture) for
+# STEPS steps (default 4) in fp16, bf16 and fp32, on the same weights, data and seed, with op
 # records kept for every step and any extra RUN FLAGS passed to `amprobe run` (default, for
 # the seed MLP only: --growth-interval 5, so the loss scale grows into fp16's overflow within
 # the run and the skips show). Then, for each precision, `amprobe report`; a comparison of
 # the three against fp32 (`amprobe compare`); and a Perfetto export of the fp16 run.
-# For the T5 fixture pass its config: scripts/make-gallery.sh samples/t5_overflow.toml 20
+# For the seed MLP: scripts/make-gallery.sh samples/mlp.toml 60
 #
 # Output, for a config named NAME (its file name without .toml):
 #   reports/NAME/README.md                      links to everything below
@@ -20,8 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CONFIG=${1:-samples/mlp.toml}
-STEPS=${2:-60}
+CONFIG=${1:-samples/t5_overflow.toml}
+STEPS=${2:-4}
 if [ $# -ge 3 ]; then
   RUN_FLAGS=("${@:3}")
 elif [ "$CONFIG" = samples/mlp.toml ]; then

@@ -252,13 +252,15 @@ fn a_trace_cut_mid_line_opens_and_says_so() {
         .map(|(i, _)| i)
         .collect();
     let (prev, last_step_end) = (lines[lines.len() - 3], lines[lines.len() - 2]);
-    let cut = prev + 1 + (last_step_end - prev) / 2;
+    // A fixed 300 bytes of that line (its length varies with the written times).
+    assert!(last_step_end - prev > 600);
+    let cut = prev + 1 + 300;
     let cut_path = dir.path().join("cut.jsonl");
     std::fs::write(&cut_path, &bytes[..cut]).unwrap();
     let mut t = read_trace(&cut_path).unwrap();
     let tr = t.truncated.expect("a truncation");
     assert_eq!(tr.line, 5, "header + 3 whole steps, the 4th step cut");
-    assert_eq!(tr.bytes, cut - prev - 1);
+    assert_eq!(tr.bytes, 300);
     normalise(&mut t);
     let mut app = app(Model::from_trace(t, "cut.jsonl"), None);
     assert_eq!(app.model().steps.len(), 3);
@@ -266,20 +268,6 @@ fn a_trace_cut_mid_line_opens_and_says_so() {
     let s = screen(&draw(&mut app, 80, 24));
     assert!(s.contains("TRUNCATED: line 5 cut"), "{s}");
     assert!(s.contains("cut mid-line: line 5"), "{s}");
-    // The cut's byte count depends on the timings in the record: checked above, masked here.
-    let shown = format!("({} bytes)", tr.bytes);
-    assert!(s.contains(&shown), "{s}");
-    let s: String = s
-        .lines()
-        .map(|l| {
-            if l.contains(&shown) {
-                "<the cut line, checked above>".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
     insta::assert_snapshot!("truncated_overview_80x24", s);
 }
 
@@ -316,6 +304,8 @@ fn a_growing_trace_is_followed_to_its_end() {
     // The half line is held back until its newline arrives.
     assert_eq!(app.model().steps.len(), 1);
     assert_eq!(app.model().state, RunState::Running);
+    let s = screen(&draw(&mut app, 80, 24));
+    assert!(s.contains("follow live.jsonl · following · 1 steps"), "{s}");
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&live)

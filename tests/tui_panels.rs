@@ -363,3 +363,98 @@ fn theme_follows_no_color_and_term() {
     assert!(!Theme::from_env(None, Some("dumb")).color);
     assert!(!Theme::from_env(None, None).color);
 }
+
+/// A trace shaped like a transformer's: the planted run's step ops repeated over 24
+/// blocks with dotted module paths (600+ ops per step) and 96 parameters.
+fn transformer_like(dir: &std::path::Path) -> amprobe::tui::Model {
+    let (mut t, _) = planted_trace(dir);
+    for s in &mut t.steps {
+        if let Some(ops) = s.ops.take() {
+            let mut big = Vec::new();
+            for b in 0..24 {
+                for o in &ops {
+                    let mut o = o.clone();
+                    o.module = format!("encoder.block.{b}.layer.1.DenseReluDense.{}", o.module);
+                    o.index = big.len() as u64;
+                    big.push(o);
+                }
+            }
+            s.op_count = big.len() as u64;
+            s.ops = Some(big);
+        }
+        let params = std::mem::take(&mut s.params);
+        for b in 0..24 {
+            for p in &params {
+                let mut p = p.clone();
+                p.name = format!("encoder.block.{b}.layer.1.DenseReluDense.{}", p.name);
+                s.params.push(p);
+            }
+        }
+        s.origins = Default::default();
+    }
+    amprobe::tui::Model::from_trace(t, "t5-like.jsonl")
+}
+
+#[test]
+fn a_large_trace_with_dotted_paths_draws_quickly_and_clips_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = transformer_like(dir.path());
+    assert_eq!(model.ops(1).unwrap().len(), 24 * 28);
+    let mut app = app(model.clone(), Some(model));
+    app.handle_key(key(KeyCode::Home));
+    app.handle_key(key(KeyCode::Right));
+    for tab in "12345".chars() {
+        type_keys(&mut app, &tab.to_string());
+        for (w, h) in [(80, 24), (200, 60)] {
+            let t0 = std::time::Instant::now();
+            let t = draw(&mut app, w, h);
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            assert!(ms < 50.0, "panel {tab} at {w}x{h} took {ms:.1} ms");
+            let s = screen(&t);
+            if tab == '3' && w == 80 {
+                // Long module paths keep their block numbers and their last segment.
+                assert!(s.contains("e.b.0.l.1.DRD.fc1"), "{s}");
+                assert!(s.contains("e.b.1.l.1.DRD.fc2"), "{s}");
+            }
+        }
+    }
+    // Without origins the jump still finds the first non-finite op (scan).
+    type_keys(&mut app, "f");
+    assert_eq!(app.tab(), Tab::Ops);
+    let s = app.cursor().idx.unwrap();
+    let op = app.ops().selected_op(app.model(), Some(s)).unwrap();
+    assert_eq!((s, op.index), (1, 7));
+    // The same step compared with itself: nothing differs.
+    type_keys(&mut app, "5");
+    assert_eq!(app.compare().rows().len(), 24 * 28);
+    type_keys(&mut app, "n");
+    assert!(app.message().unwrap().contains("no differing op"));
+}
+
+#[test]
+fn a_trace_without_steps_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, _) = planted_trace(dir.path());
+    t.steps.clear();
+    t.end = None;
+    let mut app = app(amprobe::tui::Model::from_trace(t, "empty.jsonl"), None);
+    assert_eq!(app.cursor().idx, None);
+    let s = screen(&draw(&mut app, 80, 24));
+    assert!(s.contains("no step yet"), "{s}");
+    for tab in "234".chars() {
+        type_keys(&mut app, &tab.to_string());
+        let s = screen(&draw(&mut app, 80, 24));
+        assert!(s.contains("the trace has no step"), "{tab}: {s}");
+    }
+    // Keys that need a step do nothing harmful.
+    for k in [
+        KeyCode::Left,
+        KeyCode::Right,
+        KeyCode::End,
+        KeyCode::Char('n'),
+        KeyCode::Char('f'),
+    ] {
+        app.handle_key(key(k));
+    }
+    assert_eq!(app.cursor().idx, None);
+}

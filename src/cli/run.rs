@@ -109,6 +109,41 @@ pub struct RunFlags {
     no_probes: bool,
 }
 
+impl RunFlags {
+    /// True when any flag that configures a run is given (`--trace` aside, which `tui` also
+    /// uses to name a trace to replay).
+    pub fn configures_a_run(&self) -> bool {
+        let opts = [
+            self.hf.is_some(),
+            self.hf_config.is_some(),
+            self.weights.is_some(),
+            self.inputs.is_some(),
+            self.batch.is_some(),
+            self.seq.is_some(),
+            self.t5_clamp,
+            self.precision.is_some(),
+            self.steps.is_some(),
+            self.accumulate.is_some(),
+            self.clip.is_some(),
+            self.optimizer.is_some(),
+            self.scaler.is_some(),
+            self.init_scale.is_some(),
+            self.growth_interval.is_some(),
+            self.growth_factor.is_some(),
+            self.backoff_factor.is_some(),
+            self.max_scale.is_some(),
+            self.lr.is_some(),
+            self.seed.is_some(),
+            self.policy.is_some(),
+            !self.keep_fp32.is_empty(),
+            self.summary_json.is_some(),
+            self.sample_every.is_some(),
+            self.no_probes,
+        ];
+        opts.iter().any(|&x| x)
+    }
+}
+
 /// Sets every given flag in the config (flags win over the file).
 pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     // Paths given on the command line are relative to the working directory.

@@ -5,13 +5,34 @@ use super::run::{apply_flags, RunFlags};
 use amprobe::config::RunConfig;
 use amprobe::runner::{run as run_training, RunOptions};
 use amprobe::trace::io::read_trace;
-use amprobe::tui::app::{run_loop, TerminalInput};
+use amprobe::tui::app::{run_loop, Input, TerminalInput};
 use amprobe::tui::model::SourceKind;
 use amprobe::tui::{App, Feed, Model, RunState, TerminalSession, Theme};
 use anyhow::{bail, Context};
 use clap::Args;
+use ratatui::crossterm::event::{Event, KeyCode};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Test hook: with `AMPROBE_TUI_PANIC_KEY=c` set, pressing `c` panics on the UI thread, so
+/// that scripts can check the terminal is restored after a panic.
+const PANIC_KEY_VAR: &str = "AMPROBE_TUI_PANIC_KEY";
+
+struct Keys {
+    panic_key: Option<char>,
+}
+
+impl Input for Keys {
+    fn next_event(&mut self, timeout: Duration) -> std::io::Result<Option<Event>> {
+        let ev = TerminalInput.next_event(timeout)?;
+        if let (Some(Event::Key(k)), Some(c)) = (&ev, self.panic_key) {
+            if k.code == KeyCode::Char(c) {
+                panic!("{PANIC_KEY_VAR}: key `{c}` pressed");
+            }
+        }
+        Ok(ev)
+    }
+}
 
 /// Arguments of `amprobe tui`.
 #[derive(Args, Debug)]
@@ -47,6 +68,10 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
     } else {
         Theme::detect()
     };
+    if a.config.is_none() && a.flags.configures_a_run() {
+        eprintln!("error: run flags need a <CONFIG> to train live; `tui --trace FILE` replays a trace as it is");
+        return Ok(2);
+    }
     let other = a.compare.as_deref().map(load).transpose()?;
     let (model, mut feed, trace_out) = match (&a.config, &a.flags.trace) {
         (Some(config), _) => {
@@ -98,7 +123,11 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
             session.terminal(),
             &mut app,
             feed.as_mut(),
-            &mut TerminalInput,
+            &mut Keys {
+                panic_key: std::env::var(PANIC_KEY_VAR)
+                    .ok()
+                    .and_then(|v| v.chars().next()),
+            },
             &mut |_| {},
         )?;
     }

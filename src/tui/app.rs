@@ -393,6 +393,9 @@ impl App {
         };
         let (state, style) = match &m.state {
             RunState::Waiting => ("waiting for the run".to_string(), th.dim()),
+            RunState::Running if m.source == SourceKind::Follow => {
+                (format!("following · {} steps", m.steps.len()), th.accent())
+            }
             RunState::Running => (
                 match m.expected_steps() {
                     Some(t) => format!("running · {}/{t} steps", m.steps.len()),
@@ -717,16 +720,15 @@ fn install_panic_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if !ACTIVE.load(Ordering::SeqCst) {
-                previous(info);
+            let ui = UI_THREAD.lock().ok().and_then(|g| *g);
+            let on_ui = ui == Some(std::thread::current().id());
+            if ACTIVE.load(Ordering::SeqCst) && !on_ui {
                 return;
             }
-            let ui = UI_THREAD.lock().ok().and_then(|g| *g);
-            if ui == Some(std::thread::current().id()) {
-                ACTIVE.store(false, Ordering::SeqCst);
+            if on_ui && ACTIVE.swap(false, Ordering::SeqCst) {
                 restore_terminal();
-                previous(info);
             }
+            previous(info);
         }));
     });
 }
@@ -780,7 +782,10 @@ impl TerminalSession {
 
 impl Drop for TerminalSession {
     fn drop(&mut self) {
-        ACTIVE.store(false, Ordering::SeqCst);
-        restore_terminal();
+        // Only once: leaving the alternate screen twice would move the cursor back to
+        // where the session started, over what was printed since (a panic message).
+        if ACTIVE.swap(false, Ordering::SeqCst) {
+            restore_terminal();
+        }
     }
 }

@@ -382,7 +382,10 @@ impl Widget for CompareView<'_> {
                 rpad(&xa.map_or("".into(), |o| format!("#{}", o.index)), 5),
                 pad(format::phase(any.phase), 3),
                 pad(&clip(&any.op, op_w), op_w),
-                pad(&clip_left(format::module(&any.module), mod_w), mod_w),
+                pad(
+                    &format::short_path(format::module(&any.module), mod_w),
+                    mod_w
+                ),
                 side(xa),
                 side(xb)
             );
@@ -415,5 +418,61 @@ impl Widget for CompareView<'_> {
             }
         };
         Paragraph::new(Line::styled(clip(&foot_text, w), th.dim())).render(foot, buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::record::Phase;
+    use crate::tui::model::tests::op;
+
+    #[test]
+    fn alignment_pairs_same_ops_and_leaves_casts_one_sided() {
+        let f = Phase::Forward;
+        let a = vec![
+            op(0, f, "to", "fc1", &[1.0]),
+            op(1, f, "linear", "fc1", &[1.0]),
+            op(2, f, "relu", "relu", &[1.0]),
+            op(3, f, "to", "fc2", &[1.0]),
+            op(4, f, "linear", "fc2", &[1.0]),
+        ];
+        let b = vec![
+            op(0, f, "linear", "fc1", &[1.0]),
+            op(1, f, "relu", "relu", &[1.0]),
+            op(2, f, "linear", "fc2", &[1.0]),
+            op(3, Phase::Backward, "linear", "fc2", &[1.0]),
+        ];
+        let p = |a: Option<usize>, b: Option<usize>| Pair { a, b };
+        assert_eq!(
+            align(&a, &b),
+            vec![
+                p(Some(0), None),
+                p(Some(1), Some(0)),
+                p(Some(2), Some(1)),
+                p(Some(3), None),
+                p(Some(4), Some(2)),
+                p(None, Some(3)),
+            ]
+        );
+        assert_eq!(align(&[], &b).len(), 4);
+    }
+
+    #[test]
+    fn differences_are_numeric_not_dtype() {
+        let f = Phase::Forward;
+        let x = op(0, f, "linear", "fc1", &[1.0, 2.0]);
+        let mut y = op(0, f, "linear", "fc1", &[1.0, 2.0]);
+        y.output.dtype = crate::dtype::DType::F32;
+        assert_eq!(difference(&x, &y), None);
+        // 2.0 vs 2.015625 (fp16 neighbours 8 apart): 0.78% < 1%.
+        let y = op(0, f, "linear", "fc1", &[1.0, 2.015625]);
+        assert_eq!(difference(&x, &y), None);
+        let y = op(0, f, "linear", "fc1", &[1.0, 2.03125]);
+        assert!(difference(&x, &y).unwrap().starts_with("max|x|"));
+        let y = op(0, f, "linear", "fc1", &[f32::NAN, 2.0]);
+        assert_eq!(difference(&x, &y).unwrap(), "non-finite 0 vs 1");
+        let zero = op(0, f, "linear", "fc1", &[0.0]);
+        assert_eq!(difference(&zero, &zero), None);
     }
 }

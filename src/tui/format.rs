@@ -144,6 +144,47 @@ pub fn clip_left(s: &str, w: usize) -> String {
     }
 }
 
+/// A dotted module path shortened to `w` cells without losing which block it is: word
+/// segments are abbreviated from the left (`encoder` → `e`, `DenseReluDense` → `DRD`),
+/// numbers and the last segment kept, until it fits; then abbreviated words are dropped
+/// from the left; then it is clipped from the left.
+/// `encoder.block.11.layer.1.DenseReluDense.wo` in 20 cells is `e.b.11.l.1.DRD.wo`, in
+/// 14 cells `11.l.1.DRD.wo`.
+pub fn short_path(s: &str, w: usize) -> String {
+    if width(s) <= w {
+        return s.to_string();
+    }
+    let segs: Vec<&str> = s.split('.').collect();
+    let mut out: Vec<String> = segs.iter().map(|x| x.to_string()).collect();
+    let joined = |v: &[String]| v.join(".");
+    for i in 0..segs.len().saturating_sub(1) {
+        if width(&joined(&out)) <= w {
+            break;
+        }
+        let seg = segs[i];
+        if seg.is_empty() || seg.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let caps: String = seg.chars().filter(|c| c.is_uppercase()).collect();
+        out[i] = if caps.chars().count() >= 2 {
+            caps
+        } else {
+            seg.chars().take(1).collect()
+        };
+    }
+    // Still too long: drop the abbreviated words from the left, keeping the numbers
+    // (`0.l.1.DRD.fc1` still says block 0).
+    let mut i = 0;
+    while width(&joined(&out)) > w && i + 1 < out.len() {
+        if out[i].chars().all(|c| c.is_ascii_digit()) {
+            i += 1;
+        } else {
+            out.remove(i);
+        }
+    }
+    clip_left(&joined(&out), w)
+}
+
 /// `s` padded with spaces (or clipped) to exactly `w` cells, left-aligned.
 pub fn pad(s: &str, w: usize) -> String {
     let s = clip(s, w);
@@ -245,6 +286,12 @@ mod tests {
         assert_eq!(pad("ab", 4), "ab  ");
         assert_eq!(rpad("ab", 4), "  ab");
         assert_eq!(pad("abcdef", 4), "abc…");
+        assert_eq!(short_path(m, 20), "e.b.11.l.1.DRD.wo");
+        assert_eq!(short_path(m, 30), "e.b.11.l.1.DenseReluDense.wo");
+        assert_eq!(short_path(m, 100), m);
+        assert_eq!(short_path(m, 14), "11.l.1.DRD.wo");
+        assert_eq!(short_path("fc1", 2), "…1");
+        assert_eq!(short_path(m, 8), "11.1.wo");
     }
 
     #[test]

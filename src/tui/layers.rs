@@ -3,7 +3,7 @@
 //! would flush to zero, and a sparkline of its history.
 
 use super::app::{Ctx, Reply, StepCursor};
-use super::format::{self, clip_left, num, pad, pct, rpad};
+use super::format::{self, num, pad, pct, rpad};
 use super::model::{LayerStat, Model};
 use super::scale::step_jump;
 use ratatui::buffer::Buffer;
@@ -190,8 +190,7 @@ impl Widget for LayersView<'_> {
         let m = self.ctx.model;
         let st = self.state;
         let Some(si) = self.ctx.step else {
-            Paragraph::new(Line::styled(" waiting for the first step…", th.dim()))
-                .render(area, buf);
+            Paragraph::new(Line::styled(m.no_step_note(), th.dim())).render(area, buf);
             return;
         };
         let step = &m.steps[si];
@@ -257,7 +256,7 @@ impl Widget for LayersView<'_> {
             let mut spans = vec![Span::raw(format!(
                 "{} {} ",
                 if i == sel { "▸" } else { " " },
-                pad(&clip_left(&r.name, name_w), name_w)
+                pad(&format::short_path(&r.name, name_w), name_w)
             ))];
             spans.extend(self.bar(r, scale, &ax));
             spans.push(Span::raw(format!(" {}", rpad(&num(r.max_abs_grad), max_w))));

@@ -230,6 +230,15 @@ impl Model {
         )
     }
 
+    /// What a panel says while there is no step to show.
+    pub fn no_step_note(&self) -> &'static str {
+        match (&self.source, &self.state) {
+            (SourceKind::Replay, _) | (_, RunState::Finished) => " the trace has no step",
+            (_, RunState::Failed(_)) => " the run failed before its first step",
+            _ => " waiting for the first step…",
+        }
+    }
+
     /// Steps the run was configured for, when the header's config says.
     pub fn expected_steps(&self) -> Option<u64> {
         let h = self.header.as_ref()?;
@@ -388,5 +397,184 @@ impl Model {
                 (any && max > 0.0).then(|| max.log2())
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::dtype::{DType, RoundCounts};
+    use crate::probe::TensorStats;
+    use crate::trace::record::{Phase, TensorMeta};
+
+    /// An op record whose output holds `values` (fp16).
+    pub(crate) fn op(
+        index: u64,
+        phase: Phase,
+        name: &str,
+        module: &str,
+        values: &[f32],
+    ) -> OpRecord {
+        OpRecord {
+            micro: 0,
+            index,
+            phase,
+            op: name.into(),
+            module: module.into(),
+            inputs: vec![],
+            output: TensorMeta {
+                dtype: DType::F16,
+                shape: vec![values.len()],
+            },
+            stats: TensorStats::compute(DType::F16, values),
+            rounding: RoundCounts::default(),
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: 0,
+        }
+    }
+
+    fn param(
+        name: &str,
+        numel: u64,
+        zero_frac: f64,
+        nonfinite: u64,
+        uf: f64,
+        max: f64,
+        l2: f64,
+    ) -> ParamRecord {
+        ParamRecord {
+            name: name.into(),
+            dtype: DType::F32,
+            grad_dtype: Some(DType::F32),
+            numel,
+            grad_l2: l2,
+            max_abs_grad: max,
+            zero_frac,
+            f16_underflow_frac_unscaled: uf,
+            f16_underflow_frac_scaled: uf / 2.0,
+            nonfinite,
+            param_max_abs_after: 1.0,
+        }
+    }
+
+    #[test]
+    fn layers_group_parameters_by_module_and_weight_their_shares() {
+        let mut m = Model::waiting("t", SourceKind::Replay);
+        m.push(Record::Step(StepRecord {
+            params: vec![
+                // 80 finite nonzero values, half would flush: 40.
+                param("enc.q.weight", 100, 0.2, 0, 0.5, 3.0, 3.0),
+                // 50 - 10 non-finite = 40 finite nonzero, a quarter flush: 10.
+                param("enc.q.bias", 50, 0.0, 10, 0.25, 7.0, 4.0),
+                param("head", 10, 0.0, 0, 0.0, 0.5, 1.0),
+            ],
+            ..StepRecord::default()
+        }));
+        let l = m.layers(0, false);
+        assert_eq!(l.len(), 2);
+        assert_eq!(
+            (l[0].name.as_str(), l[0].params, l[0].numel),
+            ("enc.q", 2, 150)
+        );
+        assert_eq!(l[0].max_abs_grad, 7.0);
+        assert_eq!(l[0].grad_l2, 5.0);
+        assert_eq!(l[0].nonfinite, 10);
+        assert!((l[0].underflow_unscaled - 50.0 / 120.0).abs() < 1e-15);
+        assert!((l[0].underflow_scaled - 25.0 / 120.0).abs() < 1e-15);
+        assert_eq!(l[1].name, "head");
+        let p = m.layers(0, true);
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[1].underflow_unscaled, 0.25);
+        assert_eq!(
+            layer_of("encoder.block.0.layer.0.SelfAttention.q.weight"),
+            "encoder.block.0.layer.0.SelfAttention.q"
+        );
+        assert_eq!(layer_of("bias"), "bias");
+    }
+
+    #[test]
+    fn layer_history_marks_nonfinite_and_zero() {
+        let mut m = Model::waiting("t", SourceKind::Live);
+        for (max, nonfinite) in [(0.25, 0), (0.0, 0), (1.0, 3), (8.0, 0)] {
+            m.push(Record::Step(StepRecord {
+                params: vec![param("fc.weight", 4, 0.0, nonfinite, 0.0, max, max)],
+                ..StepRecord::default()
+            }));
+        }
+        let h = m.layer_history("fc", false, 3, 10);
+        assert_eq!(h.len(), 4);
+        assert_eq!(h[0], Some(-2.0));
+        assert_eq!(h[1], None);
+        assert!(h[2].unwrap().is_nan());
+        assert_eq!(h[3], Some(3.0));
+        assert_eq!(m.layer_history("fc", false, 3, 2).len(), 2);
+    }
+
+    #[test]
+    fn first_nonfinite_prefers_the_earlier_origin_else_scans() {
+        let ops = vec![
+            op(0, Phase::Forward, "linear", "fc1", &[1.0]),
+            op(1, Phase::Forward, "exp", "act", &[f32::INFINITY]),
+            op(2, Phase::Forward, "sub", "act", &[f32::NAN]),
+        ];
+        let mut s = StepRecord {
+            step: 0,
+            ops: Some(ops.clone()),
+            ..StepRecord::default()
+        };
+        s.origins.first_nan = Some(OpRef::from_op(0, &ops[2]));
+        s.origins.first_inf = Some(OpRef::from_op(0, &ops[1]));
+        let mut m = Model::waiting("t", SourceKind::Replay);
+        m.push(Record::Step(s));
+        assert_eq!(m.first_nonfinite(), Some((0, 1)));
+        // Without origins (e.g. a masked -inf only), the first op holding a non-finite
+        // value is the answer.
+        let mut m2 = Model::waiting("t", SourceKind::Replay);
+        m2.push(Record::Step(StepRecord {
+            step: 0,
+            ops: Some(ops),
+            ..StepRecord::default()
+        }));
+        assert_eq!(m2.first_nonfinite(), Some((0, 1)));
+        assert_eq!(
+            Model::waiting("t", SourceKind::Replay).first_nonfinite(),
+            None
+        );
+    }
+
+    #[test]
+    fn masked_neg_inf_is_not_an_anomaly() {
+        let mut o = op(
+            0,
+            Phase::Forward,
+            "masked_fill",
+            "attn",
+            &[f32::NEG_INFINITY, 1.0],
+        );
+        assert!(is_anomaly(&o));
+        o.masked_neg_inf = 1;
+        assert_eq!(op_nonfinite(&o), 0);
+        assert!(!is_anomaly(&o));
+        o.rounding.overflow = 1;
+        assert!(is_anomaly(&o));
+    }
+
+    #[test]
+    fn verdict_so_far_then_final() {
+        let mut m = Model::waiting("t", SourceKind::Live);
+        m.push(Record::Header(Header::new()));
+        assert_eq!(m.state, RunState::Running);
+        m.push(Record::Step(StepRecord {
+            skipped: true,
+            found_inf: true,
+            ..StepRecord::default()
+        }));
+        assert_eq!(m.verdict(), ("overflow-skips".to_string(), false));
+        m.finish(Ok(Some("overflow-skips".into())));
+        assert_eq!(m.verdict(), ("overflow-skips".to_string(), true));
+        assert_eq!(m.state, RunState::Finished);
+        m.finish(Err("disk full".into()));
+        assert_eq!(m.state, RunState::Failed("disk full".into()));
     }
 }

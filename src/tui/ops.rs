@@ -3,7 +3,7 @@
 //! output statistics and exponent histogram.
 
 use super::app::{Ctx, Reply, StepCursor};
-use super::format::{self, clip, clip_left, num, pad, rpad};
+use super::format::{self, clip, num, pad, rpad};
 use super::model::{is_anomaly, op_nonfinite, Model};
 use super::theme::Theme;
 use crate::probe::stats::ExpHist;
@@ -297,7 +297,10 @@ impl OpsView<'_> {
             rpad(&format!("#{}", op.index), 5),
             pad(format::phase(op.phase), 3),
             pad(&clip(&op.op, c.op), c.op),
-            pad(&clip_left(format::module(&op.module), c.module), c.module),
+            pad(
+                &format::short_path(format::module(&op.module), c.module),
+                c.module
+            ),
             pad(format::dtype(op.output.dtype), 4),
             rpad(&num(op.stats.max_abs), 9),
             rpad(&count(inf), 5),
@@ -508,6 +511,8 @@ impl OpsView<'_> {
 const F16_SUBNORMAL_LO: i32 = -24;
 const F16_NORMAL_LO: i32 = -14;
 const F16_OVERFLOW: i32 = 16;
+/// Tallest histogram bar, in rows.
+const HIST_MAX_ROWS: usize = 10;
 
 /// Draws an exponent histogram in `width` columns and `height` rows: bars (height grows
 /// with log2(1 + count)), a band row placing each column against fp16's range, tick labels
@@ -530,7 +535,7 @@ pub fn histogram_lines(h: &ExpHist, width: usize, height: usize, th: &Theme) -> 
             (e0..e0 + per as i32).map(|e| h.get(e)).sum()
         })
         .collect();
-    let bar_rows = height - 3;
+    let bar_rows = (height - 3).min(HIST_MAX_ROWS);
     let top = bins.iter().copied().max().unwrap_or(0);
     let scale = |n: u64| -> usize {
         if n == 0 || top == 0 {
@@ -580,18 +585,17 @@ pub fn histogram_lines(h: &ExpHist, width: usize, height: usize, th: &Theme) -> 
         })
         .collect();
     out.push(Line::from(band_row));
-    // Tick labels at the data's ends and fp16's edges, left to right where they fit.
-    let mut ticks = vec![dmin, F16_SUBNORMAL_LO, F16_NORMAL_LO, 0, F16_OVERFLOW, dmax];
-    ticks.sort_unstable();
-    ticks.dedup();
+    // Tick labels at the data's ends first, then fp16's edges and 2^0 where they fit.
     let mut label = vec![' '; cols + 8];
-    let mut free_from = 0usize;
-    for t in ticks {
+    let mut taken = vec![false; cols + 9];
+    for t in [dmin, dmax, F16_SUBNORMAL_LO, F16_NORMAL_LO, F16_OVERFLOW, 0] {
         let c = ((t - lo) as usize) / per;
         let text: Vec<char> = format::log2_label(t).chars().collect();
-        if c >= free_from && c + text.len() <= label.len() {
-            label[c..c + text.len()].copy_from_slice(&text);
-            free_from = c + text.len() + 1;
+        let end = c + text.len();
+        let lo_guard = c.saturating_sub(1);
+        if end <= label.len() && !taken[lo_guard..=end].iter().any(|&b| b) {
+            label[c..end].copy_from_slice(&text);
+            taken[c..end].iter_mut().for_each(|b| *b = true);
         }
     }
     let label: String = label.into_iter().collect();
@@ -599,9 +603,9 @@ pub fn histogram_lines(h: &ExpHist, width: usize, height: usize, th: &Theme) -> 
     out.push(Line::styled(
         clip(
             &format!(
-                "fp16: < flushes to 0, s subnormal, ─ normal, > overflows{}",
+                "{}fp16: < flushes to 0, s subnormal, ─ normal, > overflows",
                 if per > 1 {
-                    format!("; {per} binades per column")
+                    format!("{per} binades/column · ")
                 } else {
                     String::new()
                 }
@@ -619,8 +623,7 @@ impl Widget for OpsView<'_> {
         let m = self.ctx.model;
         let st = self.state;
         let Some(si) = self.ctx.step else {
-            Paragraph::new(Line::styled(" waiting for the first step…", th.dim()))
-                .render(area, buf);
+            Paragraph::new(Line::styled(m.no_step_note(), th.dim())).render(area, buf);
             return;
         };
         let step = &m.steps[si];
@@ -714,5 +717,79 @@ impl Widget for OpsView<'_> {
         Paragraph::new(foot_line)
             .style(Style::new())
             .render(foot, buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::record::Phase;
+    use crate::tui::model::tests::op;
+
+    #[test]
+    fn histogram_places_values_against_fp16_range() {
+        // 2^-30 (flushes in fp16), 2^-20 (subnormal), 100 × 0.5, 2^17 (overflows).
+        let mut v = vec![0.5f32; 100];
+        v.extend([2f32.powi(-30), 2f32.powi(-20), 2f32.powi(17)]);
+        let s = crate::probe::TensorStats::compute(crate::dtype::DType::F32, &v);
+        let lines = histogram_lines(&s.exp_hist, 80, 8, &Theme::plain());
+        let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        // 5 bar rows, the band, the labels, the legend.
+        assert_eq!(text.len(), 8);
+        let lo = -30; // the data's lowest exponent, below fp16's edge
+        let band: Vec<char> = text[5].chars().collect();
+        let at = |e: i32| band[(e - lo) as usize];
+        assert_eq!(
+            (
+                at(-30),
+                at(-25),
+                at(-24),
+                at(-15),
+                at(-14),
+                at(15),
+                at(16),
+                at(17)
+            ),
+            ('<', '<', 's', 's', '─', '─', '>', '>')
+        );
+        let col = |e: i32| (e - lo) as usize;
+        let top: Vec<char> = text[0].chars().collect();
+        let bottom: Vec<char> = text[4].chars().collect();
+        // 100 values at 2^-1 fill the column; single values reach the bottom rows only.
+        assert_eq!(top[col(-1)], '█');
+        assert_eq!(top[col(-20)], ' ');
+        for e in [-30, -20, 17] {
+            assert_ne!(bottom[col(e)], ' ', "exponent {e}");
+        }
+        assert_eq!(bottom[col(-5)], ' ');
+        assert!(text[6].contains("2^-30") && text[6].contains("2^17"));
+        // Narrow: several binades per column, said in the legend.
+        let narrow = histogram_lines(&s.exp_hist, 20, 8, &Theme::plain());
+        // 48 binades (2^-30 to 2^17) in 20 columns: 3 per column.
+        assert!(narrow[7].to_string().starts_with("3 binades/column"));
+    }
+
+    #[test]
+    fn headroom_in_binades_of_the_output_dtype() {
+        let o = op(0, Phase::Forward, "linear", "fc", &[1.0, -0.5]);
+        assert!((headroom(&o).unwrap() - 65504f64.log2()).abs() < 1e-12);
+        let z = op(0, Phase::Forward, "linear", "fc", &[0.0]);
+        assert_eq!(headroom(&z), None);
+    }
+
+    #[test]
+    fn filter_words_all_match() {
+        let o = op(
+            12,
+            Phase::Backward,
+            "matmul_backward",
+            "encoder.block.3.layer.0.SelfAttention.q",
+            &[1.0],
+        );
+        assert!(matches(&o, ""));
+        assert!(matches(&o, "bwd selfattention"));
+        assert!(matches(&o, "MATMUL q f16"));
+        assert!(matches(&o, "#12"));
+        assert!(!matches(&o, "fwd selfattention"));
     }
 }

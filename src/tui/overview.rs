@@ -3,13 +3,16 @@
 
 use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, clip, num, pow2};
-use super::model::{Model, RunState};
+use super::model::{Model, RunState, SourceKind};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Widget, Wrap};
 use serde_json::Value;
+
+/// Most event lines the card shows at once (j/k scroll through the rest).
+const MAX_EVENT_LINES: usize = 4;
 
 /// State of the Overview panel: how far the events list is scrolled.
 #[derive(Debug, Default)]
@@ -160,6 +163,10 @@ impl OverviewView<'_> {
         let total = m.expected_steps().filter(|&t| t >= n);
         let (state, sstyle) = match &m.state {
             RunState::Waiting => ("waiting".to_string(), th.dim()),
+            RunState::Running if m.source == SourceKind::Follow => (
+                "following the trace (no end record yet)".to_string(),
+                th.accent(),
+            ),
             RunState::Running => ("running".to_string(), th.accent()),
             RunState::Finished => ("finished".to_string(), th.good()),
             RunState::Incomplete => (
@@ -296,7 +303,7 @@ impl OverviewView<'_> {
                 format!(" events ({}, j/k scroll)", ev.len()),
                 th.dim(),
             ));
-            let room = rows.saturating_sub(lines.len() + 1).max(1);
+            let room = rows.saturating_sub(lines.len()).clamp(1, MAX_EVENT_LINES);
             let start = self.state.scroll.min(ev.len().saturating_sub(1));
             for e in ev.iter().skip(start).take(room) {
                 lines.push(Line::styled(
@@ -304,6 +311,50 @@ impl OverviewView<'_> {
                     th.warn(),
                 ));
             }
+        }
+        lines
+    }
+}
+
+impl OverviewView<'_> {
+    /// Up to `rows - 1` steps around the selected one, one per line, under a header line.
+    fn step_lines(&self, rows: usize) -> Vec<Line<'static>> {
+        let th = &self.ctx.theme;
+        let m = self.ctx.model;
+        if rows < 2 || m.steps.is_empty() {
+            return Vec::new();
+        }
+        // A window around the selected step (the newest when following a live run).
+        let n = m.steps.len();
+        let shown = (rows - 1).min(n);
+        let sel = self.ctx.step.unwrap_or(n - 1);
+        let start = sel.saturating_sub(shown / 2).min(n - shown);
+        let end = start + shown;
+        let mut lines = vec![Line::styled(
+            format!(
+                "  {:>6} {:>10} {:>17} {:>10}  outcome",
+                "step", "loss", "scale", "grad norm"
+            ),
+            th.header(),
+        )];
+        for (i, s) in m.steps.iter().enumerate().take(end).skip(start) {
+            let scale = format!("{}→{}", pow2(s.scale_before), pow2(s.scale_after));
+            let (what, style) = match m.skip_cause(i) {
+                Some(c) if s.skipped => (format!("skipped: {c}"), th.warn()),
+                Some(c) => (c, th.bad()),
+                None => ("applied".to_string(), th.normal()),
+            };
+            lines.push(Line::from(vec![
+                Span::raw(format!(
+                    "{} {:>6} {:>10} {:>17} {:>10}  ",
+                    if Some(i) == self.ctx.step { "▸" } else { " " },
+                    s.step,
+                    s.loss.map_or("-".into(), num),
+                    scale,
+                    s.grad_norm.map_or("-".into(), num)
+                )),
+                Span::styled(what, style),
+            ]));
         }
         lines
     }
@@ -342,12 +393,26 @@ impl Widget for OverviewView<'_> {
                 .render(b, buf);
             card
         };
-        let block = self.block(" First non-finite ");
-        let inner = block.inner(card);
-        let lines = self.card_lines(inner.width as usize, inner.height as usize);
-        Paragraph::new(lines)
-            .block(block)
+        // The card takes what it needs; the recent steps get the rest when it is enough
+        // for a few rows.
+        let card_lines = self.card_lines(card.width.saturating_sub(2) as usize, usize::MAX);
+        let need = card_lines.len() as u16 + 2;
+        let (card_h, steps_h) = if card.height >= need + 4 {
+            (need, card.height - need)
+        } else {
+            (card.height, 0)
+        };
+        let [card, steps] =
+            Layout::vertical([Constraint::Length(card_h), Constraint::Length(steps_h)]).areas(card);
+        Paragraph::new(card_lines)
+            .block(self.block(" First non-finite "))
             .wrap(Wrap { trim: false })
             .render(card, buf);
+        if steps_h > 0 {
+            let block = self.block(" Steps ");
+            let inner = block.inner(steps);
+            let lines = self.step_lines(inner.height as usize);
+            Paragraph::new(lines).block(block).render(steps, buf);
+        }
     }
 }

@@ -300,8 +300,7 @@ impl Widget for ScaleView<'_> {
         let th = self.ctx.theme;
         let m = self.ctx.model;
         let Some(si) = self.ctx.step else {
-            Paragraph::new(Line::styled(" waiting for the first step…", th.dim()))
-                .render(area, buf);
+            Paragraph::new(Line::styled(m.no_step_note(), th.dim())).render(area, buf);
             return;
         };
         let s = &m.steps[si];
@@ -365,5 +364,40 @@ impl Widget for ScaleView<'_> {
                 .collect()
         };
         Paragraph::new(lines).render(why, buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_ranges() {
+        assert_eq!(ranges(&[0, 1, 2, 3, 5, 9, 10]), "0-3, 5, 9-10");
+        assert_eq!(ranges(&[7]), "7");
+        assert_eq!(ranges(&[]), "");
+    }
+
+    #[test]
+    fn downsampling_keeps_spikes_and_order() {
+        let pts: Vec<(f64, f64)> = (0..1000)
+            .map(|i| {
+                (
+                    i as f64,
+                    if i == 501 {
+                        40.0
+                    } else if i == 777 {
+                        -9.0
+                    } else {
+                        16.0
+                    },
+                )
+            })
+            .collect();
+        let d = downsample(&pts, 100);
+        assert!(d.len() <= 100, "{}", d.len());
+        assert!(d.contains(&(501.0, 40.0)) && d.contains(&(777.0, -9.0)));
+        assert!(d.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(downsample(&pts[..10], 100), pts[..10].to_vec());
     }
 }

@@ -1,0 +1,86 @@
+//! The real binary: `amprobe tui` driven in tmux by `scripts/tui-tmux-test.sh` (a live run,
+//! panels, the jump to the first non-finite op, quitting, a panic), and refusing to start
+//! without a terminal.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_amprobe");
+
+fn has_tmux() -> bool {
+    Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn tmux_drives_a_live_session() {
+    if !has_tmux() {
+        // CI installs tmux (.ci/run); elsewhere the script cannot run without it.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "tmux is missing in CI: .ci/run installs it"
+        );
+        eprintln!("skipped: tmux is not installed");
+        return;
+    }
+    let out = Command::new("bash")
+        .arg("scripts/tui-tmux-test.sh")
+        .arg(BIN)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("running scripts/tui-tmux-test.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tui-tmux-test failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("tui-tmux-test: ok"), "{stdout}");
+}
+
+#[test]
+fn without_a_terminal_it_refuses_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.jsonl");
+    let run = Command::new(BIN)
+        .args(["run", "samples/mlp.toml", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    // stdout is a pipe here: drawing into it would be garbage, and ratatui would panic.
+    let out = Command::new(BIN)
+        .args(["tui", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs a terminal"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn replay_needs_a_trace_and_run_flags_need_a_config() {
+    let out = Command::new(BIN).arg("tui").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--trace FILE"), "{err}");
+    let out = Command::new(BIN)
+        .args(["tui", "--trace", "x.jsonl", "--precision", "fp16"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("<CONFIG>"), "{err}");
+    // A missing trace is named before the screen is taken over.
+    let out = Command::new(BIN)
+        .args(["tui", "--trace", "no/such/trace.jsonl"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no/such/trace.jsonl"), "{err}");
+}
