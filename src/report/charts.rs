@@ -296,6 +296,8 @@ fn padded(lo: f64, hi: f64, pad_frac: f64, min_span: f64) -> (f64, f64) {
     } else {
         (0.0, 1.0)
     };
+    // A span computed from values that were not finite (no finite point at all) is no span.
+    let min_span = if min_span.is_finite() { min_span } else { 0.0 };
     if hi - lo < min_span {
         let c = (lo + hi) / 2.0;
         lo = c - min_span / 2.0;
@@ -1478,5 +1480,22 @@ mod tests {
         assert_eq!(shorten("abcdef", 4, false), "abc…");
         assert_eq!(scale_text(65536.0), "2^16");
         assert_eq!(scale_text(1e30), "1.000e30");
+    }
+}
+
+#[cfg(test)]
+mod padded_tests {
+    use super::padded;
+
+    /// A chart with no finite value at all (a run whose every loss is NaN) still gets a
+    /// finite axis; an infinite one makes plotters' tick search loop forever.
+    #[test]
+    fn no_finite_value_gives_a_finite_range() {
+        let lo = f64::INFINITY;
+        let hi = f64::NEG_INFINITY;
+        let (a, b) = padded(lo, hi, 0.08, hi.abs().max(1e-6) * 1e-3);
+        assert!(a.is_finite() && b.is_finite() && a < b, "{a}..{b}");
+        let (a, b) = padded(2.0, 2.0, 0.0, 1.0);
+        assert_eq!((a, b), (1.5, 2.5));
     }
 }

@@ -70,7 +70,10 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
         None => facts::default_step(&trace.steps),
     };
     let h = &trace.header;
-    let run = format!("{} {}", h.model, h.precision);
+    // Chart titles carry the model's short name (its first word) so they fit the image;
+    // summary.md gives the whole description.
+    let short = h.model.split_whitespace().next().unwrap_or("");
+    let run = format!("{short} {}", h.precision);
     let mut charts = Vec::new();
     let causes: Vec<(u64, String)> = facts
         .skipped
