@@ -21,7 +21,7 @@ fn t5_model(dir: &Path, precision: &str) -> Model {
     run(&cfg, &RunOptions::default()).unwrap();
     let mut t = read_trace(&p).unwrap();
     normalise(&mut t);
-    Model::from_trace(t, &format!("t5-{precision}.jsonl"))
+    Model::from_trace(t, format!("t5-{precision}.jsonl"))
 }
 
 fn snap(name: &str, app: &mut amprobe::tui::App) {
