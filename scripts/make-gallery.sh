@@ -4,7 +4,7 @@
 #   scripts/make-gallery.sh [CONFIG [STEPS [RUN FLAGS...]]]
 #
 # What it runs: the training config CONFIG (default samples/t5_overflow.toml, the T5 fixture) for
-# STEPS steps (default 4) in fp16, bf16 and fp32, on the same weights, data and seed, with op
+# STEPS steps (default 2) in fp16, bf16 and fp32, on the same weights, data and seed, with op
 # records kept for every step and any extra RUN FLAGS passed to `amprobe run` (default, for
 # the seed MLP only: --growth-interval 5, so the loss scale grows into fp16's overflow within
 # the run and the skips show). Then, for each precision, `amprobe report`; a comparison of
@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CONFIG=${1:-samples/t5_overflow.toml}
-STEPS=${2:-4}
+STEPS=${2:-2}
 if [ $# -ge 3 ]; then
   RUN_FLAGS=("${@:3}")
 elif [ "$CONFIG" = samples/mlp.toml ]; then
