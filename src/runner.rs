@@ -353,13 +353,15 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
             .unwrap_or(true)
     });
     let verdict = verdict(&records, params_finite).to_string();
+    let end = EndRecord {
+        steps: records.len() as u64,
+        verdict: verdict.clone(),
+        wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+    };
     if let Some(w) = writer {
-        w.finish(&EndRecord {
-            steps: records.len() as u64,
-            verdict: verdict.clone(),
-            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
-        })?;
+        w.finish(&end)?;
     }
+    send(Record::End(end));
     let first = |f: fn(&StepRecord) -> Option<&OpRef>| records.iter().find_map(|r| f(r).cloned());
     let first_inf = first(|r| r.origins.first_inf.as_ref());
     let first_nan = first(|r| r.origins.first_nan.as_ref());

@@ -278,3 +278,33 @@ fn replay_reruns_the_same_step() {
     let r1 = t.step(1).unwrap();
     assert!(r1.loss.unwrap() < r.loss.unwrap());
 }
+
+/// The live channel carries the same records as a trace: the header, every step, the end.
+#[test]
+fn live_channel_carries_header_steps_and_end() {
+    use amprobe::runner::{run, RunOptions};
+    use amprobe::trace::record::Record;
+    let mut cfg = RunConfig::load(Path::new("samples/mlp.toml")).unwrap();
+    cfg.train.steps = Some(3);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let summary = run(
+        &cfg,
+        &RunOptions {
+            live: Some(tx),
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
+    let recs: Vec<Record> = rx.try_iter().collect();
+    assert!(matches!(recs.first(), Some(Record::Header(_))));
+    assert_eq!(
+        recs.iter().filter(|r| matches!(r, Record::Step(_))).count(),
+        3
+    );
+    match recs.last() {
+        Some(Record::End(e)) => {
+            assert_eq!((e.steps, e.verdict.as_str()), (3, summary.verdict.as_str()))
+        }
+        _ => panic!("the last record is the end"),
+    }
+}
