@@ -176,8 +176,11 @@ fn a_live_run_that_ends_is_shown_finished() {
     let m = app.model();
     assert_eq!(m.state, RunState::Finished);
     assert_eq!(m.steps.len(), 5);
-    // The live channel carries no end record; the verdict is the finished run's.
-    assert!(m.end.is_none());
+    // The live channel ends with the run's end record.
+    assert_eq!(
+        m.end.as_ref().map(|e| (e.steps, e.verdict.as_str())),
+        Some((5, "clean"))
+    );
     assert_eq!(m.verdict(), ("clean".to_string(), true));
     // The cursor followed the steps to the last one.
     assert_eq!(app.cursor().idx, Some(4));
