@@ -85,9 +85,13 @@ pub trait Optimizer: Send {
     /// Short name: `sgd`, `adam` or `adamw`.
     fn name(&self) -> &'static str;
     /// Learning rate, as `f32`.
-    fn lr(&self) -> f32;
+    fn lr(&self) -> f32 {
+        self.lr_f64() as f32
+    }
     /// Sets the learning rate from an `f32` (widened exactly to the `f64` held inside).
-    fn set_lr(&mut self, lr: f32);
+    fn set_lr(&mut self, lr: f32) {
+        self.set_lr_f64(f64::from(lr));
+    }
     /// Learning rate as held inside: an `f64`, like PyTorch's Python float.
     fn lr_f64(&self) -> f64;
     /// Sets the learning rate as an `f64`, as a PyTorch scheduler does; scalars derived from

@@ -192,14 +192,6 @@ impl Optimizer for Sgd {
         "sgd"
     }
 
-    fn lr(&self) -> f32 {
-        self.cfg.lr as f32
-    }
-
-    fn set_lr(&mut self, lr: f32) {
-        self.cfg.lr = f64::from(lr);
-    }
-
     fn lr_f64(&self) -> f64 {
         self.cfg.lr
     }

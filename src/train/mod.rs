@@ -376,7 +376,7 @@ impl Trainer {
                 let mut views = grad_views(&names, &mut bufs);
                 self.scaler.unscale_(0, &mut views)?;
             }
-            self.emit_grads("unscale", &names, &bufs)?;
+            self.emit_grads("unscale", &bufs)?;
             let mut slots: Vec<GradSlot<'_>> = names
                 .iter()
                 .zip(bufs.iter_mut())
@@ -393,14 +393,14 @@ impl Trainer {
                 events.push(format!("clip_grad_norm: total norm is {} (non-finite); gradients were multiplied by {}", c.total_norm, c.clip_coef));
             }
             clip_out = Some(c);
-            self.emit_grads("clip_grad_norm", &names, &bufs)?;
+            self.emit_grads("clip_grad_norm", &bufs)?;
         }
         let decision = {
             let mut views = grad_views(&names, &mut bufs);
             self.scaler.should_step(0, &mut views)?
         };
         if decision.unscaled_here {
-            self.emit_grads("unscale", &names, &bufs)?;
+            self.emit_grads("unscale", &bufs)?;
         }
         if !decision.skip {
             let mut datas: Vec<Vec<f32>> = self
@@ -506,12 +506,7 @@ impl Trainer {
         })
     }
 
-    fn emit_grads(
-        &mut self,
-        op: &'static str,
-        names: &[String],
-        bufs: &[Option<(Vec<f32>, DType)>],
-    ) -> Result<()> {
+    fn emit_grads(&mut self, op: &'static str, bufs: &[Option<(Vec<f32>, DType)>]) -> Result<()> {
         if !self.engine.probing() {
             return Ok(());
         }
@@ -519,7 +514,6 @@ impl Trainer {
             if let Some((g, d)) = b {
                 let t = Tensor::from_exact(g.clone(), self.params.params[i].value.shape(), *d)?;
                 let m = self.params.params[i].module.clone();
-                let _ = &names[i];
                 self.engine.emit_optimizer_op(op, &m, &[], &t);
             }
         }
