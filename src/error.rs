@@ -52,6 +52,9 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// The CUDA backend is unavailable or a device call failed.
+    #[error("cuda: {0}")]
+    Device(String),
     /// Anything else the engine refuses, with its reason.
     #[error("{0}")]
     Invalid(String),

@@ -1,6 +1,7 @@
 //! amprobe: finds where mixed-precision training goes numerically wrong, says why, and
 //! proves the fix.
 pub mod amp;
+pub mod backend;
 pub mod config;
 pub mod diagnose;
 pub mod dtype;

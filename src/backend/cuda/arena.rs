@@ -1,0 +1,315 @@
+//! The device-side probe statistics arena: one slot of counters, extremes, sum of squares
+//! and exponent histogram per probed tensor, filled by kernels and read back with one copy.
+//!
+//! The slot layout is shared with `probes/stats.cu` (the `ST_*` word indices).
+
+use super::tensor::DeviceTensor;
+use super::{dev_err, CudaDevice, THREADS};
+use crate::dtype::{DType, RoundCounts};
+use crate::error::{Error, Result};
+use crate::probe::stats::{CastCounts, ExpHist, TensorStats};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+/// u64 words per slot (`SLOT_WORDS`).
+pub const SLOT_WORDS: usize = 296;
+/// f64 partial sums per slot (`MAX_PARTIALS`): the most blocks one tensor's pass uses.
+pub const MAX_PARTIALS: usize = 1024;
+/// Histogram bins: floor(log2|x|) from -149 to 127.
+pub const HIST_BINS: usize = 277;
+/// Tensors shorter than this are queued and probed many per launch.
+pub const SMALL: usize = 1 << 16;
+const HIST_AT: usize = 16;
+const ROUND_AT: usize = 9;
+
+/// A probe request, laid out as `ProbeDesc` in stats.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct ProbeDesc {
+    data: u64,
+    n: u64,
+    kind: u32,
+    sub_limit: u32,
+    slot: u32,
+    pad: u32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for ProbeDesc {}
+
+/// What one slot holds after [`StatsArena::read`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotStats {
+    /// Statistics of the probed tensor (default when the slot only counted rounding).
+    pub stats: TensorStats,
+    /// Over/underflow counted by the kernel that rounded the tensor.
+    pub rounding: RoundCounts,
+}
+
+/// Slots of statistics on the device for one step.
+pub struct StatsArena {
+    words: CudaSlice<u64>,
+    partials: CudaSlice<f64>,
+    capacity: usize,
+    used: usize,
+    pending: Vec<ProbeDesc>,
+    keep: Vec<DeviceTensor>,
+}
+
+/// The smallest normal of `dtype` as an f32 bit pattern (0: nothing is subnormal).
+fn sub_limit(dtype: DType) -> u32 {
+    match dtype {
+        DType::F16 => 0x3880_0000,
+        DType::BF16 | DType::F32 => 0x0080_0000,
+        DType::F64 | DType::I64 => 0,
+    }
+}
+
+impl StatsArena {
+    /// An arena of `capacity` slots (it grows when a step needs more).
+    pub fn new(dev: &CudaDevice, capacity: usize) -> Result<StatsArena> {
+        let capacity = capacity.max(1);
+        let s = dev.stream();
+        Ok(StatsArena {
+            words: s
+                .alloc_zeros(capacity * SLOT_WORDS)
+                .map_err(|e| dev_err("arena alloc")(&e))?,
+            partials: s
+                .alloc_zeros(capacity * MAX_PARTIALS)
+                .map_err(|e| dev_err("arena alloc")(&e))?,
+            capacity,
+            used: 0,
+            pending: Vec::new(),
+            keep: Vec::new(),
+        })
+    }
+
+    /// Clears every slot for a new step (queued on the stream, no wait).
+    pub fn reset(&mut self, dev: &CudaDevice) -> Result<()> {
+        let s = dev.stream();
+        s.memset_zeros(&mut self.words)
+            .map_err(|e| dev_err("arena reset")(&e))?;
+        self.used = 0;
+        self.pending.clear();
+        self.keep.clear();
+        Ok(())
+    }
+
+    /// Slots handed out since the last reset.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+
+    /// A fresh slot.
+    pub fn slot(&mut self, dev: &CudaDevice) -> Result<u32> {
+        if self.used == self.capacity {
+            self.grow(dev)?;
+        }
+        self.used += 1;
+        Ok((self.used - 1) as u32)
+    }
+
+    fn grow(&mut self, dev: &CudaDevice) -> Result<()> {
+        let s = dev.stream();
+        let cap = self.capacity * 2;
+        let mut words: CudaSlice<u64> = s
+            .alloc_zeros(cap * SLOT_WORDS)
+            .map_err(|e| dev_err("arena grow")(&e))?;
+        let mut partials: CudaSlice<f64> = s
+            .alloc_zeros(cap * MAX_PARTIALS)
+            .map_err(|e| dev_err("arena grow")(&e))?;
+        s.memcpy_dtod(
+            &self.words,
+            &mut words.slice_mut(..self.capacity * SLOT_WORDS),
+        )
+        .map_err(|e| dev_err("arena grow")(&e))?;
+        s.memcpy_dtod(
+            &self.partials,
+            &mut partials.slice_mut(..self.capacity * MAX_PARTIALS),
+        )
+        .map_err(|e| dev_err("arena grow")(&e))?;
+        self.words = words;
+        self.partials = partials;
+        self.capacity = cap;
+        Ok(())
+    }
+
+    /// Device address of a slot's two rounding counters (overflow, underflow), for a
+    /// kernel that rounds.
+    pub fn round_counts_ptr(&self, dev: &CudaDevice, slot: u32) -> u64 {
+        self.words.device_ptr(dev.stream()).0 + ((slot as usize * SLOT_WORDS + ROUND_AT) * 8) as u64
+    }
+
+    /// Queues the statistics of `t` into `slot`. Large tensors get their own launch;
+    /// small ones are batched into one launch at the next [`flush`](Self::flush).
+    pub fn probe(&mut self, dev: &CudaDevice, t: &DeviceTensor, slot: u32) -> Result<()> {
+        if slot as usize >= self.used {
+            return Err(Error::Device(format!(
+                "probe slot {slot} was not handed out"
+            )));
+        }
+        let d = ProbeDesc {
+            data: t.ptr(dev),
+            n: t.numel() as u64,
+            kind: t.kind()? as u32,
+            sub_limit: sub_limit(t.dtype()),
+            slot,
+            pad: 0,
+        };
+        if t.numel() < SMALL {
+            self.pending.push(d);
+            self.keep.push(t.clone());
+            return Ok(());
+        }
+        // Enough blocks to fill the GPU, fixed by the length alone (reproducible sums).
+        let blocks = (t.numel() as u64)
+            .div_ceil(THREADS as u64 * 8)
+            .clamp(1, MAX_PARTIALS as u64) as u32;
+        let f = dev.func("amp_stats")?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = dev.stream().launch_builder(f);
+        b.arg(&d).arg(&mut self.words).arg(&mut self.partials);
+        // SAFETY: the descriptor addresses a live tensor of `n` elements of `kind`; the
+        // slot is inside the arena; argument types match the kernel's signature.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err("amp_stats")(&e))?;
+        Ok(())
+    }
+
+    /// Launches the queued small-tensor probes (one launch).
+    pub fn flush(&mut self, dev: &CudaDevice) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let s = dev.stream();
+        for chunk in self.pending.chunks(65_535) {
+            let descs = s
+                .clone_htod(chunk)
+                .map_err(|e| dev_err("probe batch upload")(&e))?;
+            let count = chunk.len() as u32;
+            let f = dev.func("amp_stats_batch")?;
+            let cfg = LaunchConfig {
+                grid_dim: (count, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(f);
+            b.arg(&descs)
+                .arg(&count)
+                .arg(&mut self.words)
+                .arg(&mut self.partials);
+            // SAFETY: as in `probe`, for every queued descriptor.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err("amp_stats_batch")(&e))?;
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Finishes the step's statistics and copies every used slot to the host: the one
+    /// device-to-host read of a step.
+    pub fn read(&mut self, dev: &CudaDevice) -> Result<Vec<SlotStats>> {
+        self.flush(dev)?;
+        if self.used == 0 {
+            return Ok(Vec::new());
+        }
+        let s = dev.stream();
+        let slots = self.used as u32;
+        let f = dev.func("amp_stats_finish")?;
+        let cfg = LaunchConfig {
+            grid_dim: (slots.div_ceil(THREADS), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(f);
+        b.arg(&mut self.words).arg(&self.partials).arg(&slots);
+        // SAFETY: `slots` slots exist in both buffers.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err("amp_stats_finish")(&e))?;
+        let host = s
+            .clone_dtoh(&self.words.slice(..self.used * SLOT_WORDS))
+            .map_err(|e| dev_err("arena read")(&e))?;
+        self.keep.clear();
+        Ok(host.chunks_exact(SLOT_WORDS).map(parse_slot).collect())
+    }
+}
+
+/// Decodes one slot (layout of stats.cu).
+pub fn parse_slot(w: &[u64]) -> SlotStats {
+    let bins = &w[HIST_AT..HIST_AT + HIST_BINS];
+    let rev = w[12] as u32;
+    SlotStats {
+        stats: TensorStats {
+            numel: w[15],
+            nan: w[0],
+            pos_inf: w[1],
+            neg_inf: w[2],
+            zeros: w[3],
+            subnormal: w[4],
+            max_abs: f64::from(f32::from_bits(w[11] as u32)),
+            min_abs_nonzero: (rev != 0).then(|| f64::from(f32::from_bits(0x7fff_ffff - rev))),
+            sum_sq: f64::from_bits(w[13]),
+            exp_hist: ExpHist::from_bins(-149, bins),
+            to_f16: CastCounts {
+                overflow: w[5],
+                underflow: w[6],
+            },
+            to_bf16: CastCounts {
+                overflow: w[7],
+                underflow: w[8],
+            },
+        },
+        rounding: RoundCounts {
+            overflow: w[ROUND_AT],
+            underflow: w[ROUND_AT + 1],
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_slot_decodes_the_kernel_layout() {
+        let mut w = vec![0u64; SLOT_WORDS];
+        w[0] = 2; // nan
+        w[3] = 5; // zeros
+        w[11] = u64::from(3.5f32.to_bits());
+        w[12] = u64::from(0x7fff_ffff - 0.25f32.to_bits());
+        w[13] = 12.5f64.to_bits();
+        w[15] = 10;
+        w[HIST_AT + 149 + 1] = 3; // exponent 1: |x| in [2, 4)
+        w[HIST_AT + 149 - 2] = 1; // exponent -2: 0.25
+        w[ROUND_AT] = 7;
+        let s = parse_slot(&w);
+        assert_eq!(s.stats.numel, 10);
+        assert_eq!(s.stats.nan, 2);
+        assert_eq!(s.stats.zeros, 5);
+        assert_eq!(s.stats.max_abs, 3.5);
+        assert_eq!(s.stats.min_abs_nonzero, Some(0.25));
+        assert_eq!(s.stats.sum_sq, 12.5);
+        assert_eq!(s.stats.exp_hist.min_exp(), Some(-2));
+        assert_eq!(s.stats.exp_hist.get(1), 3);
+        assert_eq!(s.rounding.overflow, 7);
+        w[12] = 0;
+        assert_eq!(parse_slot(&w).stats.min_abs_nonzero, None);
+    }
+
+    #[test]
+    fn layout_constants_match_the_kernel_source() {
+        let src = super::super::kernels::PROBE_STATS;
+        for (name, v) in [
+            ("SLOT_WORDS", SLOT_WORDS),
+            ("MAX_PARTIALS", MAX_PARTIALS),
+            ("HIST_BINS", HIST_BINS),
+            ("ST_HIST", HIST_AT),
+            ("ST_ROUND_OVER", ROUND_AT),
+            ("ST_NUMEL", 15),
+            ("ST_SUM_SQ", 13),
+        ] {
+            let needle = format!("#define {name} {v}");
+            assert!(src.contains(&needle), "stats.cu lacks `{needle}`");
+        }
+    }
+}

@@ -1,0 +1,250 @@
+// Casts, unary maps with their derivatives, and broadcasting binary arithmetic.
+// Each computes in f32 (transcendentals in f64, rounded once to f32, so they stay within
+// one ulp of a correctly rounded result) and rounds once to the output kind.
+
+#define MAX_DIMS 6
+
+// Unary op codes (the order of amprobe's `Unary` enum).
+#define U_NEG 0
+#define U_RELU 1
+#define U_GELU_ERF 2
+#define U_GELU_TANH 3
+#define U_SILU 4
+#define U_TANH 5
+#define U_SIGMOID 6
+#define U_EXP 7
+#define U_LOG 8
+#define U_SQRT 9
+#define U_RSQRT 10
+#define U_POW 11
+#define U_CLAMP 12
+#define U_MUL_SCALAR 13
+#define U_ADD_SCALAR 14
+
+__device__ __forceinline__ float d_exp(float x) { return (float)exp((double)x); }
+__device__ __forceinline__ float d_tanh(float x) { return (float)tanh((double)x); }
+__device__ __forceinline__ float d_erf(float x) { return (float)erf((double)x); }
+__device__ __forceinline__ float d_log(float x) { return (float)log((double)x); }
+__device__ __forceinline__ float d_pow(float x, float p) { return (float)pow((double)x, (double)p); }
+
+// Scalars arrive as f64 and are rounded to f32 like the CPU emulator's `T::of`.
+__device__ float unary_f(int op, float x, double p0, double p1, int has0, int has1) {
+    const float half = 0.5f, one = 1.0f;
+    switch (op) {
+        case U_NEG: return -x;
+        case U_RELU: return (x > 0.0f || isnan(x)) ? x : 0.0f;
+        case U_GELU_ERF: return half * x * (one + d_erf(x * 0.70710678118654752440f));
+        case U_GELU_TANH: {
+            const float k = 0.79788456080286535588f;
+            return half * x * (one + d_tanh(k * (x + 0.044715f * x * x * x)));
+        }
+        case U_SILU: return x / (one + d_exp(-x));
+        case U_TANH: return d_tanh(x);
+        case U_SIGMOID: return one / (one + d_exp(-x));
+        case U_EXP: return d_exp(x);
+        case U_LOG: return d_log(x);
+        case U_SQRT: return sqrtf(x);
+        case U_RSQRT: return one / sqrtf(x);
+        case U_POW: {
+            float p = (float)p0;
+            if (p0 == 2.0) return x * x;
+            if (p0 == 0.5) return sqrtf(x);
+            if (p0 == 1.0) return x;
+            return d_pow(x, p);
+        }
+        case U_CLAMP: {
+            float y = x;
+            if (has0) { float l = (float)p0; y = y < l ? l : y; }
+            if (has1) { float h = (float)p1; y = y > h ? h : y; }
+            return y;
+        }
+        case U_MUL_SCALAR: return x * (float)p0;
+        case U_ADD_SCALAR: return x + (float)p0;
+    }
+    return __int_as_float(0x7fc00000);
+}
+
+__device__ float unary_df(int op, float x, float y, float g, double p0, double p1, int has0,
+                          int has1) {
+    const float half = 0.5f, one = 1.0f;
+    switch (op) {
+        case U_NEG: return -g;
+        case U_RELU: return y > 0.0f ? g : 0.0f;
+        case U_GELU_ERF: {
+            float cdf = half * (one + d_erf(x * 0.70710678118654752440f));
+            float pdf = d_exp(-half * x * x) * 0.39894228040143267794f;
+            return g * (cdf + x * pdf);
+        }
+        case U_GELU_TANH: {
+            const float k = 0.79788456080286535588f;
+            const float c = 0.044715f;
+            float inner = k * (x + c * x * x * x);
+            float t = d_tanh(inner);
+            float dinner = k * (one + 3.0f * c * x * x);
+            return g * (half * (one + t) + half * x * (one - t * t) * dinner);
+        }
+        case U_SILU: {
+            float s = one / (one + d_exp(-x));
+            return g * s * (one + x * (one - s));
+        }
+        case U_TANH: return g * (one - y * y);
+        case U_SIGMOID: return g * y * (one - y);
+        case U_EXP: return g * y;
+        case U_LOG: return g / x;
+        case U_SQRT: return g / (2.0f * y);
+        case U_RSQRT: return -0.5f * g * y * y * y;
+        case U_POW: {
+            if (p0 == 2.0) return g * 2.0f * x;
+            if (p0 == 1.0) return g;
+            return g * (float)p0 * d_pow(x, (float)(p0 - 1.0));
+        }
+        case U_CLAMP: {
+            int ok_lo = !has0 || x >= (float)p0;
+            int ok_hi = !has1 || x <= (float)p1;
+            return (ok_lo && ok_hi) ? g : 0.0f;
+        }
+        case U_MUL_SCALAR: return g * (float)p0;
+        case U_ADD_SCALAR: return g;
+    }
+    return __int_as_float(0x7fc00000);
+}
+
+// y = round(x) from one storage kind to another.
+extern "C" __global__ void amp_cast(const void* x, int xk, void* y, int yk, u64 n,
+                                    u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        store_round(y, yk, i, load_f32(x, xk, i), &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+extern "C" __global__ void amp_unary(const void* x, void* y, int kind, u64 n, int op,
+                                     double p0, double p1, int has0, int has1, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float v = unary_f(op, load_f32(x, kind, i), p0, p1, has0, has1);
+        store_round(y, kind, i, v, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+extern "C" __global__ void amp_unary_backward(const void* x, const void* y, const void* g,
+                                              void* dx, int kind, u64 n, int op, double p0,
+                                              double p1, int has0, int has1, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float d = unary_df(op, load_f32(x, kind, i), load_f32(y, kind, i), load_f32(g, kind, i),
+                           p0, p1, has0, has1);
+        store_round(dx, kind, i, d, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+// Broadcast geometry: the output shape and each operand's strides over it (0 where the
+// operand is broadcast), padded on the left to MAX_DIMS.
+struct Geometry {
+    u64 shape[MAX_DIMS];
+    u64 sa[MAX_DIMS];
+    u64 sb[MAX_DIMS];
+};
+
+#define B_ADD 0
+#define B_SUB 1
+#define B_MUL 2
+#define B_DIV 3
+
+__device__ __forceinline__ float binary_f(int op, float a, float b) {
+    switch (op) {
+        case B_ADD: return a + b;
+        case B_SUB: return a - b;
+        case B_MUL: return a * b;
+        default: return a / b;
+    }
+}
+
+extern "C" __global__ void amp_binary(const void* a, const void* b, void* y, int kind, u64 n,
+                                      int op, Geometry geo, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 rest = i, ia = 0, ib = 0;
+        for (int d = MAX_DIMS - 1; d >= 0; --d) {
+            u64 c = rest % geo.shape[d];
+            rest /= geo.shape[d];
+            ia += c * geo.sa[d];
+            ib += c * geo.sb[d];
+        }
+        store_round(y, kind, i, binary_f(op, load_f32(a, kind, ia), load_f32(b, kind, ib)),
+                    &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+// Gradient terms h(a, b, g) of the binary ops (the CPU emulator's closures).
+#define H_G 0
+#define H_NEG_G 1
+#define H_G_MUL_B 2
+#define H_G_DIV_B 3
+#define H_G_MUL_A 4
+#define H_DIV_RHS 5
+
+__device__ __forceinline__ float grad_term(int h, float a, float b, float g) {
+    switch (h) {
+        case H_G: return g;
+        case H_NEG_G: return -g;
+        case H_G_MUL_B: return g * b;
+        case H_G_DIV_B: return g / b;
+        case H_G_MUL_A: return g * a;
+        default: return -g * a / (b * b);
+    }
+}
+
+// Geometry of a gradient summed down to an operand's shape: the full (output) shape, the
+// operands' broadcast strides and g's row-major strides over it, and which dims are summed.
+struct GradGeometry {
+    u64 shape[MAX_DIMS];
+    u64 sa[MAX_DIMS];
+    u64 sb[MAX_DIMS];
+    u64 sg[MAX_DIMS];
+    u32 reduced[MAX_DIMS];
+};
+
+// One output element per thread: the f32 terms over the reduced dims, summed in f64 in
+// row-major order (the CPU emulator's order, so the sum is bit-identical), rounded once.
+extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const void* g,
+                                           void* out, int kind, u64 n_out, int h,
+                                           GradGeometry geo, u64 n_reduced, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
+         t += (u64)gridDim.x * blockDim.x) {
+        u64 base_a = 0, base_b = 0, base_g = 0, rest = t;
+        for (int d = MAX_DIMS - 1; d >= 0; --d) {
+            if (geo.reduced[d]) continue;
+            u64 c = rest % geo.shape[d];
+            rest /= geo.shape[d];
+            base_a += c * geo.sa[d];
+            base_b += c * geo.sb[d];
+            base_g += c * geo.sg[d];
+        }
+        double acc = 0.0;
+        for (u64 r = 0; r < n_reduced; ++r) {
+            u64 ia = base_a, ib = base_b, ig = base_g, rr = r;
+            for (int d = MAX_DIMS - 1; d >= 0; --d) {
+                if (!geo.reduced[d]) continue;
+                u64 c = rr % geo.shape[d];
+                rr /= geo.shape[d];
+                ia += c * geo.sa[d];
+                ib += c * geo.sb[d];
+                ig += c * geo.sg[d];
+            }
+            acc += (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
+                                     load_f32(g, kind, ig));
+        }
+        store_round_f64(out, kind, t, acc, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}

@@ -1,0 +1,132 @@
+//! Where the step runs: the CPU emulator or an NVIDIA GPU through CUDA.
+//!
+//! [`detect`] looks for a usable GPU without ever panicking or printing; [`resolve`] turns
+//! the user's `--backend` choice into the backend a run uses.
+
+pub mod cuda;
+pub mod detect;
+
+use crate::error::{Error, Result};
+pub use detect::{detect, Detection, GpuDevice};
+use serde::{Deserialize, Serialize};
+
+/// The backend a user asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// The GPU when one is usable for the whole step, else the CPU (quietly).
+    #[default]
+    Auto,
+    /// The CPU emulator (bit-exact fp16/bf16).
+    Cpu,
+    /// An NVIDIA GPU through CUDA; fails when none is usable.
+    Cuda,
+}
+
+impl BackendChoice {
+    /// Parses `auto`, `cpu` or `cuda`.
+    pub fn parse(s: &str) -> Result<BackendChoice> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(BackendChoice::Auto),
+            "cpu" => Ok(BackendChoice::Cpu),
+            "cuda" | "gpu" => Ok(BackendChoice::Cuda),
+            other => Err(Error::Invalid(format!(
+                "backend `{other}`: expected auto, cpu or cuda"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cpu => "cpu",
+            BackendChoice::Cuda => "cuda",
+        })
+    }
+}
+
+/// The backend a run uses, with why it was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The backend that runs the step.
+    pub kind: BackendKind,
+    /// One line on why (shown by `doctor` and in `--verbose` runs).
+    pub reason: String,
+}
+
+/// A concrete backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The CPU emulator.
+    Cpu,
+    /// CUDA device `ordinal`.
+    Cuda,
+}
+
+/// Whether the training step (forward, backward, optimizer) runs on the CUDA backend.
+///
+/// The device runtime, kernels, GEMM and probe statistics exist and are checked against the
+/// CPU emulator (`amprobe doctor --selftest`, `tests/gpu_parity.rs`), but the engine's ops
+/// still compute on host storage, so a step cannot run on the device yet.
+pub const CUDA_STEP_SUPPORTED: bool = false;
+
+/// Resolves a choice against what [`detect`] finds. `Auto` never fails; `Cuda` fails with a
+/// message naming what is missing.
+pub fn resolve(choice: BackendChoice) -> Result<Resolved> {
+    resolve_with(choice, &detect())
+}
+
+/// [`resolve`] against a given detection (tests use made-up detections).
+pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved> {
+    match (choice, found) {
+        (BackendChoice::Cpu, _) => Ok(Resolved {
+            kind: BackendKind::Cpu,
+            reason: "asked for the CPU emulator".into(),
+        }),
+        (BackendChoice::Auto, Detection::Unavailable { reason }) => Ok(Resolved {
+            kind: BackendKind::Cpu,
+            reason: format!("no usable GPU ({reason})"),
+        }),
+        (BackendChoice::Cuda, Detection::Unavailable { reason }) => Err(Error::Device(format!(
+            "--backend cuda needs a usable NVIDIA GPU: {reason}; use --backend cpu or auto \
+             (`amprobe doctor` shows what was found)"
+        ))),
+        (BackendChoice::Auto, Detection::Available(r)) if !CUDA_STEP_SUPPORTED => Ok(Resolved {
+            kind: BackendKind::Cpu,
+            reason: format!(
+                "found {} but the training step does not run on the CUDA backend yet",
+                r.devices
+                    .first()
+                    .map(|d| d.name.as_str())
+                    .unwrap_or("a GPU")
+            ),
+        }),
+        (BackendChoice::Cuda, Detection::Available(_)) if !CUDA_STEP_SUPPORTED => {
+            Err(Error::Device(
+                "the training step does not run on the CUDA backend yet (device kernels, \
+                 GEMM and probe statistics are checked by `amprobe doctor --selftest`); \
+                 use --backend cpu or auto"
+                    .into(),
+            ))
+        }
+        (_, Detection::Available(r)) => Ok(Resolved {
+            kind: BackendKind::Cuda,
+            reason: format!(
+                "found {}",
+                r.devices
+                    .first()
+                    .map(|d| d.name.as_str())
+                    .unwrap_or("a GPU")
+            ),
+        }),
+    }
+}
+
+/// True when the environment asks GPU tests to fail rather than skip
+/// (`AMPROBE_REQUIRE_GPU=1`).
+pub fn gpu_required() -> bool {
+    std::env::var("AMPROBE_REQUIRE_GPU").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}

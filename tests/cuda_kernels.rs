@@ -1,0 +1,71 @@
+//! The CUDA kernel sources compile with NVRTC under amprobe's exact-arithmetic options.
+//! Needs libnvrtc only (no GPU); skips where it cannot be loaded, unless
+//! `AMPROBE_REQUIRE_GPU=1` asks for every CUDA check to run.
+
+use amprobe::backend::cuda::kernels;
+
+fn nvrtc_or_skip() -> bool {
+    match amprobe::backend::detect::nvrtc_version() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                !amprobe::backend::gpu_required(),
+                "AMPROBE_REQUIRE_GPU=1 but NVRTC is unusable: {e}"
+            );
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn kernels_compile_for_hopper_and_export_every_entry() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let ptx = kernels::compile(Some("sm_90")).expect("kernels compile");
+    let src = ptx.to_src();
+    for name in kernels::KERNELS {
+        assert!(
+            src.contains(&format!(".entry {name}(")),
+            "PTX lacks the entry point {name}"
+        );
+    }
+    // Every f32 arithmetic instruction rounds to nearest on its own: no flush-to-zero,
+    // no approximate division or square root, no contraction into FMA. (libdevice's f64
+    // routines seed with approximate instructions internally; their results are f64 and
+    // rounded once more to f32, so f64 instructions are not checked.)
+    let mut seen = 0;
+    for line in src.lines() {
+        let Some(ins) = line.split_whitespace().next() else {
+            continue;
+        };
+        let arith = [
+            "add.", "sub.", "mul.", "div.", "sqrt.", "rcp.", "fma.", "mad.",
+        ]
+        .iter()
+        .any(|p| ins.starts_with(p));
+        if arith && ins.ends_with(".f32") {
+            seen += 1;
+            assert!(
+                ins.ends_with(".rn.f32") && !ins.starts_with("fma.") && !ins.starts_with("mad."),
+                "inexact f32 instruction in the kernels: {line}"
+            );
+        }
+    }
+    assert!(
+        seen > 50,
+        "too few f32 instructions ({seen}): was the PTX parsed?"
+    );
+}
+
+#[test]
+fn a_broken_source_reports_nvrtcs_log() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }";
+    let err = cudarc::nvrtc::compile_ptx_with_opts(bad, kernels::compile_options(Some("sm_90")))
+        .expect_err("must not compile");
+    assert!(format!("{err:?}").contains("undefined_name"));
+}
