@@ -77,6 +77,9 @@ pub struct TrainSection {
     pub policy: Option<String>,
     /// Module path patterns kept in fp32.
     pub keep_fp32: Option<Vec<String>>,
+    /// Where the step runs: `auto` (default: the GPU when the step can run there, else the
+    /// CPU), `cpu` or `cuda`.
+    pub backend: Option<String>,
 }
 
 /// `[scaler]`: the loss scaler.

@@ -286,6 +286,13 @@ pub fn header(
 
 /// Runs the configured training and writes the trace (when a path is configured).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
+    let choice = match &cfg.train.backend {
+        Some(b) => crate::backend::BackendChoice::parse(b)
+            .map_err(|e| Error::config("train.backend", e.to_string()))?,
+        None => crate::backend::BackendChoice::Auto,
+    };
+    // Only the CPU emulator runs the step so far: `resolve` says so for `cuda`.
+    crate::backend::resolve(choice)?;
     let mut train = cfg.train_config()?;
     // The scaler's own collapse events use the same streak as the diagnosis.
     train.scaler.collapse_streak = opts.diagnose.collapse_steps;

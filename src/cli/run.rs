@@ -107,6 +107,9 @@ pub struct RunFlags {
     /// Switch probes off (to measure their cost).
     #[arg(long)]
     no_probes: bool,
+    /// Where the step runs: auto (default), cpu or cuda.
+    #[arg(long, value_name = "auto|cpu|cuda")]
+    backend: Option<String>,
 }
 
 impl RunFlags {
@@ -139,6 +142,7 @@ impl RunFlags {
             self.summary_json.is_some(),
             self.sample_every.is_some(),
             self.no_probes,
+            self.backend.is_some(),
         ];
         opts.iter().any(|&x| x)
     }
@@ -190,6 +194,7 @@ pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     set!(t.lr, a.lr);
     set!(t.seed, a.seed);
     set!(t.policy, a.policy);
+    set!(t.backend, a.backend);
     if !a.keep_fp32.is_empty() {
         t.keep_fp32 = Some(a.keep_fp32.clone());
     }

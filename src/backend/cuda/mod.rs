@@ -9,6 +9,7 @@ pub mod arena;
 pub mod blas;
 pub mod kernels;
 pub mod ops;
+pub mod parity;
 pub mod tensor;
 
 use crate::backend::detect::{detect, Detection, GpuDevice};

@@ -1,0 +1,489 @@
+//! Device results against the CPU emulator, op by op, on random inputs in each dtype.
+//!
+//! Used by the GPU tests and by `amprobe doctor --selftest`. Each check states its bound:
+//! - casts, the IEEE-arithmetic unary ops and broadcast binary ops (forward and gradient):
+//!   identical (the same f32 operations in the same order; gradient sums in f64 in the
+//!   CPU's row-major order);
+//! - transcendental unary ops: the device evaluates exp/log/tanh/erf/pow in f64 and rounds
+//!   to f32 (correctly rounded but for rare double roundings), while the CPU uses the f32
+//!   libm routines (within 2 ulp). So an element passes at ≤ 2 ulp of the output dtype, or
+//!   at |Δ| ≤ 2⁻²⁰·max(1, |x|): a ≤ 4-ulp difference of an inner value of magnitude ≤ 1
+//!   (erf, tanh, a sigmoid) scaled by a factor of at most 4|x| in the GELU/SiLU formulas,
+//!   where cancellation (1 + erf(x) near x = -3) makes ulps of the result meaningless;
+//! - GEMM, against the exact product (f64, rounded once): an f32 sum of k products in any
+//!   order is within γ_k·Σ|a||b| of it (γ_k = k·2⁻²⁴ / (1 - k·2⁻²⁴)), plus one ulp of the
+//!   output dtype for the final rounding;
+//! - probe statistics: every count, extreme and histogram bin identical; the f64 sum of
+//!   squares within 2·n·2⁻⁵³ relative (two summation orders of n non-negative terms).
+
+use super::arena::StatsArena;
+use super::ops;
+use super::tensor::DeviceTensor;
+use super::CudaDevice;
+use crate::dtype::DType;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::ops::elementwise::{Binary, Unary};
+use crate::probe::stats::TensorStats;
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+
+/// The outcome of one parity check.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// Op and variant (`unary gelu forward`).
+    pub name: String,
+    /// The dtype checked.
+    pub dtype: DType,
+    /// Elements compared.
+    pub n: usize,
+    /// Elements outside the bound.
+    pub failures: usize,
+    /// Largest ulp distance seen (output dtype).
+    pub max_ulp: u64,
+    /// The first failure, described.
+    pub first: Option<String>,
+}
+
+impl Check {
+    /// True when every element is within the bound.
+    pub fn ok(&self) -> bool {
+        self.failures == 0
+    }
+}
+
+/// Position of a value on the dtype's ordered grid (ulp distance = difference).
+fn ordinal(dtype: DType, x: f32) -> i64 {
+    let (bits, mag) = match dtype {
+        DType::F16 => (i64::from(half::f16::from_f32(x).to_bits()), 0x7fff),
+        DType::BF16 => (i64::from(x.to_bits() >> 16), 0x7fff),
+        _ => (i64::from(x.to_bits()), 0x7fff_ffff),
+    };
+    let sign = match dtype {
+        DType::F16 | DType::BF16 => 0x8000,
+        _ => 0x8000_0000,
+    };
+    if bits & sign != 0 {
+        -(bits & mag)
+    } else {
+        bits & mag
+    }
+}
+
+/// Ulp distance in `dtype` (NaN equals NaN; NaN against a number is infinitely far).
+pub fn ulp_distance(dtype: DType, a: f32, b: f32) -> u64 {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => 0,
+        (false, false) => ordinal(dtype, a).abs_diff(ordinal(dtype, b)),
+        _ => u64::MAX,
+    }
+}
+
+/// Random values of `dtype`: normal draws over a wide binade range, with zeros, signed
+/// infinities, NaN and the dtype's subnormals mixed in.
+pub fn random_tensor(rng: &mut Rng, shape: &[usize], dtype: DType, spread: i32) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let tiny = match dtype {
+        DType::F16 => 2f32.powi(-20),
+        _ => 2f32.powi(-130),
+    };
+    let v: Vec<f32> = (0..n)
+        .map(|_| match rng.below(64) {
+            0 => 0.0,
+            1 => f32::INFINITY,
+            2 => f32::NEG_INFINITY,
+            3 => f32::NAN,
+            4 => tiny * (1.0 + rng.below(8) as f32),
+            _ => {
+                let e = rng.below((2 * spread + 1) as u64) as i32 - spread;
+                (rng.normal() as f32) * 2f32.powi(e)
+            }
+        })
+        .collect();
+    Tensor::from_f32(v, shape, dtype)
+}
+
+/// Random finite values (no specials), for GEMM and gradients.
+fn finite_tensor(rng: &mut Rng, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+    Tensor::from_f32(v, shape, dtype)
+}
+
+fn compare(
+    name: &str,
+    dtype: DType,
+    dev: &[f32],
+    cpu: &[f32],
+    ok: impl Fn(usize, u64) -> bool,
+) -> Check {
+    let mut c = Check {
+        name: name.into(),
+        dtype,
+        n: cpu.len(),
+        failures: 0,
+        max_ulp: 0,
+        first: None,
+    };
+    if dev.len() != cpu.len() {
+        c.failures = cpu.len().max(1);
+        c.first = Some(format!("lengths differ: {} vs {}", dev.len(), cpu.len()));
+        return c;
+    }
+    for i in 0..cpu.len() {
+        let u = ulp_distance(dtype, dev[i], cpu[i]);
+        if u != u64::MAX {
+            c.max_ulp = c.max_ulp.max(u);
+        }
+        if !ok(i, u) {
+            c.failures += 1;
+            if c.first.is_none() {
+                c.first = Some(format!(
+                    "element {i}: device {:e}, cpu {:e} ({u} ulp)",
+                    dev[i], cpu[i]
+                ));
+            }
+        }
+    }
+    c
+}
+
+fn transcendental(op: Unary) -> bool {
+    matches!(
+        op,
+        Unary::GeluErf
+            | Unary::GeluTanh
+            | Unary::Silu
+            | Unary::Tanh
+            | Unary::Sigmoid
+            | Unary::Exp
+            | Unary::Log
+            | Unary::Pow(_)
+    )
+}
+
+/// The unary ops checked, with the spread of input binades that suits each.
+const UNARY: &[(Unary, i32)] = &[
+    (Unary::Neg, 20),
+    (Unary::Relu, 20),
+    (Unary::GeluErf, 3),
+    (Unary::GeluTanh, 3),
+    (Unary::Silu, 4),
+    (Unary::Tanh, 4),
+    (Unary::Sigmoid, 4),
+    (Unary::Exp, 3),
+    (Unary::Log, 20),
+    (Unary::Sqrt, 20),
+    (Unary::Rsqrt, 20),
+    (Unary::Pow(2.0), 10),
+    (Unary::Pow(3.0), 6),
+    (Unary::Clamp(Some(-1.5), Some(2.0)), 4),
+    (Unary::MulScalar(0.125), 20),
+    (Unary::AddScalar(1.0), 20),
+];
+
+/// Runs every check on `dev` with inputs drawn from `seed`; `n` elements per tensor.
+pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    let mut rng = Rng::new(seed);
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    let mut arena = StatsArena::new(dev, 64)?;
+    for &dt in &dtypes {
+        // Casts into every dtype, with their rounding counts.
+        let x = random_tensor(&mut rng, &[n], DType::F32, 40)?;
+        let xd = DeviceTensor::upload(dev, &x)?;
+        arena.reset(dev)?;
+        let slot = arena.slot(dev)?;
+        let yd = ops::cast(dev, &xd, dt, arena.round_counts_ptr(dev, slot))?;
+        let y = yd.download(dev)?;
+        let cpu = crate::ops::cast::cast(&x, dt)?;
+        let mut c = compare(
+            &format!("cast f32 -> {dt}"),
+            dt,
+            y.f32s()?,
+            cpu.tensor.f32s()?,
+            |_, u| u == 0,
+        );
+        let counts = arena.read(dev)?[0].rounding;
+        if counts != cpu.rounding {
+            c.failures += 1;
+            c.first = Some(format!(
+                "rounding counts: device {counts:?}, cpu {:?}",
+                cpu.rounding
+            ));
+        }
+        out.push(c);
+
+        for &(op, spread) in UNARY {
+            let x = random_tensor(&mut rng, &[n], dt, spread)?;
+            let g = finite_tensor(&mut rng, &[n], dt)?;
+            let xd = DeviceTensor::upload(dev, &x)?;
+            let gd = DeviceTensor::upload(dev, &g)?;
+            let yd = ops::unary(dev, op, &xd, 0)?;
+            let dxd = ops::unary_backward(dev, op, &xd, &yd, &gd, 0)?;
+            let mut eng = Engine::new();
+            let xl = x.as_leaf(true);
+            let y = eng.unary(op, &xl)?;
+            let grads = eng.backward_with(&y, g.clone())?;
+            let xs = x.f32s()?.to_vec();
+            let dev_y = yd.download(dev)?;
+            let name = format!("unary {op:?} forward");
+            let (dy, cy) = (dev_y.f32s()?, y.f32s()?);
+            let bound = |u: u64, d: f32, c: f32, x: f32| {
+                if transcendental(op) {
+                    u <= 2 || within_abs(d, c, x)
+                } else {
+                    u == 0
+                }
+            };
+            out.push(compare(&name, dt, dy, cy, |i, u| {
+                bound(u, dy[i], cy[i], xs[i])
+            }));
+            if let Some(cpu_dx) = grads.get(&xl.id()) {
+                let dev_dx = dxd.download(dev)?;
+                let (dd, cd) = (dev_dx.f32s()?, cpu_dx.f32s()?);
+                out.push(compare(
+                    &format!("unary {op:?} backward"),
+                    dt,
+                    dd,
+                    cd,
+                    |i, u| bound(u, dd[i], cd[i], xs[i]),
+                ));
+            }
+        }
+
+        for op in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+            for (sa, sb) in [
+                (vec![n], vec![n]),
+                (vec![4, n / 4], vec![n / 4]),
+                (vec![4, 3, 5], vec![4, 1, 1]),
+                (vec![2, 3, 1, 5], vec![3, 7, 1]),
+            ] {
+                let a = random_tensor(&mut rng, &sa, dt, 8)?;
+                let b = random_tensor(&mut rng, &sb, dt, 8)?;
+                let mut eng = Engine::new();
+                let (al, bl) = (a.as_leaf(true), b.as_leaf(true));
+                let y = eng.binary(op, &al, &bl)?;
+                let g = finite_tensor(&mut rng, y.shape(), dt)?;
+                let grads = eng.backward_with(&y, g.clone())?;
+                let (ad, bd, gd) = (
+                    DeviceTensor::upload(dev, &a)?,
+                    DeviceTensor::upload(dev, &b)?,
+                    DeviceTensor::upload(dev, &g)?,
+                );
+                let yd = ops::binary(dev, op, &ad, &bd, 0)?.download(dev)?;
+                let tag = format!("{op:?} {sa:?}x{sb:?}");
+                out.push(compare(
+                    &format!("binary {tag} forward"),
+                    dt,
+                    yd.f32s()?,
+                    y.f32s()?,
+                    |_, u| u == 0,
+                ));
+                for (wrt_b, leaf) in [(false, &al), (true, &bl)] {
+                    let Some(cpu_g) = grads.get(&leaf.id()) else {
+                        continue;
+                    };
+                    let dg = ops::binary_grad(dev, op, &ad, &bd, &gd, wrt_b, 0)?.download(dev)?;
+                    out.push(compare(
+                        &format!("binary {tag} grad {}", if wrt_b { "b" } else { "a" }),
+                        dt,
+                        dg.f32s()?,
+                        cpu_g.f32s()?,
+                        |_, u| u == 0,
+                    ));
+                }
+            }
+        }
+
+        // GEMM: plain, transposed operands, batched.
+        for (sa, sb, ta, tb) in [
+            (vec![33, 70], vec![70, 17], false, false),
+            (vec![70, 33], vec![70, 17], true, false),
+            (vec![33, 70], vec![17, 70], false, true),
+            (vec![3, 9, 40], vec![3, 40, 11], false, false),
+            (vec![3, 9, 40], vec![40, 11], false, false),
+        ] {
+            let a = finite_tensor(&mut rng, &sa, dt)?;
+            let b = finite_tensor(&mut rng, &sb, dt)?;
+            let cpu = host_matmul(&a, &b, ta, tb)?;
+            let (ad, bd) = (
+                DeviceTensor::upload(dev, &a)?,
+                DeviceTensor::upload(dev, &b)?,
+            );
+            let yd = ops::matmul(dev, &ad, &bd, ta, tb, 0)?.download(dev)?;
+            let k = if ta {
+                sa[sa.len() - 2]
+            } else {
+                sa[sa.len() - 1]
+            };
+            let u = 2f64.powi(-24);
+            let gamma = k as f64 * u / (1.0 - k as f64 * u);
+            let dy = yd.f32s()?;
+            let check = compare(
+                &format!(
+                    "matmul {sa:?}{}x{sb:?}{}",
+                    if ta { "ᵀ" } else { "" },
+                    if tb { "ᵀ" } else { "" }
+                ),
+                dt,
+                dy,
+                &cpu.0,
+                |i, ul| {
+                    let diff = (f64::from(dy[i]) - f64::from(cpu.0[i])).abs();
+                    ul <= 1 || diff <= gamma * cpu.1[i] + ulp_of(dt, cpu.0[i])
+                },
+            );
+            out.push(check);
+        }
+
+        // Probe statistics, small (batched launch) and large (own launch).
+        for len in [1000usize, 3 * super::arena::SMALL + 7] {
+            let x = random_tensor(&mut rng, &[len], dt, 60)?;
+            let xd = DeviceTensor::upload(dev, &x)?;
+            arena.reset(dev)?;
+            let slot = arena.slot(dev)?;
+            arena.probe(dev, &xd, slot)?;
+            let got = arena.read(dev)?.remove(0).stats;
+            let want = TensorStats::compute(dt, x.f32s()?);
+            out.push(stats_check(
+                &format!("probe stats n={len}"),
+                dt,
+                &got,
+                &want,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn within_abs(a: f32, b: f32, x: f32) -> bool {
+    let lim = 2f64.powi(-20) * f64::from(x.abs()).max(1.0);
+    (f64::from(a) - f64::from(b)).abs() <= lim
+}
+
+/// One ulp of `dtype` at `x`.
+fn ulp_of(dtype: DType, x: f32) -> f64 {
+    let bits = match dtype {
+        DType::F16 => 10,
+        DType::BF16 => 7,
+        _ => 23,
+    };
+    let e = if x == 0.0 {
+        -126
+    } else {
+        f64::from(x.abs()).log2().floor() as i32
+    };
+    let e = e.max(if dtype == DType::F16 { -14 } else { -126 });
+    2f64.powi(e - bits)
+}
+
+/// Row-major matmul on the host in f64 from the dtype's values, rounded once to the
+/// dtype, and Σ|a||b| per output element (the error bound's scale).
+fn host_matmul(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<(Vec<f32>, Vec<f64>)> {
+    let (sa, sb) = (a.shape(), b.shape());
+    let batch = if sa.len() == 3 { sa[0] } else { 1 };
+    let (ar, ac) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+    let (br, bc) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+    let (m, k) = if ta { (ac, ar) } else { (ar, ac) };
+    let n = if tb { br } else { bc };
+    let (av, bv) = (a.f32s()?, b.f32s()?);
+    let mut vals = Vec::with_capacity(batch * m * n);
+    let mut scale = Vec::with_capacity(batch * m * n);
+    for p in 0..batch {
+        let ao = p * ar * ac;
+        let bo = if sb.len() == 3 { p * br * bc } else { 0 };
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut t) = (0f64, 0f64);
+                for q in 0..k {
+                    let x = f64::from(av[ao + if ta { q * ac + i } else { i * ac + q }]);
+                    let y = f64::from(bv[bo + if tb { j * bc + q } else { q * bc + j }]);
+                    s += x * y;
+                    t += (x * y).abs();
+                }
+                vals.push(crate::dtype::round_f64_to(a.dtype(), s) as f32);
+                scale.push(t);
+            }
+        }
+    }
+    Ok((vals, scale))
+}
+
+fn stats_check(name: &str, dtype: DType, got: &TensorStats, want: &TensorStats) -> Check {
+    let mut c = Check {
+        name: name.into(),
+        dtype,
+        n: want.numel as usize,
+        failures: 0,
+        max_ulp: 0,
+        first: None,
+    };
+    let mut exact = got.clone();
+    exact.sum_sq = want.sum_sq;
+    if &exact != want {
+        c.failures += 1;
+        c.first = Some(format!("device {exact:?}\ncpu {want:?}"));
+    }
+    let tol = 2.0 * want.numel as f64 * 2f64.powi(-53) * want.sum_sq;
+    if (got.sum_sq - want.sum_sq).abs() > tol {
+        c.failures += 1;
+        c.first.get_or_insert(format!(
+            "sum_sq device {} cpu {} (tolerance {tol:e})",
+            got.sum_sq, want.sum_sq
+        ));
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ulp_distances() {
+        let next = f32::from_bits(1.0f32.to_bits() + 1);
+        assert_eq!(ulp_distance(DType::F32, 1.0, next), 1);
+        assert_eq!(ulp_distance(DType::F32, 0.0, -0.0), 0);
+        let tiny = f32::from_bits(1);
+        assert_eq!(ulp_distance(DType::F32, -tiny, tiny), 2);
+        assert_eq!(ulp_distance(DType::F16, 1.0, 1.0 + 2f32.powi(-10)), 1);
+        assert_eq!(ulp_distance(DType::BF16, 1.0, 1.0 + 2f32.powi(-7)), 1);
+        assert_eq!(ulp_distance(DType::F16, f32::NAN, f32::NAN), 0);
+        assert_eq!(ulp_distance(DType::F16, f32::NAN, 1.0), u64::MAX);
+        assert_eq!(ulp_distance(DType::F16, 65504.0, f32::INFINITY), 1);
+    }
+
+    #[test]
+    fn host_matmul_matches_hand_computed_products() {
+        let a = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], DType::F32).unwrap();
+        let b = Tensor::from_f32(vec![1.0, 0.0, -1.0, 2.0, 0.5, 1.0], &[3, 2], DType::F32).unwrap();
+        let (v, s) = host_matmul(&a, &b, false, false).unwrap();
+        assert_eq!(v, vec![0.5, 7.0, 2.0, 16.0]);
+        assert_eq!(s, vec![4.5, 7.0, 12.0, 16.0]);
+        // Aᵀ stored as 3×2 gives the same product.
+        let at = Tensor::from_f32(vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0], &[3, 2], DType::F32).unwrap();
+        assert_eq!(host_matmul(&at, &b, true, false).unwrap().0, v);
+    }
+
+    #[test]
+    fn stats_check_flags_a_count_and_a_sum_mismatch() {
+        let x = [1.0f32, -2.0, 0.0, f32::NAN];
+        let want = TensorStats::compute(DType::F32, &x);
+        assert!(stats_check("s", DType::F32, &want, &want).ok());
+        let mut bad = want.clone();
+        bad.nan += 1;
+        assert!(!stats_check("s", DType::F32, &bad, &want).ok());
+        let mut off = want.clone();
+        off.sum_sq *= 1.0 + 1e-9;
+        assert!(!stats_check("s", DType::F32, &off, &want).ok());
+    }
+
+    #[test]
+    fn random_tensors_hold_every_special_class() {
+        let mut rng = Rng::new(1);
+        let t = random_tensor(&mut rng, &[4096], DType::F16, 10).unwrap();
+        let s = TensorStats::compute(DType::F16, t.f32s().unwrap());
+        assert!(s.nan > 0 && s.pos_inf > 0 && s.neg_inf > 0 && s.zeros > 0 && s.subnormal > 0);
+    }
+}

@@ -1,0 +1,53 @@
+//! Every device op against the CPU emulator (bounds in `amprobe::backend::cuda::parity`).
+//! Skips where no GPU is usable; `AMPROBE_REQUIRE_GPU=1` turns the skip into a failure.
+
+use amprobe::backend::cuda::{parity, CudaDevice};
+use amprobe::backend::{detect, gpu_required, Detection};
+
+fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
+    match detect() {
+        Detection::Unavailable { reason } => {
+            assert!(!gpu_required(), "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}");
+            eprintln!("skipped: no usable GPU ({reason})");
+            None
+        }
+        Detection::Available(_) => Some(CudaDevice::open(0, false).expect("open device 0")),
+    }
+}
+
+#[test]
+fn device_ops_match_the_cpu_emulator() {
+    let Some(dev) = device_or_skip() else {
+        return;
+    };
+    let checks = parity::run_all(&dev, 7, 4099).expect("parity run");
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.ok())
+        .map(|c| {
+            format!(
+                "{} [{}]: {}/{} outside the bound, max {} ulp; {}",
+                c.name,
+                c.dtype,
+                c.failures,
+                c.n,
+                c.max_ulp,
+                c.first.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    assert!(checks.len() > 100, "only {} checks ran", checks.len());
+    assert!(failed.is_empty(), "{} checks failed:\n{}", failed.len(), failed.join("\n"));
+}
+
+#[test]
+fn opening_a_missing_device_is_an_error_not_a_panic() {
+    let Some(_dev) = device_or_skip() else {
+        // Without a GPU, opening any device must fail cleanly.
+        let err = CudaDevice::open(0, false).expect_err("no GPU here");
+        assert!(err.to_string().contains("no usable GPU"), "{err}");
+        return;
+    };
+    let err = CudaDevice::open(999, false).expect_err("no device 999");
+    assert!(err.to_string().contains("999"), "{err}");
+}
