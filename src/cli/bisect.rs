@@ -1,6 +1,7 @@
 //! `amprobe bisect CONFIG [run flags]`: run to the first failing step and find a minimal
 //! set of modules that, kept in fp32, makes it finite.
 
+use super::out::outln;
 use super::run::{config, run_with, RunArgs};
 use amprobe::diagnose::remedy::RemedyMode;
 use amprobe::diagnose::text::{op_words, remedy_lines};
@@ -22,21 +23,21 @@ pub fn run(a: BisectArgs) -> anyhow::Result<i32> {
     opts.remedies = RemedyMode::BisectOnly;
     opts.stop_at_failure = true;
     let s = run_with(&cfg, opts)?;
-    println!("amprobe bisect: {} under {}", s.model, s.precision);
+    outln!("amprobe bisect: {} under {}", s.model, s.precision)?;
     let Some(r) = &s.remedies else {
-        println!(
+        outln!(
             "No step failed in {} steps: nothing to bisect.",
             s.steps.len()
-        );
+        )?;
         return Ok(0);
     };
     for (what, o) in [("first Inf", &s.first_inf), ("first NaN", &s.first_nan)] {
         if let Some(o) = o {
-            println!("  {what}: step {} {}", o.step, op_words(o));
+            outln!("  {what}: step {} {}", o.step, op_words(o))?;
         }
     }
     for line in remedy_lines(r) {
-        println!("{line}");
+        outln!("{line}")?;
     }
     Ok(match &r.bisection {
         Some(b) if b.found => 0,

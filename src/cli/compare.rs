@@ -1,6 +1,7 @@
 //! `amprobe compare A.jsonl B.jsonl [C.jsonl ...] --out DIR`: runs of one model in
 //! different precisions, op by op against the fp32 run.
 
+use super::out::outln;
 use amprobe::report::compare::{
     first_divergence_lines, write_compare, CompareOptions, DEFAULT_THRESHOLD,
 };
@@ -43,9 +44,9 @@ pub fn run(a: CompareArgs) -> anyhow::Result<i32> {
         },
     )?;
     for line in first_divergence_lines(&out.comparison) {
-        println!("{line}");
+        outln!("{line}")?;
     }
-    println!("report: {}", out.index_html.display());
-    println!("summary: {}", out.summary_md.display());
+    outln!("report: {}", out.index_html.display())?;
+    outln!("summary: {}", out.summary_md.display())?;
     Ok(0)
 }

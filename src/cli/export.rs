@@ -1,6 +1,7 @@
 //! `amprobe export --perfetto TRACE --out FILE.json`: a trace in the Chrome trace-event
 //! format (opens in Perfetto and chrome://tracing).
 
+use super::out::outln;
 use amprobe::report::perfetto::write_perfetto;
 use amprobe::report::TraceFile;
 use clap::Args;
@@ -25,12 +26,12 @@ pub fn run(a: ExportArgs) -> anyhow::Result<i32> {
     let tf = TraceFile::open(&a.trace)?;
     write_perfetto(&tf, &a.out)?;
     if let Some(w) = amprobe::report::summary::completeness(&tf) {
-        println!("note: {w}");
+        outln!("note: {w}")?;
     }
-    println!(
+    outln!(
         "wrote {} ({} steps); open it in https://ui.perfetto.dev or chrome://tracing",
         a.out.display(),
         tf.trace.steps.len()
-    );
+    )?;
     Ok(0)
 }

@@ -2,6 +2,7 @@
 //! remedy, and report which make it finite and at what cost in accuracy. Also the
 //! diagnosis flags every run takes.
 
+use super::out::outln;
 use super::run::{config, print_human, run_with, RunArgs};
 use amprobe::diagnose::headroom::HeadroomThresholds;
 use amprobe::diagnose::remedy::RemedyMode;
@@ -94,10 +95,10 @@ pub fn run(a: FixArgs) -> anyhow::Result<i32> {
     opts.remedies = RemedyMode::All;
     opts.stop_at_failure = true;
     let s = run_with(&cfg, opts)?;
-    print_human(&s);
+    print_human(&s)?;
     Ok(match &s.remedies {
         None => {
-            println!("No step failed in {} steps: nothing to fix.", s.steps.len());
+            outln!("No step failed in {} steps: nothing to fix.", s.steps.len())?;
             0
         }
         Some(r) if r.best().is_some() => 0,

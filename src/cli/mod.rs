@@ -4,6 +4,7 @@ mod bisect;
 mod compare;
 mod export;
 mod fix;
+mod out;
 mod report;
 mod run;
 mod scaler;

@@ -1,6 +1,7 @@
 //! `amprobe report TRACE --out DIR [--step N] [--fail-on RULES]`: charts, `summary.md`
 //! and `index.html` of a trace, and the CI gate.
 
+use super::out::{out, outln};
 use amprobe::report::gate::{self, Gate};
 use amprobe::report::{write_report, ReportOptions, TraceFile};
 use clap::Args;
@@ -35,11 +36,11 @@ pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
         },
     )?;
     if let Some(w) = amprobe::report::summary::completeness(&tf) {
-        println!("note: {w}");
+        outln!("note: {w}")?;
     }
-    println!("verdict: {}", out.facts.verdict);
-    println!("report: {}", out.index_html.display());
-    println!("summary: {}", out.summary_md.display());
+    outln!("verdict: {}", out.facts.verdict)?;
+    outln!("report: {}", out.index_html.display())?;
+    outln!("summary: {}", out.summary_md.display())?;
     let Some(rules) = rules else {
         return Ok(0);
     };
@@ -48,6 +49,6 @@ pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
         g.observe(s);
     }
     let outcomes = g.outcomes();
-    print!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()));
+    out!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()))?;
     Ok(gate::exit_code(&outcomes))
 }

@@ -1,5 +1,6 @@
 //! `amprobe run CONFIG [flags]`: AMP training steps with probes, a trace and a summary.
 
+use super::out::{out, outln};
 use amprobe::config::RunConfig;
 use amprobe::report::gate::{self, Gate};
 use amprobe::runner::{run as run_training, RunOptions, RunSummary};
@@ -244,10 +245,11 @@ fn scale(x: f64) -> String {
     }
 }
 
-pub(super) fn print_human(s: &RunSummary) {
-    println!("amprobe: {} under {}", s.model, s.precision);
+/// The run's summary for a person, on stdout.
+pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
+    outln!("amprobe: {} under {}", s.model, s.precision)?;
     for st in &s.steps {
-        println!(
+        outln!(
             "  step {:>4}  loss {:>12.6}  scale {:>10} -> {:<10} {}",
             st.step,
             st.loss.unwrap_or(f64::NAN),
@@ -258,11 +260,11 @@ pub(super) fn print_human(s: &RunSummary) {
                 (None, true) => "SKIPPED (inf/nan gradient)".to_string(),
                 _ => String::new(),
             }
-        );
+        )?;
     }
-    println!("verdict: {}", s.verdict);
-    println!("  first Inf: {}", describe(&s.first_inf));
-    println!("  first NaN: {}", describe(&s.first_nan));
+    outln!("verdict: {}", s.verdict)?;
+    outln!("  first Inf: {}", describe(&s.first_inf))?;
+    outln!("  first NaN: {}", describe(&s.first_nan))?;
     if s.chain.len() > 1 {
         let c: Vec<String> = s
             .chain
@@ -279,20 +281,21 @@ pub(super) fn print_human(s: &RunSummary) {
                 )
             })
             .collect();
-        println!("  chain: {}", c.join(" -> "));
+        outln!("  chain: {}", c.join(" -> "))?;
     }
     if s.skipped_steps > 0 {
-        println!("  skipped steps: {} of {}", s.skipped_steps, s.steps.len());
+        outln!("  skipped steps: {} of {}", s.skipped_steps, s.steps.len())?;
     }
     for e in &s.events {
-        println!("  event: {e}");
+        outln!("  event: {e}")?;
     }
     for line in amprobe::diagnose::text::diagnosis_lines(s) {
-        println!("{line}");
+        outln!("{line}")?;
     }
     if let Some(t) = &s.trace {
-        println!("trace: {}", t.display());
+        outln!("trace: {}", t.display())?;
     }
+    Ok(())
 }
 
 /// The run configuration the arguments describe (config file, then flags).
@@ -380,13 +383,13 @@ fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
             None => None,
         };
         let summary = run_gated(&cfg, a.diag.options()?, gate.as_mut())?;
-        print_human(&summary);
+        print_human(&summary)?;
         if let Some(g) = gate {
             let outcomes = g.outcomes();
-            print!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()));
+            out!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()))?;
             code = code.max(gate::exit_code(&outcomes));
         }
-        println!();
+        outln!()?;
         traces.push(TraceFile::open(&path)?);
     }
     let reference = precisions.iter().position(|p| {
@@ -405,9 +408,9 @@ fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
         },
     )?;
     for line in first_divergence_lines(&out.comparison) {
-        println!("{line}");
+        outln!("{line}")?;
     }
-    println!("comparison: {}", out.index_html.display());
+    outln!("comparison: {}", out.index_html.display())?;
     Ok(code)
 }
 
@@ -430,11 +433,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let summary = run_gated(&cfg, a.diag.options()?, gate.as_mut())?;
-    print_human(&summary);
+    print_human(&summary)?;
     match gate {
         Some(g) => {
             let outcomes = g.outcomes();
-            print!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()));
+            out!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()))?;
             Ok(gate::exit_code(&outcomes))
         }
         None => Ok(0),

@@ -1,5 +1,6 @@
 //! `amprobe scaler simulate`: the loss-scale sequence of an overflow pattern.
 
+use super::out::outln;
 use amprobe::amp::scaler::{ScalerConfig, ScalerKind};
 use amprobe::amp::simulate::{load_overflow_steps, parse_overflow_steps, simulate};
 use anyhow::Context;
@@ -72,17 +73,27 @@ pub fn run(cmd: ScalerCommand) -> anyhow::Result<i32> {
         .unwrap_or_else(|| overflow.iter().next_back().map_or(1, |s| s + 1));
     let seq = simulate(&cfg, &overflow, steps)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&seq)?);
+        outln!("{}", serde_json::to_string_pretty(&seq)?)?;
     } else {
-        println!(
+        outln!(
             "{:>6} {:>14} {:>9} {:>8} {:>14} {:>8}",
-            "step", "scale_before", "found_inf", "skipped", "scale_after", "tracker"
-        );
+            "step",
+            "scale_before",
+            "found_inf",
+            "skipped",
+            "scale_after",
+            "tracker"
+        )?;
         for s in &seq {
-            println!(
+            outln!(
                 "{:>6} {:>14} {:>9} {:>8} {:>14} {:>8}",
-                s.step, s.scale_before, s.found_inf, s.skipped, s.scale_after, s.growth_tracker
-            );
+                s.step,
+                s.scale_before,
+                s.found_inf,
+                s.skipped,
+                s.scale_after,
+                s.growth_tracker
+            )?;
         }
     }
     Ok(0)
