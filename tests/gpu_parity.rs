@@ -7,7 +7,10 @@ use amprobe::backend::{detect, gpu_required, Detection};
 fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
     match detect() {
         Detection::Unavailable { reason } => {
-            assert!(!gpu_required(), "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}");
+            assert!(
+                !gpu_required(),
+                "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
+            );
             eprintln!("skipped: no usable GPU ({reason})");
             None
         }
@@ -37,7 +40,12 @@ fn device_ops_match_the_cpu_emulator() {
         })
         .collect();
     assert!(checks.len() > 100, "only {} checks ran", checks.len());
-    assert!(failed.is_empty(), "{} checks failed:\n{}", failed.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} checks failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]

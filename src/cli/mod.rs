@@ -2,6 +2,7 @@
 
 mod bisect;
 mod compare;
+mod doctor;
 mod export;
 mod fix;
 mod out;
@@ -38,6 +39,9 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Export a trace to another format (Chrome trace events for Perfetto).
     Export(export::ExportArgs),
+    /// What this machine offers the CUDA backend (driver, device, NVRTC, cuBLAS), and a
+    /// device self-test against the CPU emulator.
+    Doctor(doctor::DoctorArgs),
     /// Loss-scaler tools.
     Scaler {
         #[command(subcommand)]
@@ -57,5 +61,6 @@ pub fn main() -> anyhow::Result<i32> {
         Command::Compare(a) => compare::run(a),
         Command::Scaler { command } => scaler::run(command),
         Command::Tui(a) => tui::run(*a),
+        Command::Doctor(a) => doctor::run(a),
     }
 }
