@@ -59,3 +59,30 @@ fn opening_a_missing_device_is_an_error_not_a_panic() {
     let err = CudaDevice::open(999, false).expect_err("no device 999");
     assert!(err.to_string().contains("999"), "{err}");
 }
+
+#[test]
+fn require_gpu_turns_the_skip_into_a_failure() {
+    if detect().is_available() || gpu_required() {
+        return; // Only meaningful where the GPU tests skip.
+    }
+    let me = std::env::current_exe().expect("test binary path");
+    let o = std::process::Command::new(me)
+        .args([
+            "device_ops_match_the_cpu_emulator",
+            "--exact",
+            "--test-threads=1",
+        ])
+        .env("AMPROBE_REQUIRE_GPU", "1")
+        .output()
+        .expect("re-run the test binary");
+    assert!(!o.status.success(), "the GPU test passed without a GPU");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        all.contains("AMPROBE_REQUIRE_GPU=1 but no usable GPU"),
+        "{all}"
+    );
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the release binary and the GPU test binaries here (the GPU machine has no Rust
+# toolchain) and copies them, stripped, into gpu-bin/ (ignored by git) for the device run:
+#
+#   scripts/gpu-pack.sh            # then carry gpu-bin/ and run scripts/gpu-check.sh there
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release
+tests=$(cargo test --release --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_parity", "cuda_kernels"):
+        print(m["target"]["name"], m["executable"])
+')
+rm -rf gpu-bin && mkdir -p gpu-bin
+strip -o gpu-bin/amprobe target/release/amprobe
+while read -r name exe; do
+    strip -o "gpu-bin/$name" "$exe"
+done <<< "$tests"
+ls -la gpu-bin
