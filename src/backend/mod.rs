@@ -98,10 +98,7 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
             kind: BackendKind::Cpu,
             reason: format!(
                 "found {} but the training step does not run on the CUDA backend yet",
-                r.devices
-                    .first()
-                    .map(|d| d.name.as_str())
-                    .unwrap_or("a GPU")
+                first_device(r)
             ),
         }),
         (BackendChoice::Cuda, Detection::Available(_)) if !CUDA_STEP_SUPPORTED => {
@@ -114,15 +111,14 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
         }
         (_, Detection::Available(r)) => Ok(Resolved {
             kind: BackendKind::Cuda,
-            reason: format!(
-                "found {}",
-                r.devices
-                    .first()
-                    .map(|d| d.name.as_str())
-                    .unwrap_or("a GPU")
-            ),
+            reason: format!("found {}", first_device(r)),
         }),
     }
+}
+
+/// The name of the first device found (the one a run uses).
+fn first_device(r: &detect::CudaInfo) -> &str {
+    r.devices.first().map_or("a GPU", |d| d.name.as_str())
 }
 
 /// True when the environment asks GPU tests to fail rather than skip

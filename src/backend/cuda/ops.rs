@@ -93,7 +93,7 @@ fn same_dtype(op: &str, ts: &[&DeviceTensor]) -> Result<DType> {
 
 /// Rounds `x` to `to` (any of f32, f16, bf16), counting over/underflow.
 pub fn cast(dev: &CudaDevice, x: &DeviceTensor, to: DType, counts: u64) -> Result<DeviceTensor> {
-    let y = DeviceTensor::zeros(dev, x.shape(), to)?;
+    let y = DeviceTensor::for_output(dev, x.shape(), to)?;
     let (xk, yk) = (x.kind()?, y.kind()?);
     let (xp, yp, n) = (x.ptr(dev), y.ptr(dev), x.numel() as u64);
     launch!(dev, "amp_cast", n, &xp, &xk, &yp, &yk, &n, &counts);
@@ -129,7 +129,7 @@ fn unary_code(op: Unary) -> (i32, f64, f64, i32, i32) {
 
 /// `y = f(x)` in x's dtype.
 pub fn unary(dev: &CudaDevice, op: Unary, x: &DeviceTensor, counts: u64) -> Result<DeviceTensor> {
-    let y = DeviceTensor::zeros(dev, x.shape(), x.dtype())?;
+    let y = DeviceTensor::for_output(dev, x.shape(), x.dtype())?;
     let k = x.kind()?;
     let (c, p0, p1, h0, h1) = unary_code(op);
     let (xp, yp, n) = (x.ptr(dev), y.ptr(dev), x.numel() as u64);
@@ -164,7 +164,7 @@ pub fn unary_backward(
     if x.shape() != y.shape() || x.shape() != g.shape() {
         return Err(Error::shape(op.name(), "backward operands differ in shape"));
     }
-    let dx = DeviceTensor::zeros(dev, x.shape(), dt)?;
+    let dx = DeviceTensor::for_output(dev, x.shape(), dt)?;
     let k = x.kind()?;
     let (c, p0, p1, h0, h1) = unary_code(op);
     let (xp, yp, gp, dp) = (x.ptr(dev), y.ptr(dev), g.ptr(dev), dx.ptr(dev));
@@ -213,7 +213,7 @@ pub fn binary(
         sa: pad_strides(&crate::ops::bstrides(a.shape(), &out)),
         sb: pad_strides(&crate::ops::bstrides(b.shape(), &out)),
     };
-    let y = DeviceTensor::zeros(dev, &out, dt)?;
+    let y = DeviceTensor::for_output(dev, &out, dt)?;
     let k = y.kind()?;
     let c = binary_code(op);
     let (ap, bp, yp, n) = (a.ptr(dev), b.ptr(dev), y.ptr(dev), y.numel() as u64);
@@ -277,7 +277,7 @@ pub fn binary_grad(
         sg: pad_strides(&crate::tensor::strides(&full)),
         reduced,
     };
-    let out = DeviceTensor::zeros(dev, target, dt)?;
+    let out = DeviceTensor::for_output(dev, target, dt)?;
     let k = out.kind()?;
     let (ap, bp, gp, op_) = (a.ptr(dev), b.ptr(dev), g.ptr(dev), out.ptr(dev));
     let n = out.numel() as u64;
@@ -348,7 +348,7 @@ pub fn matmul(
     } else {
         vec![m, n]
     };
-    let acc = DeviceTensor::zeros(dev, &out_shape, DType::F32)?;
+    let acc = DeviceTensor::for_output(dev, &out_shape, DType::F32)?;
     // SAFETY: a, b and acc are live device tensors of exactly the sizes `g` implies.
     unsafe {
         dev.blas()

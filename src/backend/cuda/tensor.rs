@@ -80,14 +80,40 @@ impl DeviceTensor {
 
     /// Zero-filled device memory for a tensor of `shape` and `dtype`.
     pub fn zeros(dev: &CudaDevice, shape: &[usize], dtype: DType) -> Result<DeviceTensor> {
+        Self::alloc(dev, shape, dtype, true)
+    }
+
+    /// Device memory for an op's output that its kernel writes in full (not zeroed: a
+    /// memset would be one more pass over memory per op).
+    pub(crate) fn for_output(
+        dev: &CudaDevice,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<DeviceTensor> {
+        Self::alloc(dev, shape, dtype, false)
+    }
+
+    fn alloc(dev: &CudaDevice, shape: &[usize], dtype: DType, zero: bool) -> Result<DeviceTensor> {
+        fn get<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+            s: &std::sync::Arc<cudarc::driver::CudaStream>,
+            n: usize,
+            zero: bool,
+        ) -> Result<CudaSlice<T>> {
+            let r = if zero {
+                s.alloc_zeros(n)
+            } else {
+                // SAFETY: only `for_output` asks for unzeroed memory, and its callers'
+                // kernels write every element before anything reads it.
+                unsafe { s.alloc(n) }
+            };
+            r.map_err(|e| dev_err("alloc")(&e))
+        }
         let n = numel(shape);
         let s = dev.stream();
         let data = match dtype {
-            DType::F32 => DeviceData::F32(s.alloc_zeros(n).map_err(|e| dev_err("alloc")(&e))?),
-            DType::F16 | DType::BF16 => {
-                DeviceData::Half(s.alloc_zeros(n).map_err(|e| dev_err("alloc")(&e))?)
-            }
-            DType::I64 => DeviceData::I64(s.alloc_zeros(n).map_err(|e| dev_err("alloc")(&e))?),
+            DType::F32 => DeviceData::F32(get(s, n, zero)?),
+            DType::F16 | DType::BF16 => DeviceData::Half(get(s, n, zero)?),
+            DType::I64 => DeviceData::I64(get(s, n, zero)?),
             DType::F64 => return Err(Error::Device("f64 tensors stay on the host".into())),
         };
         Ok(DeviceTensor {
