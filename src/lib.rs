@@ -1,24 +1,71 @@
 //! amprobe: finds where mixed-precision training goes numerically wrong, says why, and
 //! proves the fix.
-pub mod amp;
-pub mod backend;
-pub mod config;
-pub mod diagnose;
+//!
+//! The modules below are grouped by layer, lowest first ([`LAYERS`]): a module may use its
+//! own layer's neighbours only where [`SIDEWAYS`] allows it, and lower layers never. The
+//! test `tests/layering.rs` holds the source to this order.
+
+// Layer 0: numbers and errors.
 pub mod dtype;
-pub mod engine;
 pub mod error;
-pub mod models;
-pub mod ops;
-pub mod optim;
-pub mod probe;
-pub mod report;
+pub mod numfmt;
 pub mod rng;
-pub mod runner;
+
+// Layer 1: tensors and the records a run writes (plain data).
 pub mod tensor;
 pub mod trace;
+
+// Layer 2: the autocast policy and the gradient scalers.
+pub mod amp;
+
+// Layer 3: the op recorder (autograd tape, autocast casts, probe events).
+pub mod engine;
+
+// Layer 4: the ops, their kernels and backwards.
+pub mod ops;
+
+// Layer 5: probes that observe ops; optimizers and clipping.
+pub mod optim;
+pub mod probe;
+
+// Layer 6: models and the GPU backend.
+pub mod backend;
+pub mod models;
+
+// Layer 7: the training step.
 pub mod train;
+
+// Layer 8: run configuration and diagnosis of records.
+pub mod config;
+pub mod diagnose;
+
+// Layer 9: a whole run.
+pub mod runner;
+
+// Layer 10: readers of records.
+pub mod report;
 pub mod tui;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use tensor::Tensor;
+
+/// The layers of the crate, lowest first: a module uses modules of lower layers only (and
+/// the pairs in [`SIDEWAYS`] within a layer). `cli` is the binary on top.
+pub const LAYERS: &[&[&str]] = &[
+    &["dtype", "error", "numfmt", "rng"],
+    &["tensor", "trace"],
+    &["amp"],
+    &["engine"],
+    &["ops"],
+    &["optim", "probe"],
+    &["backend", "models"],
+    &["train"],
+    &["config", "diagnose"],
+    &["runner"],
+    &["report", "tui"],
+    &["cli"],
+];
+
+/// Uses allowed within one layer, as (user, used).
+pub const SIDEWAYS: &[(&str, &str)] = &[];

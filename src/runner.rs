@@ -2,6 +2,7 @@
 //! trace, and summarise the outcome.
 
 use crate::config::RunConfig;
+pub use crate::diagnose::summary::{verdict, ParamSummary, RunSummary, StepSummary};
 use crate::dtype::DType;
 use crate::engine::Injection;
 use crate::error::{Error, Result};
@@ -12,7 +13,6 @@ use crate::models::{Batch, Model, ParamStore};
 use crate::trace::io::TraceWriter;
 use crate::trace::record::{EndRecord, Header, OpRef, Record, StepRecord};
 use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -32,84 +32,6 @@ pub struct RunOptions {
     pub live: Option<std::sync::mpsc::Sender<Record>>,
     /// Diagnosis: skip causes, collapse flag, headroom, remedies.
     pub diagnose: crate::diagnose::DiagnoseOptions,
-}
-
-/// Per-step line of the summary.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepSummary {
-    /// Step number (from 0).
-    pub step: u64,
-    /// Mean loss of the step's micro-batches.
-    #[serde(with = "crate::trace::record::float_json::option")]
-    pub loss: Option<f64>,
-    /// Loss scale before the step.
-    #[serde(with = "crate::trace::record::float_json")]
-    pub scale_before: f64,
-    /// Loss scale after the update.
-    #[serde(with = "crate::trace::record::float_json")]
-    pub scale_after: f64,
-    /// A gradient was Inf/NaN.
-    pub found_inf: bool,
-    /// The optimizer step was skipped.
-    pub skipped: bool,
-    /// Total L2 norm of the unscaled gradients (before clipping); `"inf"` when a gradient
-    /// holds an Inf or NaN.
-    #[serde(with = "crate::trace::record::float_json::option")]
-    pub grad_norm: Option<f64>,
-    /// Why the step was skipped (skipped steps within the classification limit).
-    pub skip_cause: Option<crate::diagnose::cause::SkipCause>,
-}
-
-/// Per-parameter line of the summary (last step).
-#[derive(Debug, Clone, Serialize)]
-pub struct ParamSummary {
-    /// Largest |unscaled gradient|.
-    #[serde(with = "crate::trace::record::float_json")]
-    pub max_abs_grad: f64,
-    /// L2 norm of the unscaled gradient.
-    #[serde(with = "crate::trace::record::float_json")]
-    pub grad_norm: f64,
-    /// Largest |parameter| after the step.
-    #[serde(with = "crate::trace::record::float_json")]
-    pub max_abs_after: f64,
-}
-
-/// What a run found: the machine-readable summary.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunSummary {
-    /// `clean`, `overflow-skips`, `forward-nonfinite` or `diverged`.
-    pub verdict: String,
-    /// Model description.
-    pub model: String,
-    /// Precision mode.
-    pub precision: String,
-    /// First op whose output held an Inf while its inputs were finite.
-    pub first_inf: Option<OpRef>,
-    /// First op whose output held a NaN while its inputs had none.
-    pub first_nan: Option<OpRef>,
-    /// Ops from the first Inf to the first NaN, in execution order.
-    pub chain: Vec<OpRef>,
-    /// Every step.
-    pub steps: Vec<StepSummary>,
-    /// Every parameter, for the last step.
-    pub params: BTreeMap<String, ParamSummary>,
-    /// Scaler and clipping events (collapse, non-finite norms, warnings), with their step.
-    pub events: Vec<String>,
-    /// Number of skipped steps.
-    pub skipped_steps: u64,
-    /// Trace file, if one was written.
-    pub trace: Option<PathBuf>,
-    // --- diagnosis (src/diagnose) ---
-    /// The loss-scale collapse flag, when raised.
-    pub scale_collapse: Option<crate::diagnose::collapse::CollapseFlag>,
-    /// Skipped steps left without a cause (past the classification limit).
-    pub unclassified_skips: u64,
-    /// Ops close to fp16's limits.
-    pub headroom: crate::diagnose::headroom::HeadroomReport,
-    /// Remedies tried at the first failing step (`run --try-remedies`, `fix`, `bisect`).
-    pub remedies: Option<crate::diagnose::remedy::RemedyReport>,
-    /// Step re-runs the diagnosis used.
-    pub diagnosis_replays: u32,
 }
 
 /// A model, its parameters and its data, ready for a [`Trainer`].
@@ -236,25 +158,6 @@ pub fn load_batch(path: &std::path::Path, inputs: usize) -> Result<Batch> {
     })
 }
 
-/// The verdict over a run's step records.
-pub fn verdict(records: &[StepRecord], params_finite: bool) -> &'static str {
-    if !params_finite {
-        "diverged"
-    } else if records.iter().any(|r| {
-        r.origins
-            .first_inf
-            .as_ref()
-            .or(r.origins.first_nan.as_ref())
-            .is_some_and(|o| o.phase == crate::trace::record::Phase::Forward)
-    }) {
-        "forward-nonfinite"
-    } else if records.iter().any(|r| r.skipped) {
-        "overflow-skips"
-    } else {
-        "clean"
-    }
-}
-
 /// The trace header of a run.
 pub fn header(
     cfg: &RunConfig,
@@ -359,10 +262,10 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
             .map(|v| v.iter().all(|x| x.is_finite()))
             .unwrap_or(true)
     });
-    let verdict = verdict(&records, params_finite).to_string();
+    let verdict = verdict(&records, params_finite);
     let end = EndRecord {
         steps: records.len() as u64,
-        verdict: verdict.clone(),
+        verdict: verdict.to_string(),
         wall_ms: t0.elapsed().as_secs_f64() * 1e3,
     };
     if let Some(w) = writer {

@@ -7,8 +7,9 @@ use amprobe::config::RunConfig;
 use amprobe::runner::RunOptions;
 use amprobe::trace::io::read_trace;
 use amprobe::trace::record::Record;
-use amprobe::tui::app::{run_loop, Input, Tab};
+use amprobe::tui::app::Tab;
 use amprobe::tui::model::SourceKind;
+use amprobe::tui::session::{run_loop, Input};
 use amprobe::tui::{App, Feed, Model, RunState, Theme};
 use ratatui::crossterm::event::{Event, KeyCode};
 use std::collections::VecDeque;
@@ -17,6 +18,22 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tui_fixture::*;
+
+/// Starts the configured run on a worker thread and feeds its records to the UI, as the
+/// CLI's `tui CONFIG` does (the UI itself only follows a stream).
+fn spawn_run(cfg: RunConfig, opts: RunOptions) -> Feed {
+    Feed::spawn(move |tx| {
+        let opts = RunOptions {
+            live: Some(tx),
+            progress: false,
+            ..opts
+        };
+        amprobe::runner::run(&cfg, &opts)
+            .map(|s| Some(s.verdict.to_string()))
+            .map_err(|e| e.to_string())
+    })
+    .unwrap()
+}
 
 /// Tests that train in the background take turns: they time responses on 2 cores.
 static HEAVY: Mutex<()> = Mutex::new(());
@@ -68,7 +85,7 @@ fn busy_config(steps: u64) -> RunConfig {
 fn keys_are_answered_within_100ms_while_the_worker_trains() {
     let _turn = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let steps = 400;
-    let feed = Feed::spawn_run(busy_config(steps), RunOptions::default()).unwrap();
+    let feed = spawn_run(busy_config(steps), RunOptions::default());
     let mut feed = feed;
     let mut app = App::new(
         Model::waiting("busy", SourceKind::Live),
@@ -163,7 +180,7 @@ fn a_live_run_that_ends_is_shown_finished() {
     let _turn = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let mut cfg = RunConfig::load(Path::new("samples/mlp.toml")).unwrap();
     cfg.train.steps = Some(5);
-    let mut feed = Feed::spawn_run(cfg, RunOptions::default()).unwrap();
+    let mut feed = spawn_run(cfg, RunOptions::default());
     let mut app = App::new(
         Model::waiting("samples/mlp.toml", SourceKind::Live),
         None,

@@ -2,6 +2,7 @@
 
 mod bisect;
 mod compare;
+mod diagnose_args;
 mod doctor;
 mod export;
 mod fix;

@@ -16,7 +16,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub(super) flags: RunFlags,
     #[command(flatten)]
-    pub(super) diag: super::fix::DiagnoseArgs,
+    pub(super) diag: super::diagnose_args::DiagnoseArgs,
     /// With several precisions (`--precision fp16,bf16,fp32`): where the comparison goes
     /// (default: next to the traces, `TRACE-compare/`).
     #[arg(long, value_name = "DIR")]

@@ -5,8 +5,8 @@ use super::run::{apply_flags, RunFlags};
 use amprobe::config::RunConfig;
 use amprobe::runner::{run as run_training, RunOptions};
 use amprobe::trace::io::read_trace;
-use amprobe::tui::app::{run_loop, Input, TerminalInput};
 use amprobe::tui::model::SourceKind;
+use amprobe::tui::session::{run_loop, Input, TerminalInput};
 use amprobe::tui::{App, Feed, Model, RunState, TerminalSession, Theme};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -96,7 +96,7 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
                     std::fs::write(&p, text + "\n")
                         .map_err(|e| format!("writing summary {}: {e}", p.display()))?;
                 }
-                Ok(Some(summary.verdict))
+                Ok(Some(summary.verdict.to_string()))
             })?;
             let label = config.display().to_string();
             (

@@ -14,76 +14,9 @@ use super::{any_origin, forward_origin, forward_ref, nonfinite_anywhere, op_by_i
 use crate::amp::mode::Precision;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::trace::record::{float_json, OpRecord, OpRef, Phase, StepRecord};
+use crate::trace::record::{OpRecord, OpRef, Phase, StepRecord};
+pub use crate::trace::record::{SkipCause, SkipKind};
 use crate::train::{Replay, Trainer, Variant};
-use serde::{Deserialize, Serialize};
-
-/// The kind of cause of a skipped step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SkipKind {
-    /// The loss scale pushed finite gradients out of the low dtype's range.
-    ScaleTooHigh,
-    /// A forward activation was non-finite before the backward pass.
-    ForwardOverflow,
-    /// A gradient overflows the low dtype even without loss scaling.
-    BackwardOverflow,
-    /// The step is non-finite in fp32 too.
-    Divergence,
-}
-
-impl SkipKind {
-    /// The kebab-case name (`scale-too-high`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            SkipKind::ScaleTooHigh => "scale-too-high",
-            SkipKind::ForwardOverflow => "forward-overflow",
-            SkipKind::BackwardOverflow => "backward-overflow",
-            SkipKind::Divergence => "divergence",
-        }
-    }
-}
-
-impl std::fmt::Display for SkipKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The cause of one skipped step, with the evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SkipCause {
-    /// The kind of cause.
-    pub kind: SkipKind,
-    /// The op that went non-finite first: the forward origin (`forward-overflow`), the
-    /// first backward op that overflowed (`scale-too-high`, `backward-overflow`), or the
-    /// origin in the fp32 re-run (`divergence`; its step number is the step's).
-    pub op: Option<OpRef>,
-    /// For a backward `op`: the forward op it differentiates.
-    pub forward_op: Option<OpRef>,
-    /// Dtype of `op`'s output: the range that was left.
-    pub dtype: Option<DType>,
-    /// Loss scale the step used.
-    #[serde(with = "float_json")]
-    pub scale: f64,
-    /// For a backward `op`: its largest `|g|` before scaling, measured in the re-run at
-    /// scale 1 (`null` when that re-run overflowed too, or was not made).
-    #[serde(with = "float_json::option", default)]
-    pub unscaled_max_abs: Option<f64>,
-    /// The largest power of two `s` with `unscaled_max_abs · s < max(dtype)`: the highest
-    /// scale at which `op` would not have overflowed.
-    #[serde(with = "float_json::option", default)]
-    pub op_safe_scale: Option<f64>,
-    /// The largest power of two at which every backward op of the step fits its dtype
-    /// (`scale-too-high` only): an initial scale that would not have skipped this step.
-    #[serde(with = "float_json::option", default)]
-    pub safe_scale: Option<f64>,
-    /// The backward op that bounds `safe_scale`.
-    #[serde(default)]
-    pub limiting_op: Option<OpRef>,
-    /// Re-runs the classification used.
-    pub replays: u32,
-}
 
 /// The largest power of two `s` with `max_abs · s < limit`; `None` when `max_abs` is zero
 /// or not finite. Scaling by a power of two is exact in binary floating point (away from

@@ -18,6 +18,7 @@ pub mod cause;
 pub mod collapse;
 pub mod headroom;
 pub mod remedy;
+pub mod summary;
 pub mod text;
 
 use crate::error::Result;

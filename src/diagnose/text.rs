@@ -5,8 +5,8 @@ use super::cause::{SkipCause, SkipKind};
 use super::collapse::short;
 use super::headroom::{HeadroomKind, HeadroomWarning};
 use super::remedy::RemedyReport;
+use super::summary::RunSummary;
 use crate::dtype::FP16;
-use crate::runner::RunSummary;
 use crate::trace::record::{OpRef, Phase};
 
 /// Modules shown per headroom kind in the text (the JSON has all).

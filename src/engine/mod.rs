@@ -535,7 +535,8 @@ impl Engine {
         module: &str,
         forward_op: u64,
     ) -> Result<Tensor> {
-        let sum = crate::ops::elementwise::add_same(a, b)?;
+        let (tensor, rounding) = a.add_same(b, "accumulate_grad")?;
+        let sum = Computed::new(tensor, rounding);
         let index = self.op_index;
         self.op_index += 1;
         if !self.observers.is_empty() {

@@ -316,17 +316,8 @@ fn binary_grad<T: Finish>(
 
 /// Adds two tensors of the same shape and dtype (gradient accumulation), rounding once.
 pub fn add_same(a: &Tensor, b: &Tensor) -> Result<Computed> {
-    with_float2!(a, b, "accumulate_grad", |x, y| {
-        binary_kernel(
-            x,
-            a.shape(),
-            y,
-            b.shape(),
-            a.shape(),
-            Binary::Add,
-            a.dtype(),
-        )
-    })
+    let (t, rounding) = a.add_same(b, "accumulate_grad")?;
+    Ok(Computed::new(t, rounding))
 }
 
 impl Engine {

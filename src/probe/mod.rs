@@ -1,4 +1,5 @@
 //! Numerical probes: what every op's output looks like, computed from the raw bits.
+pub mod params;
 pub mod stats;
 
 pub use stats::{CastCounts, ExpHist, TensorStats};

@@ -5,9 +5,10 @@
 //! `STEM.png` and `STEM.svg`. Legends sit in a strip below the plot, one entry per line,
 //! so they never cover data.
 
-use super::facts::{self, fmt_num};
+use super::facts;
 use crate::dtype::{BF16, FP16};
 use crate::error::{Error, Result};
+use crate::numfmt::long as fmt_num;
 use crate::probe::stats::ExpHist;
 use crate::trace::io::Trace;
 use crate::trace::record::{OpRef, Phase, StepRecord};
@@ -1081,14 +1082,7 @@ impl OpMaxChart {
     }
 }
 
-/// A loss scale as `2^k` when it is a power of two, else as a number.
-pub fn scale_text(s: f64) -> String {
-    if s > 0.0 && s.is_finite() && s.log2().fract() == 0.0 {
-        format!("2^{}", s.log2() as i64)
-    } else {
-        fmt_num(s)
-    }
-}
+pub use crate::numfmt::scale_long as scale_text;
 
 impl Chart for OpMaxChart {
     fn size(&self) -> (u32, u32) {

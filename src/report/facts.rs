@@ -310,7 +310,7 @@ pub fn verdict(trace: &Trace) -> String {
             .iter()
             .all(|p| !p.param_max_abs_after.is_nan() && p.param_max_abs_after.is_finite())
     });
-    crate::runner::verdict(&trace.steps, params_finite).to_string()
+    crate::diagnose::summary::verdict(&trace.steps, params_finite).to_string()
 }
 
 /// One sentence explaining a verdict.
@@ -448,7 +448,7 @@ impl Facts {
                     self.skipped.len(),
                     self.steps,
                     fmt_pct(rate),
-                    super::charts::scale_text(scales[0]),
+                    crate::numfmt::scale_long(scales[0]),
                     fmt_num(scales[0] / 2.0)
                 ));
             } else if rate > 0.05 {
@@ -514,22 +514,7 @@ impl Facts {
     }
 }
 
-/// A number as a person reads it: plain between 1e-3 and 1e6, else scientific.
-pub fn fmt_num(x: f64) -> String {
-    if x.is_nan() {
-        "NaN".to_string()
-    } else if x.is_infinite() {
-        if x > 0.0 { "inf" } else { "-inf" }.to_string()
-    } else if x == 0.0 {
-        "0".to_string()
-    } else if (1e-3..1e6).contains(&x.abs()) {
-        let s = format!("{x:.6}");
-        let s = s.trim_end_matches('0').trim_end_matches('.');
-        s.to_string()
-    } else {
-        format!("{x:.3e}")
-    }
-}
+pub use crate::numfmt::long as fmt_num;
 
 /// A share as a percentage (`12.5%`, `>1000%`, `inf` for an overflow).
 pub fn fmt_pct(f: f64) -> String {

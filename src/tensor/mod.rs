@@ -3,6 +3,8 @@
 //! Storage is row-major and contiguous. fp16 and bf16 values live in `f32` storage, each
 //! exactly representable in its dtype, so that kernels compute in `f32` and round once.
 
+mod accumulate;
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,8 +1,7 @@
 //! The records of a trace file and their JSON form.
 
+use super::stats::TensorStats;
 use crate::dtype::{DType, RoundCounts};
-use crate::probe::TensorStats;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Version of the record layout. A reader refuses traces with a newer version.
@@ -83,6 +82,45 @@ impl Header {
 impl Default for Header {
     fn default() -> Self {
         Header::new()
+    }
+}
+
+/// The outcome of a run, from its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// No Inf or NaN anywhere, no step skipped.
+    Clean,
+    /// Steps were skipped for gradient overflow; the forward pass stayed finite.
+    OverflowSkips,
+    /// An Inf or NaN originated in a forward pass.
+    ForwardNonfinite,
+    /// A parameter ended non-finite.
+    Diverged,
+}
+
+impl Verdict {
+    /// The kebab-case name (`clean`, `overflow-skips`, `forward-nonfinite`, `diverged`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Clean => "clean",
+            Verdict::OverflowSkips => "overflow-skips",
+            Verdict::ForwardNonfinite => "forward-nonfinite",
+            Verdict::Diverged => "diverged",
+        }
+    }
+}
+
+/// A verdict equals its kebab-case name, so `summary.verdict == "clean"` reads naturally.
+impl PartialEq<&str> for Verdict {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -220,62 +258,6 @@ pub struct ParamRecord {
     pub param_max_abs_after: f64,
 }
 
-impl ParamRecord {
-    /// Builds the record of parameter `name` from its unscaled gradient, the loss scale
-    /// used in the step, and its values after the update. The fractions are defined on
-    /// the fields; none is NaN.
-    pub fn from_grad(
-        name: &str,
-        dtype: DType,
-        grad_dtype: DType,
-        unscaled_grad: &[f32],
-        scale: f32,
-        param_after: &[f32],
-    ) -> Self {
-        let g = TensorStats::compute(grad_dtype, unscaled_grad);
-        let nonzero = g.finite_nonzero();
-        let frac = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
-        let p = TensorStats::compute(dtype, param_after);
-        ParamRecord {
-            name: name.to_string(),
-            dtype,
-            grad_dtype: Some(grad_dtype),
-            numel: g.numel,
-            grad_l2: g.l2(),
-            max_abs_grad: g.max_abs,
-            zero_frac: frac(g.zeros, g.numel),
-            f16_underflow_frac_unscaled: frac(g.to_f16.underflow, nonzero),
-            f16_underflow_frac_scaled: frac(scaled_f16_flushes(unscaled_grad, scale), nonzero),
-            nonfinite: g.nonfinite(),
-            param_max_abs_after: if p.has_inf() {
-                f64::INFINITY
-            } else {
-                p.max_abs
-            },
-        }
-    }
-}
-
-/// Finite nonzero values `g` for which `g * scale` (in f32) is zero in fp16: at most 2^-25
-/// in magnitude (the tie rounds to zero), or zero already in f32.
-fn scaled_f16_flushes(grad: &[f32], scale: f32) -> u64 {
-    const FLUSH: u32 = 0x3300_0000; // 2^-25
-    let count = |c: &[f32]| -> u64 {
-        c.iter()
-            .map(|&g| {
-                let a = g.to_bits() & 0x7fff_ffff;
-                let s = (g * scale).to_bits() & 0x7fff_ffff;
-                (a != 0 && a < 0x7f80_0000 && s <= FLUSH) as u64
-            })
-            .sum()
-    };
-    if grad.len() < 64 * 1024 {
-        count(grad)
-    } else {
-        grad.par_chunks(16 * 1024).map(count).sum()
-    }
-}
-
 /// One optimizer step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct StepRecord {
@@ -331,7 +313,7 @@ pub struct StepRecord {
     /// otherwise, and in traces written before the field existed). Boxed: most steps
     /// have none.
     #[serde(default)]
-    pub skip_cause: Option<Box<crate::diagnose::cause::SkipCause>>,
+    pub skip_cause: Option<Box<SkipCause>>,
 }
 
 /// Last record of a run that finished.
@@ -346,97 +328,74 @@ pub struct EndRecord {
     pub wall_ms: f64,
 }
 
-/// Serde helpers that write an `f64` as a JSON number when finite and as the string
-/// `"NaN"`, `"inf"` or `"-inf"` otherwise (JSON has no non-finite numbers). Reading
-/// accepts numbers and those strings (also `"nan"`, `"+inf"`, `"Infinity"`,
-/// `"-Infinity"`).
-pub mod float_json {
-    use serde::de::{self, Deserializer, Visitor};
-    use serde::Serializer;
-    use std::fmt;
+/// The kind of cause of a skipped step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipKind {
+    /// The loss scale pushed finite gradients out of the low dtype's range.
+    ScaleTooHigh,
+    /// A forward activation was non-finite before the backward pass.
+    ForwardOverflow,
+    /// A gradient overflows the low dtype even without loss scaling.
+    BackwardOverflow,
+    /// The step is non-finite in fp32 too.
+    Divergence,
+}
 
-    /// Writes one `f64`.
-    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-        if x.is_finite() {
-            s.serialize_f64(*x)
-        } else if x.is_nan() {
-            s.serialize_str("NaN")
-        } else if *x > 0.0 {
-            s.serialize_str("inf")
-        } else {
-            s.serialize_str("-inf")
-        }
-    }
-
-    /// Reads one `f64`.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        d.deserialize_any(F64Visitor)
-    }
-
-    struct F64Visitor;
-
-    impl Visitor<'_> for F64Visitor {
-        type Value = f64;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a number or one of \"NaN\", \"inf\", \"-inf\"")
-        }
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
-            Ok(v)
-        }
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
-            Ok(v as f64)
-        }
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
-            Ok(v as f64)
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<f64, E> {
-            match v {
-                "NaN" | "nan" => Ok(f64::NAN),
-                "inf" | "+inf" | "Infinity" | "+Infinity" => Ok(f64::INFINITY),
-                "-inf" | "-Infinity" => Ok(f64::NEG_INFINITY),
-                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
-            }
-        }
-    }
-
-    /// The same for `Option<f64>` (`None` is `null`).
-    pub mod option {
-        use super::*;
-
-        /// Writes one `Option<f64>`.
-        pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-            match x {
-                Some(v) => super::serialize(v, s),
-                None => s.serialize_none(),
-            }
-        }
-
-        /// Reads one `Option<f64>`.
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-            d.deserialize_option(OptVisitor)
-        }
-
-        struct OptVisitor;
-
-        impl<'de> Visitor<'de> for OptVisitor {
-            type Value = Option<f64>;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("null, a number or one of \"NaN\", \"inf\", \"-inf\"")
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Option<f64>, E> {
-                Ok(None)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Option<f64>, E> {
-                Ok(None)
-            }
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<f64>, D::Error> {
-                super::deserialize(d).map(Some)
-            }
+impl SkipKind {
+    /// The kebab-case name (`scale-too-high`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            SkipKind::ScaleTooHigh => "scale-too-high",
+            SkipKind::ForwardOverflow => "forward-overflow",
+            SkipKind::BackwardOverflow => "backward-overflow",
+            SkipKind::Divergence => "divergence",
         }
     }
 }
+
+impl std::fmt::Display for SkipKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The cause of one skipped step, with the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SkipCause {
+    /// The kind of cause.
+    pub kind: SkipKind,
+    /// The op that went non-finite first: the forward origin (`forward-overflow`), the
+    /// first backward op that overflowed (`scale-too-high`, `backward-overflow`), or the
+    /// origin in the fp32 re-run (`divergence`; its step number is the step's).
+    pub op: Option<OpRef>,
+    /// For a backward `op`: the forward op it differentiates.
+    pub forward_op: Option<OpRef>,
+    /// Dtype of `op`'s output: the range that was left.
+    pub dtype: Option<DType>,
+    /// Loss scale the step used.
+    #[serde(with = "float_json")]
+    pub scale: f64,
+    /// For a backward `op`: its largest `|g|` before scaling, measured in the re-run at
+    /// scale 1 (`null` when that re-run overflowed too, or was not made).
+    #[serde(with = "float_json::option", default)]
+    pub unscaled_max_abs: Option<f64>,
+    /// The largest power of two `s` with `unscaled_max_abs · s < max(dtype)`: the highest
+    /// scale at which `op` would not have overflowed.
+    #[serde(with = "float_json::option", default)]
+    pub op_safe_scale: Option<f64>,
+    /// The largest power of two at which every backward op of the step fits its dtype
+    /// (`scale-too-high` only): an initial scale that would not have skipped this step.
+    #[serde(with = "float_json::option", default)]
+    pub safe_scale: Option<f64>,
+    /// The backward op that bounds `safe_scale`.
+    #[serde(default)]
+    pub limiting_op: Option<OpRef>,
+    /// Re-runs the classification used.
+    pub replays: u32,
+}
+
+pub use super::float_json;
 
 #[cfg(test)]
 mod tests {
@@ -485,58 +444,5 @@ mod tests {
         assert_eq!(back.scale_before, 65536.0);
         let bad = s.replace(r#""loss":"NaN""#, r#""loss":"huge""#);
         assert!(serde_json::from_str::<Record>(&bad).is_err());
-    }
-
-    #[test]
-    fn param_record_from_grad() {
-        let t = 2f32.powi(-25);
-        // Finite nonzero: 1e-3, 2^-25 (flushes), 2^-30 (flushes), -3.0, 2^-40 (flushes).
-        let grad = [
-            0.0f32,
-            1e-3,
-            t,
-            2f32.powi(-30),
-            -3.0,
-            f32::NAN,
-            -0.0,
-            2f32.powi(-40),
-        ];
-        let r = ParamRecord::from_grad(
-            "w",
-            DType::F32,
-            DType::F32,
-            &grad,
-            1024.0,
-            &[1.0, -7.5, f32::NAN],
-        );
-        assert_eq!(r.numel, 8);
-        assert_eq!(r.zero_frac, 2.0 / 8.0);
-        assert_eq!(r.nonfinite, 1);
-        assert_eq!(r.max_abs_grad, 3.0);
-        let sq = 1e-3f32 as f64 * 1e-3f32 as f64
-            + 2f64.powi(-50)
-            + 2f64.powi(-60)
-            + 9.0
-            + 2f64.powi(-80);
-        assert!((r.grad_l2 - sq.sqrt()).abs() <= 1e-15 * sq.sqrt());
-        assert_eq!(r.f16_underflow_frac_unscaled, 3.0 / 5.0);
-        // Scaled by 2^10: 2^-15 and 2^-20 are representable, 2^-30 still flushes.
-        assert_eq!(r.f16_underflow_frac_scaled, 1.0 / 5.0);
-        assert_eq!(r.param_max_abs_after, 7.5);
-        let inf = ParamRecord::from_grad("b", DType::F16, DType::F16, &[], 1.0, &[f32::INFINITY]);
-        assert_eq!(inf.param_max_abs_after, f64::INFINITY);
-        assert_eq!(inf.zero_frac, 0.0);
-        assert_eq!(inf.f16_underflow_frac_scaled, 0.0);
-    }
-
-    #[test]
-    fn scaled_flush_counts_large_and_tie() {
-        // 3 * 2^-27 * 4 = 3 * 2^-25 stays; 2^-27 * 4 = 2^-25 is the tie and flushes.
-        let mut g = vec![2f32.powi(-27); 100_000];
-        g[7] = 3.0 * 2f32.powi(-27);
-        assert_eq!(scaled_f16_flushes(&g, 4.0), 99_999);
-        // A scale that underflows f32 itself flushes everything.
-        assert_eq!(scaled_f16_flushes(&[1e-30], 1e-20), 1);
-        assert_eq!(scaled_f16_flushes(&[1e-3], f32::NAN), 0);
     }
 }

@@ -1,9 +1,9 @@
 //! Compare panel: the same step of two traces side by side, ops aligned by what they are
 //! (phase, op, module, gradient input), differing ops highlighted.
 
-use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, clip, clip_left, num, pad, pow2, rpad};
 use super::model::{op_nonfinite, Model};
+use super::panel::{Ctx, Reply, StepCursor};
 use crate::trace::record::OpRecord;
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};

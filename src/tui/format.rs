@@ -3,49 +3,7 @@
 use crate::dtype::DType;
 use crate::trace::record::{OpRef, Phase};
 
-/// A number in at most 9 characters: `NaN`, `inf`, `-inf`, `0`, 4 significant digits
-/// between 1e-3 and 1e5, otherwise scientific (`1.23e-7`).
-pub fn num(x: f64) -> String {
-    if x.is_nan() {
-        "NaN".into()
-    } else if x.is_infinite() {
-        if x > 0.0 {
-            "inf".into()
-        } else {
-            "-inf".into()
-        }
-    } else if x == 0.0 {
-        "0".into()
-    } else if (1e-3..1e5).contains(&x.abs()) {
-        let digits = (3 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
-        let s = format!("{x:.digits$}");
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s
-        }
-    } else {
-        let s = format!("{x:.2e}");
-        // 1.00e5 → 1e5, 1.50e5 → 1.5e5
-        match s.split_once('e') {
-            Some((m, e)) if m.contains('.') => {
-                format!("{}e{e}", m.trim_end_matches('0').trim_end_matches('.'))
-            }
-            _ => s,
-        }
-    }
-}
-
-/// `2^k` when `x` is an exact power of two (loss scales usually are), else [`num`].
-pub fn pow2(x: f64) -> String {
-    if x > 0.0 && x.is_finite() {
-        let k = x.log2().round();
-        if (-1074.0..=1023.0).contains(&k) && 2f64.powi(k as i32) == x {
-            return format!("2^{}", k as i32);
-        }
-    }
-    num(x)
-}
+pub use crate::numfmt::{scale_short as pow2, short as num};
 
 /// Label of a log2 axis tick: `2^k`.
 pub fn log2_label(k: i32) -> String {

@@ -2,9 +2,9 @@
 //! axis with fp16's flush and overflow thresholds drawn, the share of its values fp16
 //! would flush to zero, and a sparkline of its history.
 
-use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, num, pad, pct, rpad};
 use super::model::{LayerStat, Model};
+use super::panel::{Ctx, Reply, StepCursor};
 use super::scale::step_jump;
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};

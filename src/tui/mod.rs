@@ -4,20 +4,26 @@
 //! Everything shown is built from trace records ([`crate::trace::Record`]), whether they
 //! come from a file or from a run's live channel. [`model::Model`] holds the records and
 //! answers questions about them; each panel is a state (owns its derived data, handles its
-//! keys) and a view (renders the state); [`app::App`] ties them together and
-//! [`app::run_loop`] drives it against a terminal.
+//! keys) and a view (renders the state); [`app::App`] ties them together, a
+//! [`feed::Feed`] brings live records, and [`session::run_loop`] drives it against a
+//! terminal.
 
 pub mod app;
 pub mod compare;
+pub mod feed;
 pub mod format;
 pub mod help;
 pub mod layers;
 pub mod model;
 pub mod ops;
 pub mod overview;
+pub mod panel;
 pub mod scale;
+pub mod session;
 pub mod theme;
 
-pub use app::{run_loop, App, Feed, Input, Tab, TerminalSession};
+pub use app::{App, Outcome, Tab};
+pub use feed::Feed;
 pub use model::{Model, RunState};
+pub use session::{run_loop, Input, TerminalInput, TerminalSession};
 pub use theme::Theme;

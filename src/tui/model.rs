@@ -225,7 +225,7 @@ impl Model {
             .last()
             .is_none_or(|s| s.params.iter().all(|p| p.param_max_abs_after.is_finite()));
         (
-            crate::runner::verdict(&self.steps, finite).to_string(),
+            crate::diagnose::summary::verdict(&self.steps, finite).to_string(),
             false,
         )
     }

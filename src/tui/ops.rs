@@ -2,9 +2,9 @@
 //! between anomalies and to the first non-finite op, and a details pane with the op's
 //! output statistics and exponent histogram.
 
-use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, clip, num, pad, rpad};
 use super::model::{is_anomaly, op_nonfinite, Model};
+use super::panel::{Ctx, Reply, StepCursor};
 use super::theme::Theme;
 use crate::probe::stats::ExpHist;
 use crate::trace::record::OpRecord;

@@ -1,9 +1,9 @@
 //! Overview panel: what runs and how, the verdict, the first Inf / first NaN card with the
 //! chain between them, and the run's progress.
 
-use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, clip, num, pow2};
 use super::model::{Model, RunState, SourceKind};
+use super::panel::{Ctx, Reply, StepCursor};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};

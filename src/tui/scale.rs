@@ -1,9 +1,9 @@
 //! Scale panel: the loss-scale history on a log2 axis with skipped steps marked, the
 //! causes of the skips, and the loss curve beneath.
 
-use super::app::{Ctx, Reply, StepCursor};
 use super::format::{self, clip, num, pow2};
 use super::model::{step_is_anomaly, Model};
+use super::panel::{Ctx, Reply, StepCursor};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
