@@ -172,6 +172,7 @@ impl RunConfig {
     pub fn train_config(&self) -> Result<TrainConfig> {
         let t = &self.train;
         let precision = Precision::parse(t.precision.as_deref().unwrap_or("fp32"))?;
+        self.backend_choice()?;
         let policy = match t.policy.as_deref().unwrap_or("cuda") {
             "cuda" => DeviceType::Cuda,
             "cpu" => DeviceType::Cpu,
@@ -252,6 +253,17 @@ impl RunConfig {
                 every: self.probe.sample_every.unwrap_or(0),
                 ..OpSampling::default()
             },
+            // What runs the step is resolved by the runner from `backend_choice`.
+            backend: crate::backend::BackendKind::Cpu,
         })
+    }
+
+    /// The backend asked for in `train.backend` (`auto` when unset).
+    pub fn backend_choice(&self) -> Result<crate::backend::BackendChoice> {
+        match &self.train.backend {
+            Some(b) => crate::backend::BackendChoice::parse(b)
+                .map_err(|e| Error::config("train.backend", e.to_string())),
+            None => Ok(crate::backend::BackendChoice::Auto),
+        }
     }
 }

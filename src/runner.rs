@@ -179,7 +179,7 @@ pub fn header(
         policy: json(serde_json::to_value(table))?,
         scaler: json(serde_json::to_value(&train.scaler))?,
         optimizer: json(serde_json::to_value(&train.optimizer))?,
-        backend: "cpu".to_string(),
+        backend: train.backend.to_string(),
         seed: train.seed,
         command_line: opts.command_line.clone(),
         config: json(serde_json::to_value(cfg))?,
@@ -189,14 +189,11 @@ pub fn header(
 
 /// Runs the configured training and writes the trace (when a path is configured).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
-    let choice = match &cfg.train.backend {
-        Some(b) => crate::backend::BackendChoice::parse(b)
-            .map_err(|e| Error::config("train.backend", e.to_string()))?,
-        None => crate::backend::BackendChoice::Auto,
-    };
+    let choice = cfg.backend_choice()?;
     // Only the CPU emulator runs the step so far: `resolve` says so for `cuda`.
-    crate::backend::resolve(choice)?;
+    let resolved = crate::backend::resolve(choice)?;
     let mut train = cfg.train_config()?;
+    train.backend = resolved.kind;
     // The scaler's own collapse events use the same streak as the diagnosis.
     train.scaler.collapse_streak = opts.diagnose.collapse_steps;
     let (model, params, data) = build(cfg, &train)?;
@@ -204,7 +201,8 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     for inj in &opts.injections {
         trainer.inject(inj.clone());
     }
-    let header = header(cfg, &train, trainer.model().describe(), opts)?;
+    let mut header = header(cfg, &train, trainer.model().describe(), opts)?;
+    header.device = resolved.device.clone();
     let mut writer = match &cfg.probe.trace {
         Some(p) => Some(TraceWriter::create(p, &header)?),
         None => None,
@@ -304,7 +302,9 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     Ok(RunSummary {
         verdict,
         model: trainer.model().describe(),
-        precision: train.precision.name().to_string(),
+        precision: train.precision,
+        backend: resolved.kind,
+        device: resolved.device,
         first_inf,
         first_nan,
         chain,

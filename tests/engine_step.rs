@@ -308,3 +308,39 @@ fn live_channel_carries_header_steps_and_end() {
         _ => panic!("the last record is the end"),
     }
 }
+
+#[test]
+fn header_and_summary_name_the_backend_that_ran() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut cfg = RunConfig::load(Path::new("samples/mlp.toml")).unwrap();
+    cfg.train.steps = Some(1);
+    cfg.train.backend = Some("cpu".into());
+    let summary = amprobe::runner::run(
+        &cfg,
+        &amprobe::runner::RunOptions {
+            live: Some(tx),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let Some(amprobe::trace::Record::Header(h)) = rx.try_iter().next() else {
+        panic!("the first record is the header");
+    };
+    assert_eq!((h.backend.as_str(), h.device.as_deref()), ("cpu", None));
+    let json = serde_json::to_value(&summary).unwrap();
+    assert_eq!(json["backend"], "cpu");
+    assert_eq!(json["precision"], summary.precision.name());
+    assert!(json.get("device").is_none(), "{json}");
+}
+
+#[test]
+fn a_trainer_refuses_a_backend_its_step_cannot_run_on() {
+    let cfg = RunConfig::load(Path::new("samples/mlp.toml")).unwrap();
+    let mut train = cfg.train_config().unwrap();
+    let (model, params, data) = build(&cfg, &train).unwrap();
+    train.backend = amprobe::backend::BackendKind::Cuda;
+    let err = Trainer::new(train, model, params, data)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("cuda backend"), "{err}");
+}

@@ -54,6 +54,8 @@ pub struct Resolved {
     pub kind: BackendKind,
     /// One line on why (shown by `doctor` and in `--verbose` runs).
     pub reason: String,
+    /// The device's name when the step runs on a GPU.
+    pub device: Option<String>,
 }
 
 /// A concrete backend.
@@ -64,6 +66,22 @@ pub enum BackendKind {
     Cpu,
     /// CUDA device `ordinal`.
     Cuda,
+}
+
+impl BackendKind {
+    /// The name written in traces and summaries (`cpu`, `cuda`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Whether the training step (forward, backward, optimizer) runs on the CUDA backend.
@@ -85,10 +103,12 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
         (BackendChoice::Cpu, _) => Ok(Resolved {
             kind: BackendKind::Cpu,
             reason: "asked for the CPU emulator".into(),
+            device: None,
         }),
         (BackendChoice::Auto, Detection::Unavailable { reason }) => Ok(Resolved {
             kind: BackendKind::Cpu,
             reason: format!("no usable GPU ({reason})"),
+            device: None,
         }),
         (BackendChoice::Cuda, Detection::Unavailable { reason }) => Err(Error::Device(format!(
             "--backend cuda needs a usable NVIDIA GPU: {reason}; use --backend cpu or auto \
@@ -100,6 +120,7 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
                 "found {} but the training step does not run on the CUDA backend yet",
                 first_device(r)
             ),
+            device: None,
         }),
         (BackendChoice::Cuda, Detection::Available(_)) if !CUDA_STEP_SUPPORTED => {
             Err(Error::Device(
@@ -112,6 +133,7 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
         (_, Detection::Available(r)) => Ok(Resolved {
             kind: BackendKind::Cuda,
             reason: format!("found {}", first_device(r)),
+            device: Some(first_device(r).to_string()),
         }),
     }
 }

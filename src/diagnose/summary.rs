@@ -1,6 +1,8 @@
 //! The machine-readable summary of a run (`--summary-json`) and the one verdict function
 //! that runner, report and terminal UI share.
 
+use crate::amp::mode::Precision;
+use crate::backend::BackendKind;
 use crate::trace::record::{OpRef, Phase, StepRecord, Verdict};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -75,7 +77,12 @@ pub struct RunSummary {
     /// Model description.
     pub model: String,
     /// Precision mode.
-    pub precision: String,
+    pub precision: Precision,
+    /// The backend that ran the step.
+    pub backend: BackendKind,
+    /// The name of the device that ran the step, when it was a GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// First op whose output held an Inf while its inputs were finite.
     pub first_inf: Option<OpRef>,
     /// First op whose output held a NaN while its inputs had none.

@@ -46,8 +46,11 @@ pub struct Header {
     pub scaler: serde_json::Value,
     /// Optimizer configuration.
     pub optimizer: serde_json::Value,
-    /// Compute backend.
+    /// The backend that ran the step (`cpu`, `cuda`).
     pub backend: String,
+    /// The name of the device that ran the step, when it was a GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// Random seed.
     pub seed: u64,
     /// Command line of the run, program name first.
@@ -72,6 +75,7 @@ impl Header {
             scaler: serde_json::Value::Null,
             optimizer: serde_json::Value::Null,
             backend: String::new(),
+            device: None,
             seed: 0,
             command_line: Vec::new(),
             config: serde_json::Value::Null,

@@ -4,6 +4,7 @@
 use crate::amp::mode::Precision;
 use crate::amp::policy::{DeviceType, PolicyTable};
 use crate::amp::scaler::{GradScaler, GradView, ScalerConfig};
+use crate::backend::BackendKind;
 use crate::dtype::DType;
 use crate::engine::{Autocast, Engine, Injection};
 use crate::error::{Error, Result};
@@ -62,6 +63,8 @@ pub struct TrainConfig {
     pub probes: bool,
     /// Which steps keep full op records.
     pub sampling: OpSampling,
+    /// The backend the step runs on (resolved from the user's choice by the runner).
+    pub backend: BackendKind,
 }
 
 impl Default for TrainConfig {
@@ -78,6 +81,7 @@ impl Default for TrainConfig {
             keep_fp32: Vec::new(),
             probes: true,
             sampling: OpSampling::default(),
+            backend: BackendKind::Cpu,
         }
     }
 }
@@ -183,6 +187,12 @@ impl Trainer {
     ) -> Result<Trainer> {
         if cfg.accumulate == 0 {
             return Err(Error::config("accumulate", "must be at least 1"));
+        }
+        if cfg.backend != BackendKind::Cpu && !crate::backend::CUDA_STEP_SUPPORTED {
+            return Err(Error::Device(format!(
+                "the training step does not run on the {} backend yet; use --backend cpu",
+                cfg.backend
+            )));
         }
         let kept = |p: &crate::models::Param| {
             cfg.keep_fp32
