@@ -3,13 +3,13 @@
 
 use crate::amp::mode::Precision;
 use crate::amp::policy::{DeviceType, PolicyTable};
-use crate::amp::scaler::{GradScaler, GradView, ScalerConfig};
+use crate::amp::scaler::{GradScaler, GradView, ScalerConfig, StepDecision, UpdateOutcome};
 use crate::backend::BackendKind;
 use crate::dtype::DType;
 use crate::engine::{Autocast, Engine, Injection};
 use crate::error::{Error, Result};
-use crate::models::{Batch, Model, ParamAccess, ParamStore};
-use crate::optim::clip::{clip_grad_norm, GradSlot, NormType};
+use crate::models::{Batch, Model, Output as ForwardOutput, ParamAccess, ParamStore};
+use crate::optim::clip::{clip_grad_norm, ClipOutcome, GradSlot, NormType};
 use crate::optim::{build_optimizer, Optimizer, OptimizerConfig, ParamSlot};
 use crate::probe::recorder::Recorder;
 use crate::tensor::Tensor;
@@ -132,6 +132,25 @@ struct StepInputs {
     params: ParamStore,
     scale: f32,
     batches: Vec<Batch>,
+}
+
+/// Gradient buffers of the parameters (`None`: no gradient), with their dtypes.
+type GradBufs = Vec<Option<(Vec<f32>, DType)>>;
+
+/// What the phases of one step hand to each other.
+struct StepState {
+    t0: Instant,
+    step: u64,
+    /// Gradients summed over the micro-batches so far.
+    grads: Vec<Option<Tensor>>,
+    loss_sum: f64,
+    scaled_loss: Option<f64>,
+    scale_before: f32,
+    weight_casts: u64,
+    /// What a replay of the step needs (handed to the trainer once the gradients are in).
+    inputs: Option<StepInputs>,
+    clip: Option<ClipOutcome>,
+    events: Vec<String>,
 }
 
 /// The loss and final hidden state of one micro-batch (for accuracy comparisons).
@@ -315,144 +334,226 @@ impl Trainer {
             .find_map(|o| o.as_any_mut().downcast_mut::<Recorder>())
     }
 
-    /// Runs one optimizer step (all its micro-batches) and returns its record.
+    /// Runs one optimizer step (all its micro-batches) and returns its record: per
+    /// micro-batch forward, loss, scale and backward; then unscale, clip, the optimizer step
+    /// and the scale update, each a phase of its own.
     pub fn step(&mut self, step: u64) -> Result<StepRecord> {
-        let t0 = Instant::now();
+        let mut st = self.begin(step);
+        for micro in 0..self.cfg.accumulate {
+            let out = self.forward(&mut st, micro)?;
+            let loss = self.loss(&mut st, out)?;
+            let root = self.scale(&mut st, loss)?;
+            self.backward(&mut st, &root)?;
+        }
+        let mut bufs = self.gradient_buffers(&mut st)?;
+        if let Some(max_norm) = self.cfg.clip {
+            self.unscale(&mut bufs)?;
+            self.clip(&mut st, &mut bufs, max_norm)?;
+        }
+        let decision = self.check(&mut bufs)?;
+        if !decision.skip {
+            self.optimizer_step(&bufs)?;
+        }
+        let upd = self.update(&mut st)?;
+        self.finish(st, &bufs, decision, upd)
+    }
+
+    /// Starts a step: the scale it begins with and what a replay needs.
+    fn begin(&mut self, step: u64) -> StepState {
         self.engine.begin_step(step);
-        let n = self.params.params.len();
-        let mut grads: Vec<Option<Tensor>> = vec![None; n];
-        let mut loss_sum = 0f64;
-        let mut scaled_loss = None;
-        let scale_before = self.scaler.scale();
-        let accumulate = self.cfg.accumulate;
-        let mut weight_casts = 0;
-        let mut before = StepInputs {
-            step,
-            params: self.params.clone(),
-            scale: scale_before,
-            batches: Vec::new(),
-        };
         self.outputs.clear();
-        for micro in 0..accumulate {
-            self.engine.begin_micro(micro);
-            let batch = self.data.batch(step, micro)?;
-            before.batches.push(batch.clone());
-            let access = ParamAccess::new(&self.params, self.cfg.precision);
-            let out = self.model.forward(&mut self.engine, &access, &batch)?;
-            let mut loss = out.loss;
-            loss_sum += loss.item()?;
-            self.outputs.push(StepOutput {
-                loss: loss.item()?,
-                hidden: out.hidden,
-            });
-            if accumulate > 1 {
-                let d = divisor(accumulate, loss.dtype())?;
-                loss = self.engine.scope("loss", |e| e.div(&loss, &d))?;
-            }
-            let root = if self.scaler.is_enabled() {
-                let s = Tensor::from_exact(vec![self.scaler.scale()], &[1], DType::F32)?;
-                let scaled = self.engine.scope("scaler", |e| e.mul(&loss, &s))?;
-                scaled_loss = Some(scaled.item()?);
-                scaled
-            } else {
-                loss
-            };
-            weight_casts += self.engine.take_weight_casts();
-            let g = self.engine.backward(&root)?;
-            for (i, p) in self.params.params.iter().enumerate() {
-                if let Some(gi) = g.get(&p.value.id()) {
-                    grads[i] = Some(match grads[i].take() {
-                        Some(prev) => crate::ops::elementwise::add_same(&prev, gi)?.tensor,
-                        None => gi.clone(),
-                    });
-                }
+        let scale_before = self.scaler.scale();
+        StepState {
+            t0: Instant::now(),
+            step,
+            grads: vec![None; self.params.params.len()],
+            loss_sum: 0.0,
+            scaled_loss: None,
+            scale_before,
+            weight_casts: 0,
+            inputs: Some(StepInputs {
+                step,
+                params: self.params.clone(),
+                scale: scale_before,
+                batches: Vec::new(),
+            }),
+            clip: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// Forward: the model on micro-batch `micro`, under the precision mode's casts.
+    fn forward(&mut self, st: &mut StepState, micro: u32) -> Result<ForwardOutput> {
+        self.engine.begin_micro(micro);
+        let batch = self.data.batch(st.step, micro)?;
+        if let Some(inputs) = &mut st.inputs {
+            inputs.batches.push(batch.clone());
+        }
+        let access = ParamAccess::new(&self.params, self.cfg.precision);
+        self.model.forward(&mut self.engine, &access, &batch)
+    }
+
+    /// Loss: kept for the record, divided by the micro-batch count when accumulating.
+    fn loss(&mut self, st: &mut StepState, out: ForwardOutput) -> Result<Tensor> {
+        let mut loss = out.loss;
+        let value = loss.item()?;
+        st.loss_sum += value;
+        self.outputs.push(StepOutput {
+            loss: value,
+            hidden: out.hidden,
+        });
+        let accumulate = self.cfg.accumulate;
+        if accumulate > 1 {
+            let d = divisor(accumulate, loss.dtype())?;
+            loss = self.engine.scope("loss", |e| e.div(&loss, &d))?;
+        }
+        Ok(loss)
+    }
+
+    /// Scale: the loss times the loss scale, when scaling is on.
+    fn scale(&mut self, st: &mut StepState, loss: Tensor) -> Result<Tensor> {
+        if !self.scaler.is_enabled() {
+            return Ok(loss);
+        }
+        let s = Tensor::from_exact(vec![self.scaler.scale()], &[1], DType::F32)?;
+        let scaled = self.engine.scope("scaler", |e| e.mul(&loss, &s))?;
+        st.scaled_loss = Some(scaled.item()?);
+        Ok(scaled)
+    }
+
+    /// Backward: gradients of the parameters, summed over micro-batches.
+    fn backward(&mut self, st: &mut StepState, root: &Tensor) -> Result<()> {
+        st.weight_casts += self.engine.take_weight_casts();
+        let g = self.engine.backward(root)?;
+        for (i, p) in self.params.params.iter().enumerate() {
+            if let Some(gi) = g.get(&p.value.id()) {
+                st.grads[i] = Some(match st.grads[i].take() {
+                    Some(prev) => prev.add_same(gi, "accumulate_grad")?.0,
+                    None => gi.clone(),
+                });
             }
         }
-        self.before = Some(before);
-        // Gradients as mutable buffers for the scaler, clipping and the optimizer.
-        let mut bufs: Vec<Option<(Vec<f32>, DType)>> = grads
+        Ok(())
+    }
+
+    /// The step's gradients as mutable buffers for the scaler, clipping and the optimizer.
+    fn gradient_buffers(&mut self, st: &mut StepState) -> Result<GradBufs> {
+        self.before = st.inputs.take();
+        st.grads
             .iter()
             .map(|g| {
                 g.as_ref()
                     .map(|t| Ok::<_, Error>((t.f32s()?.to_vec(), t.dtype())))
                     .transpose()
             })
-            .collect::<Result<_>>()?;
-        let names: Vec<String> = self.params.params.iter().map(|p| p.name.clone()).collect();
-        let mut clip_out = None;
-        let mut events = Vec::new();
-        if let Some(max_norm) = self.cfg.clip {
-            {
-                let mut views = grad_views(&names, &mut bufs);
-                self.scaler.unscale_(0, &mut views)?;
-            }
-            self.emit_grads("unscale", &bufs)?;
-            let mut slots: Vec<GradSlot<'_>> = names
-                .iter()
-                .zip(bufs.iter_mut())
-                .filter_map(|(nm, b)| {
-                    b.as_mut().map(|(d, dt)| GradSlot {
-                        name: nm,
-                        data: d.as_mut_slice(),
-                        dtype: *dt,
-                    })
-                })
-                .collect();
-            let c = clip_grad_norm(&mut slots, max_norm, self.cfg.clip_norm)?;
-            if c.nonfinite {
-                events.push(format!("clip_grad_norm: total norm is {} (non-finite); gradients were multiplied by {}", c.total_norm, c.clip_coef));
-            }
-            clip_out = Some(c);
-            self.emit_grads("clip_grad_norm", &bufs)?;
+            .collect()
+    }
+
+    /// Unscale (before clipping): gradients divided by the scale, Inf/NaN noted.
+    fn unscale(&mut self, bufs: &mut GradBufs) -> Result<()> {
+        let names = self.param_names();
+        {
+            let mut views = grad_views(&names, bufs);
+            self.scaler.unscale_(0, &mut views)?;
         }
+        self.emit_grads("unscale", bufs)
+    }
+
+    /// Clip: the gradients' total norm brought to at most `max_norm`.
+    fn clip(&mut self, st: &mut StepState, bufs: &mut GradBufs, max_norm: f32) -> Result<()> {
+        let names = self.param_names();
+        let mut slots: Vec<GradSlot<'_>> = names
+            .iter()
+            .zip(bufs.iter_mut())
+            .filter_map(|(nm, b)| {
+                b.as_mut().map(|(d, dt)| GradSlot {
+                    name: nm,
+                    data: d.as_mut_slice(),
+                    dtype: *dt,
+                })
+            })
+            .collect();
+        let c = clip_grad_norm(&mut slots, max_norm, self.cfg.clip_norm)?;
+        if c.nonfinite {
+            st.events.push(format!(
+                "clip_grad_norm: total norm is {} (non-finite); gradients were multiplied by {}",
+                c.total_norm, c.clip_coef
+            ));
+        }
+        st.clip = Some(c);
+        self.emit_grads("clip_grad_norm", bufs)
+    }
+
+    /// The scaler's decision: skip on an Inf/NaN gradient, else unscale (if not yet done).
+    fn check(&mut self, bufs: &mut GradBufs) -> Result<StepDecision> {
+        let names = self.param_names();
         let decision = {
-            let mut views = grad_views(&names, &mut bufs);
+            let mut views = grad_views(&names, bufs);
             self.scaler.should_step(0, &mut views)?
         };
         if decision.unscaled_here {
-            self.emit_grads("unscale", &bufs)?;
+            self.emit_grads("unscale", bufs)?;
         }
-        if !decision.skip {
-            let mut datas: Vec<Vec<f32>> = self
+        Ok(decision)
+    }
+
+    /// Step: the optimizer updates the parameters from the unscaled gradients.
+    fn optimizer_step(&mut self, bufs: &GradBufs) -> Result<()> {
+        let mut datas: Vec<Vec<f32>> = self
+            .params
+            .params
+            .iter()
+            .map(|p| p.value.f32s().map(<[f32]>::to_vec))
+            .collect::<Result<_>>()?;
+        {
+            let mut slots: Vec<ParamSlot<'_>> = self
                 .params
                 .params
                 .iter()
-                .map(|p| p.value.f32s().map(<[f32]>::to_vec))
-                .collect::<Result<_>>()?;
-            {
-                let mut slots: Vec<ParamSlot<'_>> = self
-                    .params
-                    .params
-                    .iter()
-                    .zip(datas.iter_mut())
-                    .zip(bufs.iter())
-                    .map(|((p, d), g)| ParamSlot {
-                        name: &p.name,
-                        data: d.as_mut_slice(),
-                        grad: g.as_ref().map(|(v, _)| v.as_slice()),
-                        dtype: p.value.dtype(),
-                    })
-                    .collect();
-                self.optimizer.step(&mut slots)?;
-            }
-            for (p, d) in self.params.params.iter_mut().zip(datas) {
-                let old = p.value.clone();
-                p.value = Tensor::from_exact(d, old.shape(), old.dtype())?.as_leaf(true);
-                let (m, nv) = (p.module.clone(), p.value.clone());
-                self.engine
-                    .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
-            }
+                .zip(datas.iter_mut())
+                .zip(bufs.iter())
+                .map(|((p, d), g)| ParamSlot {
+                    name: &p.name,
+                    data: d.as_mut_slice(),
+                    grad: g.as_ref().map(|(v, _)| v.as_slice()),
+                    dtype: p.value.dtype(),
+                })
+                .collect();
+            self.optimizer.step(&mut slots)?;
         }
+        for (p, d) in self.params.params.iter_mut().zip(datas) {
+            let old = p.value.clone();
+            p.value = Tensor::from_exact(d, old.shape(), old.dtype())?.as_leaf(true);
+            let (m, nv) = (p.module.clone(), p.value.clone());
+            self.engine
+                .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
+        }
+        Ok(())
+    }
+
+    /// Update: the scaler's new scale, and its events.
+    fn update(&mut self, st: &mut StepState) -> Result<UpdateOutcome> {
         let upd = self.scaler.update(None)?;
-        if let Some(c) = upd.collapse {
-            events.push(format!("scale collapse: {c}"));
+        if let Some(c) = &upd.collapse {
+            st.events.push(format!("scale collapse: {c}"));
         }
         for w in self.scaler.warnings() {
-            if !events.contains(w) {
-                events.push(w.clone());
+            if !st.events.contains(w) {
+                st.events.push(w.clone());
             }
         }
-        // Per-parameter records from the unscaled gradients.
+        Ok(upd)
+    }
+
+    /// The step's record: per-parameter records from the unscaled gradients, the op
+    /// records the sampling keeps, the origins.
+    fn finish(
+        &mut self,
+        st: StepState,
+        bufs: &GradBufs,
+        decision: StepDecision,
+        upd: UpdateOutcome,
+    ) -> Result<StepRecord> {
         let mut params_rec = Vec::new();
         let mut sum_sq = 0f64;
         let mut any_grad = false;
@@ -464,7 +565,7 @@ impl Trainer {
                 p.value.dtype(),
                 *gd,
                 g,
-                scale_before,
+                st.scale_before,
                 p.value.f32s()?,
             );
             sum_sq += if rec.nonfinite > 0 {
@@ -475,11 +576,12 @@ impl Trainer {
             params_rec.push(rec);
             self.last_grads[i] = Some(Tensor::from_exact(g.clone(), p.value.shape(), *gd)?);
         }
-        let grad_norm = match clip_out {
+        let grad_norm = match st.clip {
             Some(c) => Some(c.total_norm as f64),
             None if any_grad => Some(sum_sq.sqrt()),
             None => None,
         };
+        let step = st.step;
         let sampling = self.cfg.sampling;
         let (origins, ops, op_count) = match self.recorder() {
             Some(r) => {
@@ -492,31 +594,36 @@ impl Trainer {
             }
             None => (Default::default(), None, 0),
         };
+        let accumulate = self.cfg.accumulate;
         Ok(StepRecord {
             step,
             micro_batches: accumulate,
-            loss: Some(loss_sum / accumulate as f64),
-            scaled_loss,
+            loss: Some(st.loss_sum / accumulate as f64),
+            scaled_loss: st.scaled_loss,
             scale_before: upd.scale_before as f64,
             scale_after: upd.scale_after as f64,
             found_inf: upd.found_inf || decision.found_inf,
             skipped: decision.skip,
             growth_tracker: upd.growth_tracker as i64,
             grad_norm,
-            clip_coef: clip_out.map(|c| c.clip_coef as f64),
+            clip_coef: st.clip.map(|c| c.clip_coef as f64),
             lr: self.optimizer.lr_f64(),
-            weight_casts,
+            weight_casts: st.weight_casts,
             origins,
             params: params_rec,
             ops,
             op_count,
-            events,
-            wall_ms: t0.elapsed().as_secs_f64() * 1e3,
+            events: st.events,
+            wall_ms: st.t0.elapsed().as_secs_f64() * 1e3,
             skip_cause: None,
         })
     }
 
-    fn emit_grads(&mut self, op: &'static str, bufs: &[Option<(Vec<f32>, DType)>]) -> Result<()> {
+    fn param_names(&self) -> Vec<String> {
+        self.params.params.iter().map(|p| p.name.clone()).collect()
+    }
+
+    fn emit_grads(&mut self, op: &'static str, bufs: &GradBufs) -> Result<()> {
         if !self.engine.probing() {
             return Ok(());
         }
@@ -538,10 +645,7 @@ fn divisor(n: u32, dtype: DType) -> Result<Tensor> {
     }
 }
 
-fn grad_views<'a>(
-    names: &'a [String],
-    bufs: &'a mut [Option<(Vec<f32>, DType)>],
-) -> Vec<GradView<'a>> {
+fn grad_views<'a>(names: &'a [String], bufs: &'a mut GradBufs) -> Vec<GradView<'a>> {
     names
         .iter()
         .zip(bufs.iter_mut())
