@@ -229,7 +229,8 @@ fn compare_two_traces() {
     assert!(row.a.is_some() && row.b.is_some());
     let oa = &app.model().ops(0).unwrap()[row.a.unwrap()];
     let ob = &app.other().unwrap().ops(0).unwrap()[row.b.unwrap()];
-    assert!(amprobe::tui::compare::difference(oa, ob).is_some());
+    let (sa, sb) = (&app.model().steps[0], &app.other().unwrap().steps[0]);
+    assert!(amprobe::tui::compare::difference(oa, sa, ob, sb).is_some());
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //!   remedy, and the bisection's re-runs (capped by [`DiagnoseOptions::bisect_budget`]).
 
 pub mod accuracy;
+pub mod align;
 pub mod bisect;
 pub mod cause;
 pub mod collapse;

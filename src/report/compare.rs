@@ -2,11 +2,12 @@
 //! op against a reference run (fp32), with each divergence classified as a range failure
 //! (overflow, underflow, Inf/NaN) or a rounding difference.
 //!
-//! Alignment: within a step that has op records in both runs, ops are matched by micro-batch,
-//! phase, op name, module and occurrence (the k-th `linear` of `fc1` in the backward pass of
-//! micro-batch 0 matches the k-th one of the other run). Casts are left out: autocast adds
-//! them to low-precision runs only, so op indices differ between runs while the rest of the
-//! graph is the same. Values that carry the loss scale (backward outputs and the scaler's
+//! Alignment ([`crate::diagnose::align`], the same as the terminal UI's Compare panel):
+//! within a step that has op records in both runs, ops are matched by micro-batch, phase, op
+//! name, module, gradient input and occurrence (the k-th `linear` of `fc1` in the backward
+//! pass of micro-batch 0 matches the k-th one of the other run). Casts are left out of the
+//! diff: autocast adds them to low-precision runs only, so op indices differ between runs
+//! while the rest of the graph is the same. Values that carry the loss scale (backward outputs and the scaler's
 //! own ops) are divided by their step's scale first, so runs with different scales compare.
 //!
 //! Only summary statistics are in a trace, so the per-op difference is the relative
@@ -21,6 +22,7 @@ use super::doc::{Block, Doc};
 use super::facts::{self, fmt_num, fmt_pct, module_name, phase_name};
 use super::summary::{completeness, step_ranges};
 use super::TraceFile;
+use crate::diagnose::align::{align, scale_of};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::trace::record::{OpRecord, Phase, StepRecord};
@@ -30,8 +32,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// Default threshold: relative difference above which an op counts as diverged.
-pub const DEFAULT_THRESHOLD: f64 = 0.05;
+pub use crate::diagnose::align::{rel_diff, DEFAULT_THRESHOLD};
 
 /// Share of an op's values flushed to zero (or subnormal in fp16) above which the op's
 /// divergence counts as a range failure.
@@ -190,50 +191,6 @@ pub struct Comparison {
     pub diffs: Vec<RunDiff>,
 }
 
-/// Relative difference of `a` from the reference `r` (0 when both are 0, infinite when only
-/// the reference is 0).
-pub fn rel_diff(a: f64, r: f64) -> f64 {
-    if a == r {
-        0.0
-    } else if r == 0.0 {
-        f64::INFINITY
-    } else {
-        (a - r).abs() / r.abs()
-    }
-}
-
-/// The factor an op's values carry from loss scaling: the step's scale for backward ops and
-/// the scaler's own ops, else 1.
-fn scale_of(s: &StepRecord, o: &OpRecord) -> f64 {
-    let scaled = o.phase == Phase::Backward || facts::is_scaler_op(o);
-    if scaled && s.scale_before.is_finite() && s.scale_before > 0.0 {
-        s.scale_before
-    } else {
-        1.0
-    }
-}
-
-type Key<'a> = (u32, Phase, &'a str, &'a str, usize);
-
-/// The ops of a step with their alignment keys, casts left out.
-fn keyed(ops: &[OpRecord]) -> (Vec<(Key<'_>, &OpRecord)>, usize) {
-    let mut seen: HashMap<(u32, Phase, &str, &str), usize> = HashMap::new();
-    let mut out = Vec::new();
-    let mut casts = 0;
-    for o in ops {
-        if facts::is_cast(&o.op) {
-            casts += 1;
-            continue;
-        }
-        let c = seen
-            .entry((o.micro, o.phase, o.op.as_str(), o.module.as_str()))
-            .or_insert(0);
-        out.push(((o.micro, o.phase, o.op.as_str(), o.module.as_str(), *c), o));
-        *c += 1;
-    }
-    (out, casts)
-}
-
 /// Compares one op of a run with the reference's.
 fn diff_op(
     rs: &StepRecord,
@@ -354,27 +311,32 @@ pub fn diff_runs(run: &TraceFile, reference: &TraceFile, threshold: f64, index: 
             continue;
         };
         d.steps_compared.push(rs.step);
-        let (a_keyed, casts) = keyed(a_ops);
-        d.casts_in_run += casts;
-        let (r_keyed, _) = keyed(r_ops);
-        let a_map: HashMap<Key<'_>, &OpRecord> = a_keyed.iter().copied().collect();
-        let r_keys: std::collections::HashSet<Key<'_>> = r_keyed.iter().map(|k| k.0).collect();
-        d.only_in_run += a_keyed.iter().filter(|k| !r_keys.contains(&k.0)).count();
-        let mut inf_before = false;
+        let rows = align(a_ops, r_ops);
+        let is_cast = |o: &OpRecord| facts::is_cast(&o.op);
+        d.casts_in_run += a_ops.iter().filter(|o| is_cast(o)).count();
+        d.only_in_run += rows
+            .iter()
+            .filter(|p| p.b.is_none() && p.a.is_some_and(|i| !is_cast(&a_ops[i])))
+            .count();
+        d.only_in_ref += rows
+            .iter()
+            .filter(|p| p.a.is_none() && p.b.is_some_and(|j| !is_cast(&r_ops[j])))
+            .count();
+        let mut pairs: Vec<(usize, usize)> = rows
+            .iter()
+            .filter_map(|p| Some((p.a?, p.b?)))
+            .filter(|&(i, _)| !is_cast(&a_ops[i]))
+            .collect();
         // Walk in the run's execution order so "earlier" means earlier in the run, then
         // present the ops in reference order (the same order for matched ops).
-        let mut matched: Vec<OpDiff> = Vec::new();
-        for (k, a) in &a_keyed {
-            if let Some((_, r)) = r_keyed.iter().find(|(rk, _)| rk == k) {
-                let od = diff_op(rs, a, fs, r, threshold, inf_before);
-                inf_before |= od.class == Class::Range && od.rel().is_infinite();
-                matched.push(od);
-            }
+        pairs.sort_unstable();
+        let mut inf_before = false;
+        let mut matched: Vec<OpDiff> = Vec::with_capacity(pairs.len());
+        for (i, j) in pairs {
+            let od = diff_op(rs, &a_ops[i], fs, &r_ops[j], threshold, inf_before);
+            inf_before |= od.class == Class::Range && od.rel().is_infinite();
+            matched.push(od);
         }
-        d.only_in_ref += r_keyed
-            .iter()
-            .filter(|(k, _)| !a_map.contains_key(k))
-            .count();
         matched.sort_by_key(|o| o.ref_index);
         d.ops.extend(matched);
     }

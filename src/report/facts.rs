@@ -12,11 +12,7 @@ pub fn is_cast(op: &str) -> bool {
     matches!(op, "to" | "cast" | "_to_copy")
 }
 
-/// True for ops of the loss scaler's own bookkeeping (the `scaler` module: loss × scale
-/// and its backward). They hold the scale itself, not model values.
-pub fn is_scaler_op(op: &OpRecord) -> bool {
-    op.module == "scaler"
-}
+pub use crate::diagnose::align::is_scaler_op;
 
 /// True for the ops whose outputs count as activations: forward ops of the model, casts
 /// and scaler bookkeeping excluded.

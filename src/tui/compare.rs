@@ -4,7 +4,9 @@
 use super::format::{self, clip, clip_left, num, pad, pow2, rpad};
 use super::model::{op_nonfinite, Model};
 use super::panel::{Ctx, Reply, StepCursor};
-use crate::trace::record::OpRecord;
+pub use crate::diagnose::align::{align, Pair};
+use crate::diagnose::align::{rel_diff, scale_of, DEFAULT_THRESHOLD};
+use crate::trace::record::{OpRecord, StepRecord};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -12,83 +14,11 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Widget};
 use std::cell::Cell;
 
-/// Relative difference of two ops' largest output magnitudes above which they differ.
-pub const MAX_ABS_REL_TOL: f64 = 1e-2;
-
-/// Largest `len(a) × len(b)` aligned by longest common subsequence; longer steps are
-/// paired by position.
-const LCS_MAX_CELLS: usize = 4_000_000;
-
-/// One row of the comparison: an op of A, of B, or of both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pair {
-    /// Position of the op in A's step.
-    pub a: Option<usize>,
-    /// Position of the op in B's step.
-    pub b: Option<usize>,
-}
-
-fn same_kind(a: &OpRecord, b: &OpRecord) -> bool {
-    a.phase == b.phase && a.op == b.op && a.module == b.module && a.wrt == b.wrt
-}
-
-/// Aligns two op lists: a longest common subsequence of ops of the same kind (phase, op
-/// name, module, gradient input); the rest appear on one side only. Ops a precision mode
-/// adds (casts) thus show as one-sided rows instead of shifting every later pair.
-pub fn align(a: &[OpRecord], b: &[OpRecord]) -> Vec<Pair> {
-    let (n, m) = (a.len(), b.len());
-    if n.saturating_mul(m) > LCS_MAX_CELLS {
-        return (0..n.max(m))
-            .map(|i| Pair {
-                a: (i < n).then_some(i),
-                b: (i < m).then_some(i),
-            })
-            .collect();
-    }
-    // lcs[i][j]: length of the LCS of a[i..] and b[j..].
-    let w = m + 1;
-    let mut lcs = vec![0u32; (n + 1) * w];
-    for i in (0..n).rev() {
-        for j in (0..m).rev() {
-            lcs[i * w + j] = if same_kind(&a[i], &b[j]) {
-                lcs[(i + 1) * w + j + 1] + 1
-            } else {
-                lcs[(i + 1) * w + j].max(lcs[i * w + j + 1])
-            };
-        }
-    }
-    let (mut i, mut j) = (0, 0);
-    let mut out = Vec::with_capacity(n.max(m));
-    while i < n || j < m {
-        if i < n && j < m && same_kind(&a[i], &b[j]) {
-            out.push(Pair {
-                a: Some(i),
-                b: Some(j),
-            });
-            i += 1;
-            j += 1;
-        } else if j >= m || (i < n && lcs[(i + 1) * w + j] >= lcs[i * w + j + 1]) {
-            out.push(Pair {
-                a: Some(i),
-                b: None,
-            });
-            i += 1;
-        } else {
-            out.push(Pair {
-                a: None,
-                b: Some(j),
-            });
-            j += 1;
-        }
-    }
-    out
-}
-
 /// Why two aligned ops differ numerically, or `None` when they agree: non-finite counts,
-/// rounding overflow or underflow present on one side only, or largest magnitudes more
-/// than [`MAX_ABS_REL_TOL`] apart. Output dtypes are shown but do not count: comparing
-/// precision modes they differ by design.
-pub fn difference(a: &OpRecord, b: &OpRecord) -> Option<String> {
+/// rounding overflow or underflow present on one side only, or largest magnitudes (with the
+/// loss scale divided out) further apart than the comparison report's threshold. Output
+/// dtypes are shown but do not count: comparing precision modes they differ by design.
+pub fn difference(a: &OpRecord, sa: &StepRecord, b: &OpRecord, sb: &StepRecord) -> Option<String> {
     let (na, nb) = (op_nonfinite(a), op_nonfinite(b));
     if na != nb {
         return Some(format!("non-finite {na} vs {nb}"));
@@ -105,9 +35,12 @@ pub fn difference(a: &OpRecord, b: &OpRecord) -> Option<String> {
             a.rounding.underflow, b.rounding.underflow
         ));
     }
-    let (x, y) = (a.stats.max_abs, b.stats.max_abs);
-    let rel = (x - y).abs() / x.abs().max(y.abs());
-    if rel > MAX_ABS_REL_TOL {
+    let (x, y) = (
+        a.stats.max_abs / scale_of(sa, a),
+        b.stats.max_abs / scale_of(sb, b),
+    );
+    let rel = rel_diff(x, y);
+    if rel > DEFAULT_THRESHOLD && x.is_finite() && y.is_finite() {
         return Some(format!(
             "max|x| {} vs {} ({:.1}% apart)",
             num(x),
@@ -139,18 +72,24 @@ impl CompareState {
         self.selected
     }
 
+    /// The selected step of each side (B's with the same step number) and its ops.
+    #[allow(clippy::type_complexity)]
     fn sides<'m>(
         a: &'m Model,
         b: &'m Model,
         step: Option<usize>,
-    ) -> (Option<&'m [OpRecord]>, Option<&'m [OpRecord]>) {
+    ) -> (
+        Option<(&'m StepRecord, &'m [OpRecord])>,
+        Option<(&'m StepRecord, &'m [OpRecord])>,
+    ) {
         let Some(si) = step else { return (None, None) };
-        let oa = a.ops(si);
-        let ob = a
-            .steps
-            .get(si)
-            .and_then(|s| b.step_index(s.step))
-            .and_then(|j| b.ops(j));
+        let Some(sa) = a.steps.get(si) else {
+            return (None, None);
+        };
+        let oa = a.ops(si).map(|o| (sa, o));
+        let ob = b
+            .step_index(sa.step)
+            .and_then(|j| Some((b.steps.get(j)?, b.ops(j)?)));
         (oa, ob)
     }
 
@@ -159,14 +98,14 @@ impl CompareState {
         let (oa, ob) = Self::sides(a, b, step);
         let key = (
             step.unwrap_or(usize::MAX),
-            oa.map_or(0, <[_]>::len),
-            ob.map_or(0, <[_]>::len),
+            oa.map_or(0, |(_, o)| o.len()),
+            ob.map_or(0, |(_, o)| o.len()),
         );
         if self.built_for == Some(key) {
             return;
         }
         self.rows = match (oa, ob) {
-            (Some(x), Some(y)) => align(x, y),
+            (Some((_, x)), Some((_, y))) => align(x, y),
             _ => Vec::new(),
         };
         self.selected = self.selected.min(self.rows.len().saturating_sub(1));
@@ -174,14 +113,14 @@ impl CompareState {
     }
 
     fn differs(&self, a: &Model, b: &Model, step: Option<usize>, r: usize) -> bool {
-        let (Some(oa), Some(ob)) = Self::sides(a, b, step) else {
+        let (Some((sa, oa)), Some((sb, ob))) = Self::sides(a, b, step) else {
             return false;
         };
         match self.rows[r] {
             Pair {
                 a: Some(i),
                 b: Some(j),
-            } => difference(&oa[i], &ob[j]).is_some(),
+            } => difference(&oa[i], sa, &ob[j], sb).is_some(),
             _ => false,
         }
     }
@@ -297,7 +236,7 @@ impl Widget for CompareView<'_> {
         Paragraph::new(self.side_line(" A", a, step_no, w)).render(ha, buf);
         Paragraph::new(self.side_line(" B", b, step_no, w)).render(hb, buf);
         let (oa, ob) = CompareState::sides(a, b, self.ctx.step);
-        let (Some(oa), Some(ob)) = (oa, ob) else {
+        let (Some((sa, oa)), Some((sb, ob))) = (oa, ob) else {
             Paragraph::new(Line::styled(
                 " op records missing on one side for this step (←/→ to another step)",
                 th.dim(),
@@ -350,7 +289,7 @@ impl Widget for CompareView<'_> {
             let (xa, xb) = (p.a.map(|i| &oa[i]), p.b.map(|j| &ob[j]));
             let reason = match (xa, xb) {
                 (Some(x), Some(y)) => {
-                    let d = difference(x, y);
+                    let d = difference(x, sa, y, sb);
                     differing += d.is_some() as usize;
                     d
                 }
@@ -428,51 +367,34 @@ mod tests {
     use crate::tui::model::tests::op;
 
     #[test]
-    fn alignment_pairs_same_ops_and_leaves_casts_one_sided() {
-        let f = Phase::Forward;
-        let a = vec![
-            op(0, f, "to", "fc1", &[1.0]),
-            op(1, f, "linear", "fc1", &[1.0]),
-            op(2, f, "relu", "relu", &[1.0]),
-            op(3, f, "to", "fc2", &[1.0]),
-            op(4, f, "linear", "fc2", &[1.0]),
-        ];
-        let b = vec![
-            op(0, f, "linear", "fc1", &[1.0]),
-            op(1, f, "relu", "relu", &[1.0]),
-            op(2, f, "linear", "fc2", &[1.0]),
-            op(3, Phase::Backward, "linear", "fc2", &[1.0]),
-        ];
-        let p = |a: Option<usize>, b: Option<usize>| Pair { a, b };
-        assert_eq!(
-            align(&a, &b),
-            vec![
-                p(Some(0), None),
-                p(Some(1), Some(0)),
-                p(Some(2), Some(1)),
-                p(Some(3), None),
-                p(Some(4), Some(2)),
-                p(None, Some(3)),
-            ]
-        );
-        assert_eq!(align(&[], &b).len(), 4);
-    }
-
-    #[test]
     fn differences_are_numeric_not_dtype() {
         let f = Phase::Forward;
+        let st = StepRecord {
+            scale_before: 1024.0,
+            ..StepRecord::default()
+        };
         let x = op(0, f, "linear", "fc1", &[1.0, 2.0]);
         let mut y = op(0, f, "linear", "fc1", &[1.0, 2.0]);
         y.output.dtype = crate::dtype::DType::F32;
-        assert_eq!(difference(&x, &y), None);
-        // 2.0 vs 2.015625 (fp16 neighbours 8 apart): 0.78% < 1%.
-        let y = op(0, f, "linear", "fc1", &[1.0, 2.015625]);
-        assert_eq!(difference(&x, &y), None);
-        let y = op(0, f, "linear", "fc1", &[1.0, 2.03125]);
-        assert!(difference(&x, &y).unwrap().starts_with("max|x|"));
+        assert_eq!(difference(&x, &st, &y, &st), None);
+        // 2.0 vs 2.09375: 4.5% apart, within the report's 5%.
+        let y = op(0, f, "linear", "fc1", &[1.0, 2.09375]);
+        assert_eq!(difference(&x, &st, &y, &st), None);
+        let y = op(0, f, "linear", "fc1", &[1.0, 2.125]);
+        assert!(difference(&x, &st, &y, &st).unwrap().starts_with("max|x|"));
         let y = op(0, f, "linear", "fc1", &[f32::NAN, 2.0]);
-        assert_eq!(difference(&x, &y).unwrap(), "non-finite 0 vs 1");
+        assert_eq!(difference(&x, &st, &y, &st).unwrap(), "non-finite 0 vs 1");
         let zero = op(0, f, "linear", "fc1", &[0.0]);
-        assert_eq!(difference(&zero, &zero), None);
+        assert_eq!(difference(&zero, &st, &zero, &st), None);
+        // A backward op carries its step's loss scale: 2048 at scale 1024 equals 2 unscaled.
+        let b = Phase::Backward;
+        let scaled = op(0, b, "linear", "fc1", &[2048.0]);
+        let plain = op(0, b, "linear", "fc1", &[2.0]);
+        let unscaled = StepRecord {
+            scale_before: 1.0,
+            ..StepRecord::default()
+        };
+        assert_eq!(difference(&scaled, &st, &plain, &unscaled), None);
+        assert!(difference(&scaled, &unscaled, &plain, &unscaled).is_some());
     }
 }
