@@ -338,3 +338,13 @@ fn sigkill_keeps_every_finished_step() {
         assert!(s.ops.as_ref().is_some_and(|o| !o.is_empty()));
     }
 }
+
+#[test]
+fn a_missing_config_is_named_once() {
+    let out = amprobe(&["run", "/nonexistent/amprobe.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/amprobe.toml"), "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
