@@ -132,3 +132,39 @@ fn fix_and_bisect_commands() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--underflow-threshold"));
 }
+
+#[test]
+fn a_collapsing_scale_is_one_event() {
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("s.json");
+    let o = amprobe(&[
+        "run",
+        "samples/t5_overflow.toml",
+        "--precision",
+        "fp16",
+        "--steps",
+        "12",
+        "--summary-json",
+        json.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let events: Vec<&str> = s["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    let collapse: Vec<&&str> = events.iter().filter(|e| e.contains("scale")).collect();
+    assert_eq!(collapse.len(), 1, "{events:#?}");
+    assert!(
+        collapse[0].starts_with("step 7: loss scale collapsing: it fell on 8 consecutive steps"),
+        "{events:#?}"
+    );
+}

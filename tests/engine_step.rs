@@ -344,3 +344,20 @@ fn a_trainer_refuses_a_backend_its_step_cannot_run_on() {
         .expect("refused");
     assert!(err.to_string().contains("cuda backend"), "{err}");
 }
+
+#[test]
+fn an_overflowing_inverse_scale_is_told_once() {
+    let mut cfg = RunConfig::load(Path::new("samples/mlp.toml")).unwrap();
+    cfg.train.steps = Some(3);
+    cfg.train.precision = Some("fp16".into());
+    cfg.scaler.kind = Some("fixed".into());
+    cfg.scaler.init_scale = Some(2f32.powi(-130));
+    let summary = amprobe::runner::run(&cfg, &Default::default()).unwrap();
+    let told: Vec<&String> = summary
+        .events
+        .iter()
+        .filter(|e| e.contains("1/scale overflows f32"))
+        .collect();
+    assert_eq!(told.len(), 1, "{:#?}", summary.events);
+    assert!(told[0].starts_with("step 0: scale collapse: "), "{told:?}");
+}

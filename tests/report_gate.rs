@@ -279,7 +279,14 @@ fn scale_collapse_rule() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(ev.starts_with("scale collapse"), "{ev}");
+    assert!(ev.starts_with("loss scale collapsed below 1"), "{ev}");
+    assert_eq!(
+        json_lines(&t.tiny_scale)[1]["events"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert!(
         has(&out, &format!("FAIL scale-collapse: step 0: {ev}")),
         "{out:#?}"

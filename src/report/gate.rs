@@ -14,7 +14,8 @@
 //!   (steps with op records), or a parameter whose unscaled gradient would lose more than X%
 //!   of its nonzero values when multiplied by the loss scale and rounded to fp16.
 //! - `scale-collapse`: a step reporting a loss-scale collapse (an event starting with
-//!   "scale collapse"), or a scale that became 0 or non-finite, breaks it.
+//!   "scale collapse" from the step, or "loss scale collaps…" from the diagnosis), or a scale
+//!   that became 0 or non-finite, breaks it.
 
 use super::facts::{self, describe_op, fmt_num, fmt_pct, plural};
 use crate::error::{Error, Result};
@@ -223,11 +224,10 @@ impl Gate {
             );
         }
         if self.collapse.is_none() {
-            if let Some(e) = s
-                .events
-                .iter()
-                .find(|e| e.to_ascii_lowercase().starts_with("scale collapse"))
-            {
+            if let Some(e) = s.events.iter().find(|e| {
+                let e = e.to_ascii_lowercase();
+                e.starts_with("scale collapse") || e.starts_with("loss scale collaps")
+            }) {
                 self.collapse = Some((s.step, e.clone()));
             } else if s.scale_after == 0.0 || !s.scale_after.is_finite() {
                 self.collapse = Some((

@@ -123,6 +123,14 @@ pub struct Trainer {
     before: Option<StepInputs>,
     outputs: Vec<StepOutput>,
     injections: Vec<Injection>,
+    told: Told,
+}
+
+/// Scale states already told in a step's events (each is told once per run).
+#[derive(Debug, Clone, Copy, Default)]
+struct Told {
+    scale_zero: bool,
+    inv_scale_infinite: bool,
 }
 
 /// What a step started from: the parameters, the scale and the batches it used.
@@ -246,6 +254,7 @@ impl Trainer {
             before: None,
             outputs: Vec::new(),
             injections: Vec::new(),
+            told: Told::default(),
         })
     }
 
@@ -534,8 +543,25 @@ impl Trainer {
     /// Update: the scaler's new scale, and its events.
     fn update(&mut self, st: &mut StepState) -> Result<UpdateOutcome> {
         let upd = self.scaler.update(None)?;
+        // A falling or sub-1 scale is the diagnosis' finding (one event, with the fall);
+        // the trainer tells, once each, the two states that corrupt the step itself.
         if let Some(c) = &upd.collapse {
-            st.events.push(format!("scale collapse: {c}"));
+            if c.zero && !self.told.scale_zero {
+                self.told.scale_zero = true;
+                st.events.push(
+                    "scale collapse: the loss scale reached 0; the loss and every gradient \
+                     become 0, and unscaling multiplies by an infinite inverse scale"
+                        .to_string(),
+                );
+            } else if c.inv_scale_infinite && !c.zero && !self.told.inv_scale_infinite {
+                self.told.inv_scale_infinite = true;
+                st.events.push(format!(
+                    "scale collapse: the loss scale {:e} is so small that 1/scale overflows \
+                     f32; unscaled gradients become inf/NaN after the inf check, and the step \
+                     is not skipped",
+                    c.scale
+                ));
+            }
         }
         for w in self.scaler.warnings() {
             if !st.events.contains(w) {
