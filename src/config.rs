@@ -60,6 +60,7 @@ pub struct TrainSection {
     /// Micro-batches per optimizer step.
     pub accumulate: Option<u32>,
     /// Max gradient norm (clipping after unscale).
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::option::serialize")]
     pub clip: Option<f32>,
     /// Clipping norm: `l2` or `inf`.
     pub clip_norm: Option<NormType>,
@@ -89,6 +90,7 @@ pub struct ScalerSection {
     /// default, maxclip, hysteresis, fixed or none.
     pub kind: Option<String>,
     /// Initial scale.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::option::serialize")]
     pub init_scale: Option<f32>,
     /// Growth factor.
     pub growth_factor: Option<f64>,
@@ -97,10 +99,12 @@ pub struct ScalerSection {
     /// Clean steps before growth.
     pub growth_interval: Option<u32>,
     /// Cap of `maxclip`.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::option::serialize")]
     pub max_scale: Option<f32>,
     /// Overflows tolerated before a backoff (`hysteresis`).
     pub hysteresis: Option<u32>,
     /// Floor of `hysteresis`.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::option::serialize")]
     pub min_scale: Option<f32>,
     /// Fail when an overflow happens at the floor (`hysteresis`).
     pub error_at_floor: Option<bool>,

@@ -348,3 +348,27 @@ fn a_missing_config_is_named_once() {
     assert_eq!(err.matches("os error 2").count(), 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn simulator_json_numbers_read_back_exactly() {
+    // 2^16 halved on 28 overflowing steps is 2^-12.
+    let out = amprobe(&[
+        "scaler",
+        "simulate",
+        "--overflow-steps",
+        "0-27",
+        "--steps",
+        "28",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("0.000244140625"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let last = v.as_array().unwrap().last().unwrap();
+    assert_eq!(last["scale_after"].as_f64(), Some(2f64.powi(-12)));
+}

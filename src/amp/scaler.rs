@@ -60,6 +60,7 @@ pub enum ScalerKind {
     /// `growth_factor` is used.
     MaxClip {
         /// Upper bound on the scale.
+        #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
         max_scale: f32,
     },
     /// Megatron-LM's `DynamicGradScaler`: an overflow decrements a hysteresis counter and
@@ -71,6 +72,7 @@ pub enum ScalerKind {
         /// Overflows tolerated before the first backoff (Megatron's `hysteresis`, >= 1).
         hysteresis: u32,
         /// Lower bound on the scale (> 0, at most `init_scale`).
+        #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
         min_scale: f32,
         /// DeepSpeed's `raise_error_at_min_scale`: an overflow that calls for a backoff
         /// while the scale is already at `min_scale` makes [`GradScaler::update`] fail.
@@ -106,6 +108,7 @@ pub struct ScalerConfig {
     /// `false` disables scaling exactly like `GradScaler(enabled=False)` (same as kind `none`).
     pub enabled: bool,
     /// Initial scale (finite, > 0), stored as `f32` like PyTorch's scale tensor.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub init_scale: f32,
     /// Multiplier applied after `growth_interval` clean steps (> 1).
     pub growth_factor: f64,
@@ -269,6 +272,7 @@ pub struct StepDecision {
     /// This call unscaled the gradients (false when `unscale_` had already done it).
     pub unscaled_here: bool,
     /// The inverse scale the gradients were multiplied by (1 when disabled).
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub inv_scale: f32,
 }
 
@@ -276,6 +280,7 @@ pub struct StepDecision {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Collapse {
     /// The scale after the update.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub scale: f32,
     /// The scale is below 1: the loss is shrunk, so scaling now causes underflow.
     pub below_one: bool,
@@ -317,8 +322,10 @@ impl fmt::Display for Collapse {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct UpdateOutcome {
     /// Scale before the update.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub scale_before: f32,
     /// Scale after the update.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub scale_after: f32,
     /// Any optimizer found an inf/NaN gradient in this step.
     pub found_inf: bool,
@@ -342,6 +349,7 @@ pub struct ScalerState {
     #[serde(default = "enabled_default")]
     pub enabled: bool,
     /// Current scale.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub scale: f32,
     /// Growth factor.
     pub growth_factor: f64,

@@ -28,12 +28,14 @@ pub struct SimStep {
     /// The step's gradient was made non-finite (the step is in the overflow list).
     pub overflow: bool,
     /// Scale used for this step's loss and unscaling.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub scale_before: f32,
     /// The scaler found an inf/NaN gradient (never, when scaling is disabled).
     pub found_inf: bool,
     /// The optimizer step was skipped.
     pub skipped: bool,
     /// Scale after this step's update.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub scale_after: f32,
     /// Growth tracker after this step's update.
     pub growth_tracker: i32,

@@ -52,8 +52,10 @@ pub enum NormType {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ClipOutcome {
     /// Total norm of all gradients before clipping (the value `clip_grad_norm_` returns).
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub total_norm: f32,
     /// The coefficient every gradient was multiplied by: `min(max_norm / (total + 1e-6), 1)`.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::serialize")]
     pub clip_coef: f32,
     /// The total norm was infinite or NaN.
     pub nonfinite: bool,

@@ -46,6 +46,7 @@ pub struct TrainConfig {
     /// Micro-batches per optimizer step (gradient accumulation; the loss is divided by it).
     pub accumulate: u32,
     /// Clip the total gradient norm to this value after unscaling.
+    #[serde(serialize_with = "crate::trace::float_json::f32_exact::option::serialize")]
     pub clip: Option<f32>,
     /// Norm used for clipping.
     pub clip_norm: NormType,
