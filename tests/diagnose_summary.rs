@@ -168,3 +168,85 @@ fn a_collapsing_scale_is_one_event() {
         "{events:#?}"
     );
 }
+
+/// Under fp16 autocast the ops that ran in fp16 lead the headroom, the overflowed one shown
+/// as inf with its Inf count; fp32 ops (T5LayerNorm's `pow`, `mean`, `add`) that would only
+/// overflow if cast are apart: one line in the run's summary, collapsed in summary.md.
+#[test]
+fn headroom_leads_with_the_ops_that_ran_in_fp16() {
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("t.jsonl");
+    let o = amprobe(&[
+        "run",
+        "samples/t5_overflow.toml",
+        "--precision",
+        "fp16",
+        "--steps",
+        "1",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("Headroom:"))
+        .expect("a headroom section");
+    assert!(lines[at].contains("ran in 16 bits"), "{text}");
+    let body: Vec<&str> = lines[at + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("  "))
+        .copied()
+        .collect();
+    let wo = "encoder.block.3.layer.1.DenseReluDense.wo";
+    assert!(
+        body.iter()
+            .any(|l| l.contains(wo) && l.contains("overflowed float16 to inf (16 Inf values)")),
+        "{text}"
+    );
+    let (last, listed) = body.split_last().unwrap();
+    assert!(
+        last.contains("fp32 ops") && last.contains("`pow` ×4"),
+        "{text}"
+    );
+    assert!(listed.iter().all(|l| l.contains("float16")), "{text}");
+
+    let out = d.path().join("rep");
+    let r = amprobe(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    let section = &md[md.find("## Headroom").unwrap()..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let (shown, collapsed) = section
+        .split_once("<details>")
+        .expect("a collapsed fp32 list");
+    let first_row = shown.lines().find(|l| l.starts_with("| 0 |")).unwrap();
+    assert!(
+        first_row.contains(wo) && first_row.contains("inf (16 Inf values)"),
+        "{section}"
+    );
+    assert!(
+        !shown.contains("`pow`") && !shown.contains("float32"),
+        "{section}"
+    );
+    assert!(
+        collapsed.contains("`pow`") && collapsed.contains("only if they were cast"),
+        "{section}"
+    );
+}

@@ -84,9 +84,18 @@ pub struct HeadroomWarning {
     /// For backward ops: the loss scale the gradient carries.
     #[serde(with = "float_json::option", default)]
     pub loss_scale: Option<f64>,
+    /// Inf values in the output (an attention mask's -inf left out).
+    #[serde(default)]
+    pub inf: u64,
 }
 
 impl HeadroomWarning {
+    /// True when the op ran in a 16-bit float type (the values the run itself risks); an
+    /// fp32 op would reach the limit only if it were cast.
+    pub fn low_precision(&self) -> bool {
+        matches!(self.dtype, DType::F16 | DType::BF16)
+    }
+
     /// How bad it is: `max_abs` (near overflow) or `underflow_share` (underflow).
     pub fn severity(&self) -> f64 {
         match self.kind {
@@ -166,6 +175,7 @@ impl Headroom {
                 fp16_underflow: s.to_f16.underflow,
                 finite_nonzero: nonzero,
                 loss_scale: (o.phase == Phase::Backward).then_some(scale),
+                inf: s.pos_inf + s.neg_inf.saturating_sub(o.masked_neg_inf),
             };
             if overflowed || s.max_abs > self.t.overflow_share * FP16.max {
                 self.keep(make(HeadroomKind::NearOverflow));
@@ -186,11 +196,19 @@ impl Headroom {
         }
     }
 
-    /// The report: near-overflow warnings first, then underflow, each in execution order
-    /// (phase, then op index).
+    /// The report: near-overflow warnings first, then underflow; within each, ops that ran
+    /// in a 16-bit type before fp32 ones, each in execution order (phase, then op index).
     pub fn report(&self) -> HeadroomReport {
         let mut warnings: Vec<HeadroomWarning> = self.worst.values().cloned().collect();
-        warnings.sort_by_key(|w| (w.kind, phase_key(w.phase), w.op_index, w.step));
+        warnings.sort_by_key(|w| {
+            (
+                w.kind,
+                !w.low_precision(),
+                phase_key(w.phase),
+                w.op_index,
+                w.step,
+            )
+        });
         HeadroomReport {
             thresholds: self.t,
             steps_scanned: self.steps.clone(),

@@ -146,9 +146,13 @@ fn share(w: &HeadroomWarning) -> String {
 
 fn headroom_value(w: &HeadroomWarning) -> String {
     match w.kind {
-        HeadroomKind::NearOverflow if w.max_abs.is_infinite() => {
-            format!("`{}` overflowed {} to inf", w.op, w.dtype.name())
-        }
+        HeadroomKind::NearOverflow if w.max_abs.is_infinite() => format!(
+            "`{}` overflowed {} to inf ({} Inf value{})",
+            w.op,
+            w.dtype.name(),
+            w.inf,
+            if w.inf == 1 { "" } else { "s" }
+        ),
         HeadroomKind::NearOverflow => format!(
             "`{}` max |x| {} ({}, {})",
             w.op,
@@ -358,8 +362,45 @@ pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
         if ws.is_empty() {
             continue;
         }
-        out.push(format!("Headroom: {} ops {head}:", ws.len()));
-        out.extend(headroom_lines(&ws, kind));
+        // In a run with 16-bit ops, fp32 ops reach fp16's limits only if cast: one line
+        // for them, after the ops that did run in 16 bits (the JSON has them all).
+        let (low, wide): (Vec<&HeadroomWarning>, Vec<&HeadroomWarning>) =
+            ws.iter().partition(|w| w.low_precision());
+        if low.is_empty() {
+            out.push(format!("Headroom: {} ops {head}:", ws.len()));
+            out.extend(headroom_lines(&ws, kind));
+            continue;
+        }
+        out.push(format!(
+            "Headroom: {} ops that ran in 16 bits {head}:",
+            low.len()
+        ));
+        out.extend(headroom_lines(&low, kind));
+        if !wide.is_empty() {
+            let mut names: Vec<(String, usize)> = Vec::new();
+            for w in &wide {
+                match names.iter_mut().find(|(n, _)| *n == w.op) {
+                    Some(e) => e.1 += 1,
+                    None => names.push((w.op.clone(), 1)),
+                }
+            }
+            let list: Vec<String> = names
+                .iter()
+                .map(|(n, c)| {
+                    if *c > 1 {
+                        format!("`{n}` ×{c}")
+                    } else {
+                        format!("`{n}`")
+                    }
+                })
+                .collect();
+            out.push(format!(
+                "  and {} fp32 ops, kept in fp32 by the precision mode, would do so only if \
+                 cast: {} (all in the summary JSON)",
+                wide.len(),
+                list.join(", ")
+            ));
+        }
     }
     if let Some(r) = &s.remedies {
         out.extend(remedy_lines(r));

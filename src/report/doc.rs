@@ -33,6 +33,8 @@ pub enum Block {
     },
     /// Preformatted text.
     Code(String),
+    /// Blocks shown collapsed under a one-line summary (`<details>` in Markdown and HTML).
+    Details(String, Vec<Block>),
 }
 
 /// A document: a title and blocks.
@@ -62,44 +64,16 @@ impl Doc {
         self.blocks.push(b);
     }
 
+    /// Appends blocks.
+    pub fn blocks_extend(&mut self, bs: impl IntoIterator<Item = Block>) {
+        self.blocks.extend(bs);
+    }
+
     /// The document as Markdown; images are linked (PNG, with the SVG beside it).
     pub fn to_markdown(&self) -> String {
         let mut o = format!("# {}\n\n", self.title);
         for b in &self.blocks {
-            match b {
-                Block::Heading(l, t) => {
-                    // The title is the only level-1 heading.
-                    let _ = writeln!(o, "{} {t}\n", "#".repeat(usize::from((*l).clamp(1, 5)) + 1));
-                }
-                Block::Para(t) => {
-                    let _ = writeln!(o, "{t}\n");
-                }
-                Block::Warning(t) => {
-                    let _ = writeln!(o, "> **Warning.** {t}\n");
-                }
-                Block::List(items) => {
-                    for i in items {
-                        let _ = writeln!(o, "- {}", i.replace('\n', " "));
-                    }
-                    o.push('\n');
-                }
-                Block::Table(head, rows) => {
-                    let cells =
-                        |r: &[String]| r.iter().map(|c| md_cell(c)).collect::<Vec<_>>().join(" | ");
-                    let _ = writeln!(o, "| {} |", cells(head));
-                    let _ = writeln!(o, "|{}", "---|".repeat(head.len()));
-                    for r in rows {
-                        let _ = writeln!(o, "| {} |", cells(r));
-                    }
-                    o.push('\n');
-                }
-                Block::Image { title, png, svg } => {
-                    let _ = writeln!(o, "![{title}]({png})\n\n*{title}* ([SVG]({svg}))\n");
-                }
-                Block::Code(t) => {
-                    let _ = writeln!(o, "```\n{}\n```\n", t.trim_end());
-                }
-            }
+            markdown_block(&mut o, b);
         }
         o
     }
@@ -116,62 +90,119 @@ impl Doc {
             inline(&self.title)
         );
         for b in &self.blocks {
-            match b {
-                Block::Heading(l, t) => {
-                    let l = (*l).clamp(1, 6) + 1;
-                    let _ = writeln!(o, "<h{l}>{}</h{l}>", inline(t));
-                }
-                Block::Para(t) => {
-                    let _ = writeln!(o, "<p>{}</p>", inline(t));
-                }
-                Block::Warning(t) => {
-                    let _ = writeln!(
-                        o,
-                        "<p class=\"warn\"><strong>Warning.</strong> {}</p>",
-                        inline(t)
-                    );
-                }
-                Block::List(items) => {
-                    o.push_str("<ul>\n");
-                    for i in items {
-                        let _ = writeln!(o, "<li>{}</li>", inline(i));
-                    }
-                    o.push_str("</ul>\n");
-                }
-                Block::Table(head, rows) => {
-                    o.push_str("<table>\n<thead><tr>");
-                    for h in head {
-                        let _ = write!(o, "<th>{}</th>", inline(h));
-                    }
-                    o.push_str("</tr></thead>\n<tbody>\n");
-                    for r in rows {
-                        o.push_str("<tr>");
-                        for c in r {
-                            let _ = write!(o, "<td>{}</td>", inline(c));
-                        }
-                        o.push_str("</tr>\n");
-                    }
-                    o.push_str("</tbody>\n</table>\n");
-                }
-                Block::Image { title, png, svg: _ } => {
-                    let path = dir.join(png);
-                    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-                    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-                    let _ = writeln!(
-                        o,
-                        "<figure><img alt=\"{t}\" src=\"data:image/png;base64,{b64}\">\
-                         <figcaption>{t}</figcaption></figure>",
-                        t = escape(title)
-                    );
-                }
-                Block::Code(t) => {
-                    let _ = writeln!(o, "<pre>{}</pre>", escape(t.trim_end()));
-                }
-            }
+            html_block(&mut o, b, dir)?;
         }
         o.push_str("</body>\n</html>\n");
         Ok(o)
     }
+}
+
+/// Appends one block as Markdown.
+fn markdown_block(o: &mut String, b: &Block) {
+    match b {
+        Block::Heading(l, t) => {
+            // The title is the only level-1 heading.
+            let _ = writeln!(o, "{} {t}\n", "#".repeat(usize::from((*l).clamp(1, 5)) + 1));
+        }
+        Block::Para(t) => {
+            let _ = writeln!(o, "{t}\n");
+        }
+        Block::Warning(t) => {
+            let _ = writeln!(o, "> **Warning.** {t}\n");
+        }
+        Block::List(items) => {
+            for i in items {
+                let _ = writeln!(o, "- {}", i.replace('\n', " "));
+            }
+            o.push('\n');
+        }
+        Block::Table(head, rows) => {
+            let cells = |r: &[String]| r.iter().map(|c| md_cell(c)).collect::<Vec<_>>().join(" | ");
+            let _ = writeln!(o, "| {} |", cells(head));
+            let _ = writeln!(o, "|{}", "---|".repeat(head.len()));
+            for r in rows {
+                let _ = writeln!(o, "| {} |", cells(r));
+            }
+            o.push('\n');
+        }
+        Block::Image { title, png, svg } => {
+            let _ = writeln!(o, "![{title}]({png})\n\n*{title}* ([SVG]({svg}))\n");
+        }
+        Block::Code(t) => {
+            let _ = writeln!(o, "```\n{}\n```\n", t.trim_end());
+        }
+        Block::Details(summary, blocks) => {
+            let _ = writeln!(o, "<details><summary>{}</summary>\n", escape(summary));
+            for b in blocks {
+                markdown_block(o, b);
+            }
+            o.push_str("</details>\n\n");
+        }
+    }
+}
+
+/// Appends one block as HTML (images read from `dir` and embedded).
+fn html_block(o: &mut String, b: &Block, dir: &Path) -> Result<()> {
+    match b {
+        Block::Heading(l, t) => {
+            let l = (*l).clamp(1, 6) + 1;
+            let _ = writeln!(o, "<h{l}>{}</h{l}>", inline(t));
+        }
+        Block::Para(t) => {
+            let _ = writeln!(o, "<p>{}</p>", inline(t));
+        }
+        Block::Warning(t) => {
+            let _ = writeln!(
+                o,
+                "<p class=\"warn\"><strong>Warning.</strong> {}</p>",
+                inline(t)
+            );
+        }
+        Block::List(items) => {
+            o.push_str("<ul>\n");
+            for i in items {
+                let _ = writeln!(o, "<li>{}</li>", inline(i));
+            }
+            o.push_str("</ul>\n");
+        }
+        Block::Table(head, rows) => {
+            o.push_str("<table>\n<thead><tr>");
+            for h in head {
+                let _ = write!(o, "<th>{}</th>", inline(h));
+            }
+            o.push_str("</tr></thead>\n<tbody>\n");
+            for r in rows {
+                o.push_str("<tr>");
+                for c in r {
+                    let _ = write!(o, "<td>{}</td>", inline(c));
+                }
+                o.push_str("</tr>\n");
+            }
+            o.push_str("</tbody>\n</table>\n");
+        }
+        Block::Image { title, png, svg: _ } => {
+            let path = dir.join(png);
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+            let _ = writeln!(
+                o,
+                "<figure><img alt=\"{t}\" src=\"data:image/png;base64,{b64}\">\
+                 <figcaption>{t}</figcaption></figure>",
+                t = escape(title)
+            );
+        }
+        Block::Code(t) => {
+            let _ = writeln!(o, "<pre>{}</pre>", escape(t.trim_end()));
+        }
+        Block::Details(summary, blocks) => {
+            let _ = writeln!(o, "<details><summary>{}</summary>", inline(summary));
+            for b in blocks {
+                html_block(o, b, dir)?;
+            }
+            o.push_str("</details>\n");
+        }
+    }
+    Ok(())
 }
 
 const CSS: &str = "body{font-family:system-ui,sans-serif;max-width:1250px;margin:2em auto;\

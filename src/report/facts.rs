@@ -169,11 +169,25 @@ pub struct HeadroomHit {
     pub ratio: f64,
     /// Values that would overflow if the output were rounded to fp16.
     pub f16_overflow: u64,
+    /// Inf values in the output (an attention mask's -inf left out).
+    pub inf: u64,
+}
+
+impl HeadroomHit {
+    /// True when the op ran in a 16-bit float type (the values the run itself risks);
+    /// an fp32 op would overflow fp16 only if it were cast.
+    pub fn low_precision(&self) -> bool {
+        matches!(
+            self.dtype,
+            crate::dtype::DType::F16 | crate::dtype::DType::BF16
+        )
+    }
 }
 
 /// Forward ops of all steps with op records whose [`headroom_ratio`] exceeds `threshold`
 /// (a fraction of fp16's max) or whose output would overflow fp16; one entry per
-/// `(op index, op, module)`, the worst step kept, sorted worst first.
+/// `(op index, op, module)`, the worst step kept; ops that ran in a 16-bit type first, then
+/// fp32 ops, each sorted worst first.
 pub fn headroom_hits(steps: &[StepRecord], threshold: f64) -> Vec<HeadroomHit> {
     let mut best: BTreeMap<(u64, String, String), HeadroomHit> = BTreeMap::new();
     for s in steps {
@@ -188,6 +202,7 @@ pub fn headroom_hits(steps: &[StepRecord], threshold: f64) -> Vec<HeadroomHit> {
                 max_abs: op.stats.max_abs,
                 ratio,
                 f16_overflow: op.stats.to_f16.overflow.max(op.rounding.overflow),
+                inf: op.stats.pos_inf + op.stats.neg_inf.saturating_sub(op.masked_neg_inf),
             };
             let key = (op.index, op.op.clone(), op.module.clone());
             match best.get(&key) {
@@ -200,8 +215,9 @@ pub fn headroom_hits(steps: &[StepRecord], threshold: f64) -> Vec<HeadroomHit> {
     }
     let mut v: Vec<HeadroomHit> = best.into_values().collect();
     v.sort_by(|a, b| {
-        b.ratio
-            .total_cmp(&a.ratio)
+        b.low_precision()
+            .cmp(&a.low_precision())
+            .then(b.ratio.total_cmp(&a.ratio))
             .then(a.op.op_index.cmp(&b.op.op_index))
     });
     v
@@ -342,6 +358,9 @@ pub struct Facts {
     pub events: Vec<(u64, String)>,
     /// Forward ops over half of fp16's max (or overflowing it).
     pub headroom: Vec<HeadroomHit>,
+    /// Forward fp32 ops (kept in fp32 by the precision mode) that would come close to or
+    /// overflow fp16 only if they were cast: apart, as they are not what failed.
+    pub headroom_fp32: Vec<HeadroomHit>,
     /// Parameters whose gradient loses values to fp16 underflow after scaling:
     /// `(name, worst share, step of it)`.
     pub underflow: Vec<(String, f64, u64)>,
@@ -399,13 +418,18 @@ impl Facts {
         let mut underflow: Vec<(String, f64, u64)> =
             worst.into_iter().map(|(n, (f, s))| (n, f, s)).collect();
         underflow.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let (low_hits, fp32_hits): (Vec<HeadroomHit>, Vec<HeadroomHit>) =
+            headroom_hits(steps, HEADROOM_WARN)
+                .into_iter()
+                .partition(HeadroomHit::low_precision);
         Facts {
             verdict: verdict(trace),
             origins,
             chain,
             skipped,
             events,
-            headroom: headroom_hits(steps, HEADROOM_WARN),
+            headroom: low_hits,
+            headroom_fp32: fp32_hits,
             underflow,
             params: param_table(steps),
             steps_with_ops: steps
@@ -485,7 +509,9 @@ impl Facts {
                 f * 100.0
             ));
         }
-        if let Some(h) = self.headroom.first() {
+        // An op that overflowed is the origin's business (above); this is the warning for
+        // the ops one step away from it.
+        if let Some(h) = self.headroom.iter().find(|h| h.ratio.is_finite()) {
             if fp16 || h.ratio > 1.0 {
                 out.push(format!(
                     "`{}` in `{}` reaches {} of fp16's max: one step away from overflow. \

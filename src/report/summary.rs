@@ -5,7 +5,7 @@ use super::charts::{
     loss_chart, render, scale_chart, scale_text, ExpHistChart, GradHeatmap, OpMaxChart, Rendered,
 };
 use super::doc::{Block, Doc};
-use super::facts::{self, fmt_num, fmt_pct, Facts, HEADROOM_WARN};
+use super::facts::{self, fmt_num, fmt_pct, Facts, HeadroomHit, HEADROOM_WARN};
 use super::TraceFile;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -33,6 +33,16 @@ pub struct ReportOutput {
     pub op_step: Option<u64>,
     /// The facts the summary states.
     pub facts: Facts,
+}
+
+/// The largest magnitude of a headroom hit: `inf` with its Inf count when the output
+/// overflowed, else its largest finite |x|.
+fn headroom_max(x: &HeadroomHit) -> String {
+    if x.inf > 0 {
+        format!("inf ({})", facts::plural(x.inf, "Inf value"))
+    } else {
+        fmt_num(x.max_abs)
+    }
 }
 
 /// Most rows a long table shows before saying how many it left out.
@@ -366,20 +376,9 @@ fn build_doc(
 
     d.push(Block::Heading(1, "Headroom".into()));
     let checked = facts.steps_with_ops.len();
-    if facts.headroom.is_empty() {
-        d.push(Block::Para(format!(
-            "No forward op went above {} of fp16's max (65504) in the {checked} step(s) with \
-             op records.",
-            fmt_pct(HEADROOM_WARN)
-        )));
-    } else {
-        d.push(Block::Para(format!(
-            "Forward ops above {} of fp16's max (65504), or whose values would overflow fp16, \
-             in the {checked} step(s) with op records (worst step of each op):",
-            fmt_pct(HEADROOM_WARN)
-        )));
-        let (shown, more) = capped(&facts.headroom, MAX_ROWS);
-        d.push(Block::Table(
+    let table = |hits: &[HeadroomHit]| {
+        let (shown, more) = capped(hits, MAX_ROWS);
+        let t = Block::Table(
             [
                 "step",
                 "op #",
@@ -401,15 +400,51 @@ fn build_doc(
                         format!("`{}`", x.op.op),
                         format!("`{}`", facts::module_name(&x.op.module)),
                         x.dtype.to_string(),
-                        fmt_num(x.max_abs),
+                        headroom_max(x),
                         fmt_pct(x.ratio),
                         x.f16_overflow.to_string(),
                     ]
                 })
                 .collect(),
-        ));
-        if let Some(m) = more {
-            d.push(Block::Para(m));
+        );
+        let mut blocks = vec![t];
+        blocks.extend(more.map(Block::Para));
+        blocks
+    };
+    let low = &facts.headroom;
+    let wide = &facts.headroom_fp32;
+    if low.is_empty() && wide.is_empty() {
+        d.push(Block::Para(format!(
+            "No forward op went above {} of fp16's max (65504) in the {checked} step(s) with \
+             op records.",
+            fmt_pct(HEADROOM_WARN)
+        )));
+    } else if low.is_empty() {
+        // An fp32 run: what would overflow if the ops ran in fp16 is the whole answer.
+        d.push(Block::Para(format!(
+            "No op ran in a 16-bit type; these fp32 forward ops would go above {} of fp16's \
+             max (65504), or overflow it, if they ran in fp16 ({checked} step(s) with op \
+             records, worst step of each op):",
+            fmt_pct(HEADROOM_WARN)
+        )));
+        d.blocks_extend(table(wide));
+    } else {
+        d.push(Block::Para(format!(
+            "Forward ops that ran in a 16-bit type and went above {} of fp16's max (65504), \
+             or overflowed it, in the {checked} step(s) with op records (worst step of each \
+             op):",
+            fmt_pct(HEADROOM_WARN)
+        )));
+        d.blocks_extend(table(low));
+        if !wide.is_empty() {
+            d.push(Block::Details(
+                format!(
+                    "{} fp32 op(s) that the precision mode keeps in fp32 would overflow or \
+                     come close to the fp16 max only if they were cast",
+                    wide.len()
+                ),
+                table(wide),
+            ));
         }
     }
     if !facts.underflow.is_empty() {

@@ -302,7 +302,15 @@ impl OpsView<'_> {
                 c.module
             ),
             pad(format::dtype(op.output.dtype), 4),
-            rpad(&num(op.stats.max_abs), 9),
+            // An output holding Inf has max |x| = inf (its Inf count is the next column).
+            rpad(
+                &if inf > 0 {
+                    "inf".to_string()
+                } else {
+                    num(op.stats.max_abs)
+                },
+                9
+            ),
             rpad(&count(inf), 5),
             rpad(&count(op.stats.nan), 5),
             rpad(&count(op.rounding.underflow), 5),
