@@ -203,6 +203,12 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     }
     let mut header = header(cfg, &train, trainer.model().describe(), opts)?;
     header.device = resolved.device.clone();
+    let dir = if cfg.base_dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        cfg.base_dir.as_path()
+    };
+    header.config_dir = dir.canonicalize().ok();
     let mut writer = match &cfg.probe.trace {
         Some(p) => Some(TraceWriter::create(p, &header)?),
         None => None,

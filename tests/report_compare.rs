@@ -373,3 +373,109 @@ fn compare_refuses_bad_inputs() {
         "one trace is refused by the parser"
     );
 }
+
+/// `amprobe` with the working directory `dir`: exit code and stdout.
+fn amprobe_in(dir: &Path, args: &[&str]) -> (i32, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("amprobe runs");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.code().is_some(), "killed: {err}");
+    (
+        o.status.code().unwrap(),
+        String::from_utf8_lossy(&o.stdout).into_owned() + &err,
+    )
+}
+
+/// The README's fp16-against-bf16 commands: with no fp32 trace, the fp32 reference is made
+/// by re-running the recorded configuration, and each run's first divergence is named.
+#[test]
+fn fp16_against_bf16_makes_its_fp32_reference() {
+    let d = tempfile::tempdir().unwrap();
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/t5_overflow.toml");
+    let sample = sample.to_str().unwrap();
+    for p in ["fp16", "bf16"] {
+        let trace = format!("{p}.jsonl");
+        let (code, out) = amprobe_in(
+            d.path(),
+            &[
+                "run",
+                sample,
+                "--precision",
+                p,
+                "--steps",
+                "3",
+                "--trace",
+                &trace,
+            ],
+        );
+        assert_eq!(code, 0, "{out}");
+    }
+    let (code, out) = amprobe_in(
+        d.path(),
+        &["compare", "fp16.jsonl", "bf16.jsonl", "--out", "cmp"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("re-ran the configuration recorded in fp16.jsonl"),
+        "{out}"
+    );
+    let line = |out: &str, label: &str| {
+        out.lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no line for {label}: {out}"))
+            .to_string()
+    };
+    let fp16 = line(
+        &out,
+        "fp16 (fp16) vs fp32 (reference-fp32): first divergence at step 0",
+    );
+    assert!(
+        fp16.contains("`linear` in `encoder.block.3.layer.1.DenseReluDense.wo`: range failure"),
+        "{fp16}"
+    );
+    line(
+        &out,
+        "bf16 (bf16) vs fp32 (reference-fp32): first divergence at",
+    );
+    assert!(d.path().join("cmp/reference-fp32.jsonl").is_file());
+    assert!(d.path().join("cmp/summary.md").is_file());
+
+    // Files out of reach: the first trace is the reference, and the output says so.
+    let fp16 = d.path().join("fp16.jsonl");
+    let text = std::fs::read_to_string(&fp16).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let mut header: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    header["config_dir"] = serde_json::json!("/nonexistent-amprobe-dir");
+    lines[0] = header.to_string();
+    std::fs::write(&fp16, lines.join("\n") + "\n").unwrap();
+    let (code, out) = amprobe_in(
+        d.path(),
+        &["compare", "fp16.jsonl", "bf16.jsonl", "--out", "cmp2"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("cannot be re-run")
+            && out.contains("against fp16.jsonl (fp16) as the reference"),
+        "{out}"
+    );
+    line(&out, "bf16 (bf16) vs fp16 (fp16): ");
+    // --reference still decides.
+    let (code, out) = amprobe_in(
+        d.path(),
+        &[
+            "compare",
+            "fp16.jsonl",
+            "bf16.jsonl",
+            "--out",
+            "cmp3",
+            "--reference",
+            "2",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("no fp32 trace given"), "{out}");
+    assert!(out.contains("fp16 (fp16) vs bf16 (bf16)"), "{out}");
+}

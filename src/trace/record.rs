@@ -57,6 +57,10 @@ pub struct Header {
     pub command_line: Vec<String>,
     /// The full resolved configuration.
     pub config: serde_json::Value,
+    /// The folder the configuration's relative paths (weights, inputs) resolve against, so
+    /// that the run can be reproduced from its trace (absent when unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_dir: Option<std::path::PathBuf>,
 }
 
 impl Header {
@@ -79,6 +83,7 @@ impl Header {
             seed: 0,
             command_line: Vec::new(),
             config: serde_json::Value::Null,
+            config_dir: None,
         }
     }
 }
