@@ -22,6 +22,7 @@ mod diff;
 mod exphist;
 mod heatmap;
 mod opmax;
+pub mod raster;
 mod step;
 
 pub use crate::numfmt::scale_long as scale_text;
@@ -109,7 +110,8 @@ pub fn render(chart: &impl Chart, dir: &Path, stem: &str) -> Result<Rendered> {
     let png = dir.join(format!("{stem}.png"));
     let svg = dir.join(format!("{stem}.svg"));
     {
-        let root = BitMapBackend::new(&png, chart.size()).into_drawing_area();
+        let root =
+            raster::TextBackend::new(BitMapBackend::new(&png, chart.size()))?.into_drawing_area();
         root.fill(&WHITE).map_err(|e| err("png", e.to_string()))?;
         chart.draw(&root).map_err(|e| err("png", e.to_string()))?;
         root.present()
