@@ -49,6 +49,9 @@ pub struct DataSection {
     pub seq: Option<usize>,
 }
 
+/// Most values a seeded init or a synthetic batch may hold (2^31).
+pub const MAX_SEEDED_ELEMENTS: u64 = 1 << 31;
+
 /// `[train]`: the step.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -152,7 +155,13 @@ impl RunConfig {
     /// Reads a TOML config file.
     pub fn load(path: &Path) -> Result<RunConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut cfg: RunConfig = toml::from_str(&text)
+        RunConfig::parse(&text, path)
+    }
+
+    /// [`RunConfig::load`] of a file's text; `path` names it in errors and is the file
+    /// relative paths resolve against.
+    pub fn parse(text: &str, path: &Path) -> Result<RunConfig> {
+        let mut cfg: RunConfig = toml::from_str(text)
             .map_err(|e| Error::config(path.display().to_string(), e.to_string()))?;
         cfg.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(cfg)
@@ -177,6 +186,7 @@ impl RunConfig {
         let t = &self.train;
         let precision = Precision::parse(t.precision.as_deref().unwrap_or("fp32"))?;
         self.backend_choice()?;
+        self.check_sizes()?;
         let policy = match t.policy.as_deref().unwrap_or("cuda") {
             "cuda" => DeviceType::Cuda,
             "cpu" => DeviceType::Cpu,
@@ -260,6 +270,40 @@ impl RunConfig {
             // What runs the step is resolved by the runner from `backend_choice`.
             backend: crate::backend::BackendKind::Cpu,
         })
+    }
+
+    /// Refuses sizes that would make amprobe set aside more memory than any real run of
+    /// these models needs: seeded MLP parameters, synthetic batches.
+    fn check_sizes(&self) -> Result<()> {
+        let m = &self.model;
+        let (i, h, c) = (
+            m.inputs.unwrap_or(100) as u64,
+            m.hidden.unwrap_or(50) as u64,
+            m.classes.unwrap_or(10) as u64,
+        );
+        let mlp = i
+            .checked_mul(h)
+            .and_then(|a| h.checked_mul(c).and_then(|b| a.checked_add(b)));
+        if mlp.is_none_or(|n| n > MAX_SEEDED_ELEMENTS) {
+            return Err(Error::config(
+                "model.inputs / hidden / classes",
+                format!("the MLP would have more than {MAX_SEEDED_ELEMENTS} weights"),
+            ));
+        }
+        let (b, s) = (
+            self.data.batch.unwrap_or(16) as u64,
+            self.data.seq.unwrap_or(128) as u64,
+        );
+        let batch = b
+            .checked_mul(s.max(i))
+            .filter(|&n| n <= MAX_SEEDED_ELEMENTS);
+        if batch.is_none() {
+            return Err(Error::config(
+                "data.batch / data.seq",
+                format!("a synthetic batch would hold more than {MAX_SEEDED_ELEMENTS} values"),
+            ));
+        }
+        Ok(())
     }
 
     /// The backend asked for in `train.backend` (`auto` when unset).

@@ -17,8 +17,79 @@ use crate::error::{Error, Result};
 /// Longest run [`simulate`] accepts, so a typo cannot exhaust memory.
 pub const MAX_SIM_STEPS: u64 = 10_000_000;
 
-/// Most step numbers an overflow list may name, so a range typo cannot exhaust memory.
-pub const MAX_OVERFLOW_STEPS: u64 = 1 << 24;
+/// Step numbers as sorted, disjoint inclusive ranges: a list such as `0-9999999` costs one
+/// range, not ten million entries, so a list's memory and time follow its length.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepSet {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl StepSet {
+    /// Adds the steps `a..=b`, merging with touching ranges.
+    pub fn insert_range(&mut self, a: u64, b: u64) {
+        let i = self
+            .ranges
+            .partition_point(|&(_, e)| e.saturating_add(1) < a);
+        let mut j = i;
+        let (mut lo, mut hi) = (a, b);
+        while j < self.ranges.len() && self.ranges[j].0 <= hi.saturating_add(1) {
+            lo = lo.min(self.ranges[j].0);
+            hi = hi.max(self.ranges[j].1);
+            j += 1;
+        }
+        self.ranges.splice(i..j, [(lo, hi)]);
+    }
+
+    /// True when `step` is in the set.
+    pub fn contains(&self, step: &u64) -> bool {
+        let i = self.ranges.partition_point(|&(_, e)| e < *step);
+        self.ranges.get(i).is_some_and(|&(a, _)| a <= *step)
+    }
+
+    /// Number of steps.
+    pub fn len(&self) -> u64 {
+        self.ranges.iter().map(|&(a, b)| b - a + 1).sum()
+    }
+
+    /// True when no step is in the set.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The largest step, if any.
+    pub fn last(&self) -> Option<u64> {
+        self.ranges.last().map(|&(_, b)| b)
+    }
+
+    /// The steps in increasing order.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ranges.iter().flat_map(|&(a, b)| a..=b)
+    }
+}
+
+impl PartialEq<BTreeSet<u64>> for StepSet {
+    fn eq(&self, other: &BTreeSet<u64>) -> bool {
+        self.len() == other.len() as u64 && self.iter().eq(other.iter().copied())
+    }
+}
+
+/// Whatever answers "does this step overflow?" for [`simulate`].
+pub trait OverflowSteps {
+    /// True when `step` overflows.
+    fn overflows(&self, step: u64) -> bool;
+}
+
+impl OverflowSteps for StepSet {
+    fn overflows(&self, step: u64) -> bool {
+        self.contains(&step)
+    }
+}
+
+impl OverflowSteps for BTreeSet<u64> {
+    fn overflows(&self, step: u64) -> bool {
+        self.contains(&step)
+    }
+}
 
 /// One simulated training step.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -49,7 +120,7 @@ pub struct SimStep {
 /// the step.
 pub fn simulate(
     cfg: &ScalerConfig,
-    overflow_steps: &BTreeSet<u64>,
+    overflow_steps: &impl OverflowSteps,
     steps: u64,
 ) -> Result<Vec<SimStep>> {
     if steps > MAX_SIM_STEPS {
@@ -64,7 +135,7 @@ pub fn simulate(
         other => other,
     };
     for step in 0..steps {
-        let overflow = overflow_steps.contains(&step);
+        let overflow = overflow_steps.overflows(step);
         let scale_before = scaler.scale();
         let mut grad = [if overflow { f32::INFINITY } else { 1.0 }];
         let decision = scaler
@@ -106,26 +177,21 @@ fn parse_entry(tok: &str) -> std::result::Result<(u64, u64), String> {
     }
 }
 
-fn add_range(
-    set: &mut BTreeSet<u64>,
-    (a, b): (u64, u64),
-    tok: &str,
-) -> std::result::Result<(), String> {
-    let room = MAX_OVERFLOW_STEPS.saturating_sub(set.len() as u64);
-    if b - a >= room {
+fn add_range(set: &mut StepSet, (a, b): (u64, u64), tok: &str) -> std::result::Result<(), String> {
+    if b >= MAX_SIM_STEPS {
         return Err(format!(
-            "entry `{tok}` takes the list past {MAX_OVERFLOW_STEPS} step numbers"
+            "entry `{tok}` names step {b}, but the simulator runs at most {MAX_SIM_STEPS} steps"
         ));
     }
-    set.extend(a..=b);
+    set.insert_range(a, b);
     Ok(())
 }
 
 /// Parses a list of overflow steps such as `3,5,10-12` (ranges inclusive; commas and/or
 /// whitespace separate entries; an empty or blank list is empty). Errors name the bad entry.
-pub fn parse_overflow_steps(spec: &str) -> Result<BTreeSet<u64>> {
+pub fn parse_overflow_steps(spec: &str) -> Result<StepSet> {
     let ctx = || "overflow steps".to_string();
-    let mut set = BTreeSet::new();
+    let mut set = StepSet::default();
     if spec.trim().is_empty() {
         return Ok(set);
     }
@@ -149,13 +215,18 @@ pub fn parse_overflow_steps(spec: &str) -> Result<BTreeSet<u64>> {
 /// or text with step numbers and inclusive ranges separated by commas and/or whitespace,
 /// `#` starting a comment to the end of the line. Errors name the file, the line and the
 /// bad token.
-pub fn load_overflow_steps(path: impl AsRef<Path>) -> Result<BTreeSet<u64>> {
+pub fn load_overflow_steps(path: impl AsRef<Path>) -> Result<StepSet> {
     let path = path.as_ref();
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    parse_overflow_steps_file(&text, path)
+}
+
+/// [`load_overflow_steps`] of a file's text; `path` names it in errors.
+pub fn parse_overflow_steps_file(text: &str, path: &Path) -> Result<StepSet> {
     let shown = path.display();
-    let mut set = BTreeSet::new();
+    let mut set = StepSet::default();
     if text.trim_start().starts_with('[') {
-        let values: Vec<serde_json::Value> = serde_json::from_str(&text).map_err(|e| {
+        let values: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|e| {
             Error::config(
                 format!("overflow steps file {shown}"),
                 format!("not a JSON array of step numbers: {e}"),
@@ -345,6 +416,10 @@ mod tests {
             steps(&[0, 2, 4, 7])
         );
         assert!(parse_overflow_steps("  ").unwrap().is_empty());
+        // A long range is one range: cheap whatever its length.
+        let long = parse_overflow_steps("5-9999999,3,0-2,4").unwrap();
+        assert_eq!((long.len(), long.ranges.len()), (10_000_000, 1));
+        assert!(long.contains(&9_999_999) && !long.contains(&10_000_000));
         for (bad, needle) in [
             ("3,x,5", "`x`"),
             ("3,,5", "entry 2"),
@@ -353,6 +428,7 @@ mod tests {
             ("1.5", "`1.5`"),
             ("4-", "`4-`"),
             ("0-99999999999", "`0-99999999999`"),
+            ("10000000", "`10000000`"),
         ] {
             let e = parse_overflow_steps(bad).unwrap_err().to_string();
             assert!(e.contains(needle), "{bad}: {e}");

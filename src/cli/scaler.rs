@@ -70,7 +70,7 @@ pub fn run(cmd: ScalerCommand) -> anyhow::Result<i32> {
     };
     let steps = a
         .steps
-        .unwrap_or_else(|| overflow.iter().next_back().map_or(1, |s| s + 1));
+        .unwrap_or_else(|| overflow.last().map_or(1, |s| s + 1));
     let seq = simulate(&cfg, &overflow, steps)?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&seq)?)?;

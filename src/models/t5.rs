@@ -71,11 +71,23 @@ fn usize_field(v: &serde_json::Value, path: &Path, name: &str) -> Result<usize> 
         })
 }
 
+/// Most encoder layers a `config.json` may describe.
+pub const MAX_T5_LAYERS: usize = 1024;
+/// Most parameters a seeded init makes up (2^31: 8 GiB of fp32).
+pub const MAX_INIT_PARAMS: u64 = 1 << 31;
+/// Most parameters a `config.json` may describe (2^36, five times T5-XXL's).
+pub const MAX_T5_PARAMS: u64 = 1 << 36;
+
 impl T5Config {
     /// Reads `config.json`; refuses other model types with a message naming the file.
     pub fn load(path: &Path) -> Result<T5Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        T5Config::parse(&text, path)
+    }
+
+    /// [`T5Config::load`] of a file's text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<T5Config> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
             Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
         })?;
         let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
@@ -101,7 +113,7 @@ impl T5Config {
         };
         let num =
             |name: &str, default: f64| v.get(name).and_then(|x| x.as_f64()).unwrap_or(default);
-        Ok(T5Config {
+        let cfg = T5Config {
             d_model: usize_field(&v, path, "d_model")?,
             d_ff: usize_field(&v, path, "d_ff")?,
             d_kv: usize_field(&v, path, "d_kv")?,
@@ -119,7 +131,57 @@ impl T5Config {
             eps: num("layer_norm_epsilon", 1e-6),
             feed_forward,
             dropout: num("dropout_rate", 0.1),
-        })
+        };
+        cfg.check_size(path)?;
+        Ok(cfg)
+    }
+
+    /// The number of parameters, or `None` when it does not fit a `u64`.
+    pub fn param_count(&self) -> Option<u64> {
+        let (d, f, inner) = (
+            self.d_model as u64,
+            self.d_ff as u64,
+            (self.num_heads as u64).checked_mul(self.d_kv as u64)?,
+        );
+        let ff = match self.feed_forward {
+            FeedForward::Relu => 2,
+            FeedForward::GatedGelu => 3,
+        };
+        let per_layer = (4 * inner)
+            .checked_mul(d)?
+            .checked_add((ff * f).checked_mul(d)?)?
+            .checked_add(2 * d)?;
+        (self.vocab_size as u64)
+            .checked_mul(d)?
+            .checked_add(per_layer.checked_mul(self.num_layers as u64)?)?
+            .checked_add((self.num_buckets as u64).checked_mul(self.num_heads as u64)?)?
+            .checked_add(d)
+    }
+
+    /// Refuses a configuration that describes more than [`MAX_T5_LAYERS`] layers or more
+    /// than [`MAX_T5_PARAMS`] parameters: a `config.json` alone cannot make amprobe set
+    /// aside memory beyond any real checkpoint's.
+    fn check_size(&self, path: &Path) -> Result<()> {
+        if self.num_layers > MAX_T5_LAYERS {
+            return Err(Error::config(
+                format!("{}: num_layers", path.display()),
+                format!(
+                    "{} layers; at most {MAX_T5_LAYERS} are supported",
+                    self.num_layers
+                ),
+            ));
+        }
+        match self.param_count() {
+            Some(n) if n <= MAX_T5_PARAMS => Ok(()),
+            n => Err(Error::config(
+                path.display().to_string(),
+                format!(
+                    "the model it describes has {} parameters; at most {MAX_T5_PARAMS} are \
+                     supported",
+                    n.map_or("more than 2^64".to_string(), |n| n.to_string())
+                ),
+            )),
+        }
     }
 
     /// Parameter names and shapes, in Hugging Face's naming.
@@ -272,6 +334,19 @@ impl T5Encoder {
 
     /// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
     pub fn init(&self, seed: u64) -> Result<ParamStore> {
+        match self.cfg.param_count() {
+            Some(n) if n <= MAX_INIT_PARAMS => {}
+            n => {
+                return Err(Error::config(
+                    "model",
+                    format!(
+                        "a seeded init of {} parameters is more than the {MAX_INIT_PARAMS} \
+                         amprobe makes up; give the checkpoint's weights",
+                        n.map_or("more than 2^64".to_string(), |n| n.to_string())
+                    ),
+                ))
+            }
+        }
         let mut rng = Rng::derive(seed, &[0x75]);
         let mut params = Vec::new();
         for (name, shape, norm) in self.cfg.shapes() {
@@ -584,7 +659,11 @@ pub fn synthetic_ids(
 
 /// Token ids (and optional labels) from a safetensors file with `input_ids` [batch, seq].
 pub fn load_inputs(path: &Path) -> Result<Batch> {
-    let mut map = load_safetensors(path)?;
+    inputs_from(load_safetensors(path)?, path)
+}
+
+/// [`load_inputs`] from the tensors of a loaded file; `path` names it in errors.
+pub fn inputs_from(mut map: BTreeMap<String, Tensor>, path: &Path) -> Result<Batch> {
     let ids = map.remove("input_ids").ok_or_else(|| {
         Error::tensor(
             format!("{}: input_ids", path.display()),

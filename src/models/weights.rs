@@ -12,7 +12,13 @@ use std::path::Path;
 /// their dtype (values exact), F64 to f64, I64/I32 to int64.
 pub fn load_safetensors(path: &Path) -> Result<BTreeMap<String, Tensor>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+    parse_safetensors(&bytes, path)
+}
+
+/// [`load_safetensors`] of a file's bytes; `path` names it in errors. Every tensor's size
+/// is checked against the bytes the file holds before anything is allocated for it.
+pub fn parse_safetensors(bytes: &[u8], path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| {
         Error::tensor(
             path.display().to_string(),
             format!("not a valid safetensors file: {e}"),

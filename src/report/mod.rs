@@ -40,8 +40,14 @@ impl TraceFile {
     pub fn open(path: impl AsRef<Path>) -> Result<TraceFile> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let trace = read_trace_from(&bytes[..], path)?;
-        let skip_causes = recorded_skip_causes(&bytes);
+        TraceFile::from_bytes(&bytes, path)
+    }
+
+    /// [`TraceFile::open`] of a file's bytes; `path` names it in errors.
+    pub fn from_bytes(bytes: &[u8], path: impl AsRef<Path>) -> Result<TraceFile> {
+        let path = path.as_ref();
+        let trace = read_trace_from(bytes, path)?;
+        let skip_causes = recorded_skip_causes(bytes);
         Ok(TraceFile {
             path: path.to_path_buf(),
             trace,
