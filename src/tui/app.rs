@@ -1,14 +1,14 @@
 //! The application: the panels' states, the shared step cursor, key dispatch and drawing.
 
-use super::compare::{CompareState, CompareView};
+use super::compare::CompareState;
 use super::format::{clip, rpad};
 use super::help::HelpView;
-use super::layers::{LayersState, LayersView};
+use super::layers::LayersState;
 use super::model::{Model, RunState, SourceKind};
-use super::ops::{OpsState, OpsView};
-use super::overview::{OverviewState, OverviewView};
-use super::panel::{Ctx, Reply, StepCursor};
-use super::scale::{ScaleState, ScaleView};
+use super::ops::OpsState;
+use super::overview::OverviewState;
+use super::panel::{Panel, Reply, Scene, StepCursor};
+use super::scale::ScaleState;
 use super::theme::Theme;
 use crate::trace::record::Record;
 use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -280,17 +280,19 @@ impl App {
     }
 
     fn panel_key(&mut self, key: KeyEvent) -> Reply {
-        let (m, c) = (&self.model, &mut self.cursor);
-        match self.tab {
-            Tab::Overview => self.overview.handle_key(key, m, c),
-            Tab::Scale => self.scale.handle_key(key, m, c),
-            Tab::Layers => self.layers.handle_key(key, m, c),
-            Tab::Ops => {
-                self.ops.sync(m, c.idx);
-                self.ops.handle_key(key, m, c)
-            }
-            Tab::Compare => self.compare.handle_key(key, m, self.other.as_ref(), c),
-        }
+        let scene = Scene {
+            model: &self.model,
+            other: self.other.as_ref(),
+            theme: self.theme,
+        };
+        let panel: &mut dyn Panel = match self.tab {
+            Tab::Overview => &mut self.overview,
+            Tab::Scale => &mut self.scale,
+            Tab::Layers => &mut self.layers,
+            Tab::Ops => &mut self.ops,
+            Tab::Compare => &mut self.compare,
+        };
+        panel.handle_key(key, &scene, &mut self.cursor)
     }
 
     fn tab_line(&self, width: usize) -> Line<'static> {
@@ -397,54 +399,25 @@ impl App {
             Constraint::Length(1),
         ])
         .areas(area);
-        self.ops.sync(&self.model, self.cursor.idx);
-        if let Some(o) = &self.other {
-            self.compare.sync(&self.model, o, self.cursor.idx);
-        }
         frame.render_widget(Paragraph::new(self.tab_line(area.width as usize)), top);
-        let ctx = Ctx {
+        let scene = Scene {
             model: &self.model,
-            step: self.cursor.idx,
+            other: self.other.as_ref(),
             theme: self.theme,
         };
-        match self.tab {
-            Tab::Overview => frame.render_widget(
-                OverviewView {
-                    state: &self.overview,
-                    ctx,
-                },
-                body,
-            ),
-            Tab::Scale => frame.render_widget(
-                ScaleView {
-                    state: &self.scale,
-                    ctx,
-                },
-                body,
-            ),
-            Tab::Layers => frame.render_widget(
-                LayersView {
-                    state: &self.layers,
-                    ctx,
-                },
-                body,
-            ),
-            Tab::Ops => frame.render_widget(
-                OpsView {
-                    state: &self.ops,
-                    ctx,
-                },
-                body,
-            ),
-            Tab::Compare => frame.render_widget(
-                CompareView {
-                    state: &self.compare,
-                    ctx,
-                    other: self.other.as_ref(),
-                },
-                body,
-            ),
-        }
+        let step = self.cursor.idx;
+        // The ops and compare panels keep rows for the selected step, which a key on
+        // another panel may have moved.
+        Panel::sync(&mut self.ops, &scene, step);
+        Panel::sync(&mut self.compare, &scene, step);
+        let panel: &dyn Panel = match self.tab {
+            Tab::Overview => &self.overview,
+            Tab::Scale => &self.scale,
+            Tab::Layers => &self.layers,
+            Tab::Ops => &self.ops,
+            Tab::Compare => &self.compare,
+        };
+        panel.render(&scene, step, body, frame.buffer_mut());
         frame.render_widget(
             Paragraph::new(self.status_line(area.width as usize)),
             bottom,

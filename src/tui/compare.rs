@@ -3,7 +3,7 @@
 
 use super::format::{self, clip, clip_left, num, pad, pow2, rpad};
 use super::model::{op_nonfinite, Model};
-use super::panel::{Ctx, Reply, StepCursor};
+use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 pub use crate::diagnose::align::{align, Pair};
 use crate::diagnose::align::{rel_diff, scale_of, DEFAULT_THRESHOLD};
 use crate::trace::record::{OpRecord, StepRecord};
@@ -357,6 +357,26 @@ impl Widget for CompareView<'_> {
             }
         };
         Paragraph::new(Line::styled(clip(&foot_text, w), th.dim())).render(foot, buf);
+    }
+}
+
+impl Panel for CompareState {
+    fn sync(&mut self, scene: &Scene<'_>, step: Option<usize>) {
+        if let Some(o) = scene.other {
+            CompareState::sync(self, scene.model, o, step);
+        }
+    }
+    fn handle_key(&mut self, key: KeyEvent, scene: &Scene<'_>, cursor: &mut StepCursor) -> Reply {
+        CompareState::handle_key(self, key, scene.model, scene.other, cursor)
+    }
+
+    fn render(&self, scene: &Scene<'_>, step: Option<usize>, area: Rect, buf: &mut Buffer) {
+        CompareView {
+            state: self,
+            ctx: scene.ctx(step),
+            other: scene.other,
+        }
+        .render(area, buf)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::format::{self, num, pad, pct, rpad};
 use super::model::{LayerStat, Model};
-use super::panel::{Ctx, Reply, StepCursor};
+use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 use super::scale::step_jump;
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
@@ -295,5 +295,19 @@ impl Widget for LayersView<'_> {
             th.dim(),
         ))
         .render(legend, buf);
+    }
+}
+
+impl Panel for LayersState {
+    fn handle_key(&mut self, key: KeyEvent, scene: &Scene<'_>, cursor: &mut StepCursor) -> Reply {
+        LayersState::handle_key(self, key, scene.model, cursor)
+    }
+
+    fn render(&self, scene: &Scene<'_>, step: Option<usize>, area: Rect, buf: &mut Buffer) {
+        LayersView {
+            state: self,
+            ctx: scene.ctx(step),
+        }
+        .render(area, buf)
     }
 }

@@ -4,7 +4,7 @@
 
 use super::format::{self, clip, num, pad, rpad};
 use super::model::{is_anomaly, op_nonfinite, Model};
-use super::panel::{Ctx, Reply, StepCursor};
+use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 use super::theme::Theme;
 use crate::probe::stats::ExpHist;
 use crate::trace::record::OpRecord;
@@ -725,6 +725,24 @@ impl Widget for OpsView<'_> {
         Paragraph::new(foot_line)
             .style(Style::new())
             .render(foot, buf);
+    }
+}
+
+impl Panel for OpsState {
+    fn sync(&mut self, scene: &Scene<'_>, step: Option<usize>) {
+        OpsState::sync(self, scene.model, step);
+    }
+    fn handle_key(&mut self, key: KeyEvent, scene: &Scene<'_>, cursor: &mut StepCursor) -> Reply {
+        OpsState::sync(self, scene.model, cursor.idx);
+        OpsState::handle_key(self, key, scene.model, cursor)
+    }
+
+    fn render(&self, scene: &Scene<'_>, step: Option<usize>, area: Rect, buf: &mut Buffer) {
+        OpsView {
+            state: self,
+            ctx: scene.ctx(step),
+        }
+        .render(area, buf)
     }
 }
 

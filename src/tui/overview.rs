@@ -3,7 +3,7 @@
 
 use super::format::{self, clip, num, pow2};
 use super::model::{Model, RunState, SourceKind};
-use super::panel::{Ctx, Reply, StepCursor};
+use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -414,5 +414,19 @@ impl Widget for OverviewView<'_> {
             let lines = self.step_lines(inner.height as usize);
             Paragraph::new(lines).block(block).render(steps, buf);
         }
+    }
+}
+
+impl Panel for OverviewState {
+    fn handle_key(&mut self, key: KeyEvent, scene: &Scene<'_>, cursor: &mut StepCursor) -> Reply {
+        OverviewState::handle_key(self, key, scene.model, cursor)
+    }
+
+    fn render(&self, scene: &Scene<'_>, step: Option<usize>, area: Rect, buf: &mut Buffer) {
+        OverviewView {
+            state: self,
+            ctx: scene.ctx(step),
+        }
+        .render(area, buf)
     }
 }

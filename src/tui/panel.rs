@@ -1,8 +1,44 @@
-//! What every panel shares: the selected step, a panel's answer to a key, and what a view
-//! needs besides its own state.
+//! What every panel shares: the [`Panel`] trait the app drives them through, the selected
+//! step, a panel's answer to a key, and what a view needs besides its own state.
 
 use super::model::Model;
 use super::theme::Theme;
+use ratatui::buffer::Buffer;
+use ratatui::crossterm::event::KeyEvent;
+use ratatui::layout::Rect;
+
+/// What a panel sees of the app: the run's records, the compared run's, the styles.
+#[derive(Clone, Copy)]
+pub struct Scene<'a> {
+    /// The run (live or replayed).
+    pub model: &'a Model,
+    /// The run it is compared with, if any.
+    pub other: Option<&'a Model>,
+    /// Styles.
+    pub theme: Theme,
+}
+
+impl<'a> Scene<'a> {
+    /// The view context of the selected step.
+    pub fn ctx(&self, step: Option<usize>) -> Ctx<'a> {
+        Ctx {
+            model: self.model,
+            step,
+            theme: self.theme,
+        }
+    }
+}
+
+/// One panel of the UI: its own state (derived data, selection), its keys, its drawing.
+pub trait Panel {
+    /// Brings derived data up to date with the records and the selected step (before keys
+    /// and drawing); nothing by default.
+    fn sync(&mut self, _scene: &Scene<'_>, _step: Option<usize>) {}
+    /// Answers a key the app did not take; may move the shared step cursor.
+    fn handle_key(&mut self, key: KeyEvent, scene: &Scene<'_>, cursor: &mut StepCursor) -> Reply;
+    /// Draws the panel for the selected step.
+    fn render(&self, scene: &Scene<'_>, step: Option<usize>, area: Rect, buf: &mut Buffer);
+}
 
 /// The selected step, shared by every panel.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

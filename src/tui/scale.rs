@@ -3,7 +3,7 @@
 
 use super::format::{self, clip, num, pow2};
 use super::model::{step_is_anomaly, Model};
-use super::panel::{Ctx, Reply, StepCursor};
+use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -364,6 +364,20 @@ impl Widget for ScaleView<'_> {
                 .collect()
         };
         Paragraph::new(lines).render(why, buf);
+    }
+}
+
+impl Panel for ScaleState {
+    fn handle_key(&mut self, key: KeyEvent, scene: &Scene<'_>, cursor: &mut StepCursor) -> Reply {
+        ScaleState::handle_key(self, key, scene.model, cursor)
+    }
+
+    fn render(&self, scene: &Scene<'_>, step: Option<usize>, area: Rect, buf: &mut Buffer) {
+        ScaleView {
+            state: self,
+            ctx: scene.ctx(step),
+        }
+        .render(area, buf)
     }
 }
 
