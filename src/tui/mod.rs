@@ -4,9 +4,9 @@
 //! Everything shown is built from trace records ([`crate::trace::Record`]), whether they
 //! come from a file or from a run's live channel. [`model::Model`] holds the records and
 //! answers questions about them; each panel is a state (owns its derived data, handles its
-//! keys, draws through its view) driven through the [`panel::Panel`] trait; [`app::App`] ties them together, a
-//! [`feed::Feed`] brings live records, and [`session::run_loop`] drives it against a
-//! terminal.
+//! keys, draws through its view) driven through the [`panel::Panel`] trait; [`app::App`]
+//! ties them together, a [`feed::Feed`] brings live records, and [`session::run_loop`]
+//! drives it against a terminal.
 
 pub mod app;
 pub mod compare;
