@@ -4,8 +4,10 @@
 //!
 //! Inputs are the saved corpus (`tests/fuzz_corpus/TARGET/`) and mutants of it: byte
 //! flips, insertions, deletions, duplicated spans, tokens of the target's grammar, extreme
-//! numbers in place of numbers, and (for safetensors) headers built from random shapes,
-//! dtypes and offsets. A run fails on a panic, on an input that takes more than a second,
+//! numbers in place of numbers; and structure-aware ones that stay well-formed so as to reach
+//! the checks behind the parser: run configs built from the schema's sections and keys,
+//! JSON (config.json, trace lines) with one value changed, safetensors headers built from
+//! random shapes, dtypes and offsets. A run fails on a panic, on an input that takes more than a second,
 //! and on any single allocation larger than [`alloc_limit`] (the allocator below refuses
 //! it, which aborts the process; the input is saved first to `target/fuzz/TARGET.current`,
 //! for `scripts/fuzz.sh` to keep).
@@ -382,6 +384,175 @@ fn random_safetensors(r: &mut Rand) -> Vec<u8> {
     out
 }
 
+/// A run config built from the schema: known sections and keys with values of the right
+/// type or a wrong one, extreme numbers included, so that most inputs parse and reach the
+/// checks behind the parser.
+fn random_run_config(r: &mut Rand) -> Vec<u8> {
+    let keys: [(&str, &[&str]); 5] = [
+        (
+            "model",
+            &[
+                "kind",
+                "hf",
+                "hf_config",
+                "t5_clamp",
+                "inputs",
+                "hidden",
+                "classes",
+                "weights",
+            ],
+        ),
+        ("data", &["batch_file", "batch", "inputs", "seq"]),
+        (
+            "train",
+            &[
+                "precision",
+                "steps",
+                "accumulate",
+                "clip",
+                "clip_norm",
+                "optimizer",
+                "lr",
+                "momentum",
+                "weight_decay",
+                "seed",
+                "policy",
+                "keep_fp32",
+                "backend",
+            ],
+        ),
+        (
+            "scaler",
+            &[
+                "kind",
+                "init_scale",
+                "growth_factor",
+                "backoff_factor",
+                "growth_interval",
+                "max_scale",
+                "min_scale",
+                "hysteresis",
+                "enabled",
+            ],
+        ),
+        (
+            "probe",
+            &["enabled", "sample_every", "trace", "summary_json"],
+        ),
+    ];
+    let values = [
+        "0",
+        "1",
+        "-1",
+        "3",
+        "1e309",
+        "-0.0",
+        "nan",
+        "inf",
+        "0.5",
+        "65504.0",
+        "1e-45",
+        "18446744073709551615",
+        "9223372036854775807",
+        "4294967296",
+        "true",
+        "false",
+        r#""fp16""#,
+        r#""bf16""#,
+        r#""half""#,
+        r#""o2""#,
+        r#""fp8""#,
+        r#""t5""#,
+        r#""mlp""#,
+        r#""cuda""#,
+        r#""cpu""#,
+        r#""gpu""#,
+        r#""auto""#,
+        r#""adamw""#,
+        r#""sgd""#,
+        r#""l2""#,
+        r#""inf""#,
+        r#""hysteresis""#,
+        r#""maxclip""#,
+        r#""fixed""#,
+        r#""none""#,
+        r#""""#,
+        r#"["encoder"]"#,
+        "[]",
+        r#""../x""#,
+        "{}",
+    ];
+    let mut out = String::new();
+    for _ in 0..1 + r.below(5) {
+        let (section, names) = keys[r.below(keys.len())];
+        out.push_str(&format!("[{section}]\n"));
+        for _ in 0..r.below(6) {
+            let k = names[r.below(names.len())];
+            let v = values[r.below(values.len())];
+            out.push_str(&format!("{k} = {v}\n"));
+        }
+    }
+    out.into_bytes()
+}
+
+/// A JSON document (or JSON Lines) with one value changed: a number made extreme, a string
+/// replaced, an array cut or grown, a key removed. The text stays valid JSON, so the input
+/// reaches the checks behind the parser.
+fn json_mutant(input: &[u8], r: &mut Rand) -> Vec<u8> {
+    let text = String::from_utf8_lossy(input);
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    if lines.is_empty() {
+        return input.to_vec();
+    }
+    let i = r.below(lines.len());
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&lines[i]) else {
+        return input.to_vec();
+    };
+    for _ in 0..1 + r.below(3) {
+        mutate_value(&mut v, r, 0);
+    }
+    lines[i] = v.to_string();
+    (lines.join("\n") + "\n").into_bytes()
+}
+
+fn mutate_value(v: &mut serde_json::Value, r: &mut Rand, depth: usize) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) if !m.is_empty() && depth < 8 => {
+            let k = m.keys().nth(r.below(m.len())).cloned().unwrap_or_default();
+            if r.below(8) == 0 {
+                m.remove(&k);
+            } else if let Some(x) = m.get_mut(&k) {
+                mutate_value(x, r, depth + 1);
+            }
+        }
+        Value::Array(a) if !a.is_empty() && depth < 8 => match r.below(6) {
+            0 => a.truncate(r.below(a.len())),
+            1 => {
+                let x = a[r.below(a.len())].clone();
+                a.push(x);
+            }
+            _ => {
+                let j = r.below(a.len());
+                mutate_value(&mut a[j], r, depth + 1);
+            }
+        },
+        _ => {
+            *v = match r.below(9) {
+                0 => serde_json::json!(u64::MAX),
+                1 => serde_json::json!(-1),
+                2 => serde_json::json!(1e300),
+                3 => serde_json::json!("NaN"),
+                4 => serde_json::json!("inf"),
+                5 => serde_json::json!(null),
+                6 => serde_json::json!([]),
+                7 => serde_json::json!({}),
+                _ => serde_json::json!(r.next() % 100_000),
+            }
+        }
+    }
+}
+
 /// Runs one input under the allocation limit; `Err` describes a failure.
 fn check(target: &str, input: &[u8]) -> Result<(), String> {
     LIMIT.store(alloc_limit(input.len()), Ordering::Relaxed);
@@ -439,6 +610,11 @@ fn fuzz(target: &str, mutants: u64, seed: u64, current: Option<&Path>) -> Outcom
     for i in 0..mutants {
         let input = if target == "safetensors" && i % 4 == 0 {
             random_safetensors(&mut r)
+        } else if target == "run_config" && i % 3 == 0 {
+            random_run_config(&mut r)
+        } else if matches!(target, "trace" | "hf_config") && i % 3 == 0 {
+            let base = &seeds[r.below(seeds.len())].1;
+            json_mutant(base, &mut r)
         } else {
             let base = &seeds[r.below(seeds.len())].1;
             mutate(target, base, &mut r)
