@@ -49,8 +49,11 @@ pub struct DataSection {
     pub seq: Option<usize>,
 }
 
-/// Most values a seeded init or a synthetic batch may hold (2^31).
-pub const MAX_SEEDED_ELEMENTS: u64 = 1 << 31;
+/// Most weights a seeded MLP may have (2^28).
+pub const MAX_SEEDED_ELEMENTS: u64 = 1 << 28;
+/// Most values a synthetic batch may hold, and most entries of a T5 position table
+/// (`seq²`): 2^26.
+pub const MAX_BATCH_ELEMENTS: u64 = 1 << 26;
 
 /// `[train]`: the step.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -296,11 +299,16 @@ impl RunConfig {
         );
         let batch = b
             .checked_mul(s.max(i))
-            .filter(|&n| n <= MAX_SEEDED_ELEMENTS);
+            .filter(|&n| n <= MAX_BATCH_ELEMENTS)
+            .and_then(|_| s.checked_mul(s))
+            .filter(|&n| n <= MAX_BATCH_ELEMENTS);
         if batch.is_none() {
             return Err(Error::config(
                 "data.batch / data.seq",
-                format!("a synthetic batch would hold more than {MAX_SEEDED_ELEMENTS} values"),
+                format!(
+                    "a synthetic batch (or a seq × seq position table) would hold more than \
+                     {MAX_BATCH_ELEMENTS} values"
+                ),
             ));
         }
         Ok(())

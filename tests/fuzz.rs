@@ -735,3 +735,21 @@ fn fuzz_long() {
     }
     assert_eq!(total_failures, 0);
 }
+
+/// Trace statistics that count more values than the tensor holds (found by fuzzing: they
+/// made `numel - zeros - nonfinite` wrap) are refused when read, naming the line.
+#[test]
+fn stats_counting_past_numel_are_a_line_error() {
+    let mut seen = 0;
+    for (path, bytes) in corpus("trace") {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.contains("stats-past-numel") {
+            continue;
+        }
+        seen += 1;
+        let e = TraceFile::from_bytes(&bytes, &path).err();
+        let e = e.unwrap_or_else(|| panic!("{name} was read")).to_string();
+        assert!(e.contains("line") && e.contains("numel"), "{name}: {e}");
+    }
+    assert!(seen > 0, "no stats-past-numel inputs in the corpus");
+}

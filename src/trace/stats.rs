@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Histogram of `floor(log2 |x|)` over the finite nonzero values of a tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(try_from = "ExpHistFields")]
 pub struct ExpHist {
     /// Exponent of `counts[0]`.
     pub lo: i32,
@@ -99,6 +100,7 @@ pub struct CastCounts {
 
 /// Statistics of one tensor. See [`TensorStats::compute`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(try_from = "TensorStatsFields")]
 pub struct TensorStats {
     /// Number of elements.
     pub numel: u64,
@@ -182,5 +184,107 @@ impl TensorStats {
     /// L2 norm of the finite values, `sqrt(sum_sq)`.
     pub fn l2(&self) -> f64 {
         self.sum_sq.sqrt()
+    }
+}
+
+/// Smallest and largest `floor(log2 |x|)` of a finite nonzero f64 (or narrower) value.
+const EXP_MIN: i64 = -1074;
+const EXP_MAX: i64 = 1023;
+
+/// [`ExpHist`] as read from a trace, before its range is checked.
+#[derive(Deserialize)]
+struct ExpHistFields {
+    lo: i32,
+    counts: Vec<u64>,
+}
+
+impl TryFrom<ExpHistFields> for ExpHist {
+    type Error = String;
+
+    fn try_from(f: ExpHistFields) -> Result<Self, String> {
+        let hi = i64::from(f.lo) + f.counts.len() as i64 - 1;
+        if !f.counts.is_empty() && (i64::from(f.lo) < EXP_MIN || hi > EXP_MAX) {
+            return Err(format!(
+                "exp_hist: bins 2^{} to 2^{hi}, expected exponents within \
+                 2^{EXP_MIN} to 2^{EXP_MAX}",
+                f.lo
+            ));
+        }
+        Ok(ExpHist {
+            lo: f.lo,
+            counts: f.counts,
+        })
+    }
+}
+
+/// [`TensorStats`] as read from a trace, before its counts are checked against `numel`.
+#[derive(Deserialize)]
+struct TensorStatsFields {
+    numel: u64,
+    nan: u64,
+    pos_inf: u64,
+    neg_inf: u64,
+    zeros: u64,
+    subnormal: u64,
+    #[serde(with = "float_json")]
+    max_abs: f64,
+    #[serde(with = "float_json::option")]
+    min_abs_nonzero: Option<f64>,
+    #[serde(with = "float_json")]
+    sum_sq: f64,
+    exp_hist: ExpHist,
+    to_f16: CastCounts,
+    to_bf16: CastCounts,
+}
+
+impl TryFrom<TensorStatsFields> for TensorStats {
+    type Error = String;
+
+    /// Every count is of a subset of the values, so none may exceed `numel`, nor may the
+    /// disjoint NaN, ±inf and zero counts together.
+    fn try_from(f: TensorStatsFields) -> Result<Self, String> {
+        let n = f.numel;
+        let special = [f.nan, f.pos_inf, f.neg_inf, f.zeros]
+            .iter()
+            .try_fold(0u64, |a, &c| a.checked_add(c));
+        if special.is_none_or(|s| s > n) {
+            return Err(format!(
+                "tensor stats: nan {} + pos_inf {} + neg_inf {} + zeros {} exceed numel {n}",
+                f.nan, f.pos_inf, f.neg_inf, f.zeros
+            ));
+        }
+        let hist = f
+            .exp_hist
+            .counts
+            .iter()
+            .try_fold(0u64, |a, &c| a.checked_add(c));
+        let counts = [
+            ("subnormal", Some(f.subnormal)),
+            ("exp_hist total", hist),
+            ("to_f16.overflow", Some(f.to_f16.overflow)),
+            ("to_f16.underflow", Some(f.to_f16.underflow)),
+            ("to_bf16.overflow", Some(f.to_bf16.overflow)),
+            ("to_bf16.underflow", Some(f.to_bf16.underflow)),
+        ];
+        for (name, c) in counts {
+            if c.is_none_or(|c| c > n) {
+                let shown = c.map_or("more than 2^64".to_string(), |c| c.to_string());
+                return Err(format!("tensor stats: {name} {shown} exceeds numel {n}"));
+            }
+        }
+        Ok(TensorStats {
+            numel: f.numel,
+            nan: f.nan,
+            pos_inf: f.pos_inf,
+            neg_inf: f.neg_inf,
+            zeros: f.zeros,
+            subnormal: f.subnormal,
+            max_abs: f.max_abs,
+            min_abs_nonzero: f.min_abs_nonzero,
+            sum_sq: f.sum_sq,
+            exp_hist: f.exp_hist,
+            to_f16: f.to_f16,
+            to_bf16: f.to_bf16,
+        })
     }
 }
