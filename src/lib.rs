@@ -11,38 +11,43 @@ pub mod error;
 pub mod numfmt;
 pub mod rng;
 
-// Layer 1: tensors and the records a run writes (plain data).
-pub mod tensor;
+// Layer 1: the records a run writes (plain data).
 pub mod trace;
 
-// Layer 2: the autocast policy and the gradient scalers.
+// Layer 2: the device runtime under tensor storage (CUDA context, buffers, kernels).
+pub mod device;
+
+// Layer 3: tensors, on the host or a device.
+pub mod tensor;
+
+// Layer 4: the autocast policy and the gradient scalers.
 pub mod amp;
 
-// Layer 3: the op recorder (autograd tape, autocast casts, probe events).
+// Layer 5: the op recorder (autograd tape, autocast casts, probe events).
 pub mod engine;
 
-// Layer 4: the ops, their kernels and backwards.
+// Layer 6: the ops, their kernels and backwards.
 pub mod ops;
 
-// Layer 5: probes that observe ops; optimizers and clipping.
+// Layer 7: probes that observe ops; optimizers and clipping.
 pub mod optim;
 pub mod probe;
 
-// Layer 6: models and the GPU backend.
+// Layer 8: models and the backend choice.
 pub mod backend;
 pub mod models;
 
-// Layer 7: the training step.
+// Layer 9: the training step.
 pub mod train;
 
-// Layer 8: run configuration and diagnosis of records.
+// Layer 10: run configuration and diagnosis of records.
 pub mod config;
 pub mod diagnose;
 
-// Layer 9: a whole run.
+// Layer 11: a whole run.
 pub mod runner;
 
-// Layer 10: readers of records.
+// Layer 12: readers of records.
 pub mod report;
 pub mod tui;
 
@@ -54,7 +59,9 @@ pub use tensor::Tensor;
 /// the pairs in [`SIDEWAYS`] within a layer). `cli` is the binary on top.
 pub const LAYERS: &[&[&str]] = &[
     &["dtype", "error", "numfmt", "rng"],
-    &["tensor", "trace"],
+    &["trace"],
+    &["device"],
+    &["tensor"],
     &["amp"],
     &["engine"],
     &["ops"],

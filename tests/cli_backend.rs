@@ -93,7 +93,7 @@ fn doctor_reports_and_picks_a_backend() {
 
 #[test]
 fn selftest_without_a_gpu_is_an_error_not_a_panic() {
-    if amprobe::backend::detect().is_available() {
+    if amprobe::device::detect().is_available() {
         return; // The GPU tests cover the self-test itself.
     }
     let o = amprobe(&["doctor", "--selftest"]);

@@ -2,14 +2,12 @@
 //! Needs libnvrtc only (no GPU); skips where it cannot be loaded, unless
 //! `AMPROBE_REQUIRE_GPU=1` asks for every CUDA check to run.
 
-use amprobe::backend::cuda::kernels;
-
 fn nvrtc_or_skip() -> bool {
-    match amprobe::backend::detect::nvrtc_version() {
+    match amprobe::device::detect::nvrtc_version() {
         Ok(_) => true,
         Err(e) => {
             assert!(
-                !amprobe::backend::gpu_required(),
+                !amprobe::device::gpu_required(),
                 "AMPROBE_REQUIRE_GPU=1 but NVRTC is unusable: {e}"
             );
             eprintln!("skipped: {e}");
@@ -23,9 +21,10 @@ fn kernels_compile_for_hopper_and_export_every_entry() {
     if !nvrtc_or_skip() {
         return;
     }
-    let ptx = kernels::compile(Some("sm_90")).expect("kernels compile");
+    let program = amprobe::ops::program::program();
+    let ptx = program.compile(Some("sm_90")).expect("kernels compile");
     let src = ptx.to_src();
-    for name in kernels::KERNELS {
+    for name in &program.kernels {
         assert!(
             src.contains(&format!(".entry {name}(")),
             "PTX lacks the entry point {name}"
@@ -65,7 +64,10 @@ fn a_broken_source_reports_nvrtcs_log() {
         return;
     }
     let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }";
-    let err = cudarc::nvrtc::compile_ptx_with_opts(bad, kernels::compile_options(Some("sm_90")))
-        .expect_err("must not compile");
+    let err = cudarc::nvrtc::compile_ptx_with_opts(
+        bad,
+        amprobe::device::cuda::program::compile_options(Some("sm_90")),
+    )
+    .expect_err("must not compile");
     assert!(format!("{err:?}").contains("undefined_name"));
 }

@@ -52,7 +52,10 @@ fn errors(got: &[StepOutput], fp32: &[StepOutput]) -> (f64, f64) {
     let mut he = 0f64;
     for (g, r) in got.iter().zip(fp32) {
         le = le.max((g.loss - r.loss).abs() / r.loss.abs());
-        let (a, b) = (g.hidden.to_f64_vec(), r.hidden.to_f64_vec());
+        let (a, b) = (
+            g.hidden.to_f64_vec().unwrap(),
+            r.hidden.to_f64_vec().unwrap(),
+        );
         let d = a
             .iter()
             .zip(&b)

@@ -124,7 +124,7 @@ fn skipped_step_leaves_parameters_unchanged() {
         .params()
         .params
         .iter()
-        .map(|p| p.value.to_f64_vec())
+        .map(|p| p.value.to_f64_vec().unwrap())
         .collect();
     t.inject(Injection {
         step: Some(0),
@@ -140,7 +140,7 @@ fn skipped_step_leaves_parameters_unchanged() {
         .params()
         .params
         .iter()
-        .map(|p| p.value.to_f64_vec())
+        .map(|p| p.value.to_f64_vec().unwrap())
         .collect();
     assert_eq!(before, after);
 }
@@ -160,8 +160,8 @@ fn accumulation_matches_a_single_batch() {
     assert!((r1.loss.unwrap() - r2.loss.unwrap()).abs() < 1e-6);
     for (a, b) in one.last_grads().iter().zip(two.last_grads()) {
         let (a, b) = (
-            a.as_ref().unwrap().to_f64_vec(),
-            b.as_ref().unwrap().to_f64_vec(),
+            a.as_ref().unwrap().to_f64_vec().unwrap(),
+            b.as_ref().unwrap().to_f64_vec().unwrap(),
         );
         let m = a.iter().fold(0f64, |x, y| x.max(y.abs()));
         for (x, y) in a.iter().zip(&b) {
@@ -187,7 +187,7 @@ fn clipping_after_unscale() {
             .last_grads()
             .iter()
             .flatten()
-            .map(|g| g.to_f64_vec().iter().map(|x| x * x).sum::<f64>())
+            .map(|g| g.to_f64_vec().unwrap().iter().map(|x| x * x).sum::<f64>())
             .sum::<f64>()
             .sqrt();
         assert!(
@@ -242,7 +242,7 @@ fn disabled_probes_change_nothing_but_the_records() {
     assert_eq!(a.loss, b.loss);
     assert!(a.ops.is_some() && b.ops.is_none());
     for (x, y) in on.params().params.iter().zip(&off.params().params) {
-        assert_eq!(x.value.to_f64_vec(), y.value.to_f64_vec());
+        assert_eq!(x.value.to_f64_vec().unwrap(), y.value.to_f64_vec().unwrap());
     }
 }
 

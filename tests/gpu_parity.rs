@@ -1,8 +1,9 @@
-//! Every device op against the CPU emulator (bounds in `amprobe::backend::cuda::parity`).
+//! Every device op against the CPU emulator (bounds in `amprobe::backend::parity`).
 //! Skips where no GPU is usable; `AMPROBE_REQUIRE_GPU=1` turns the skip into a failure.
 
-use amprobe::backend::cuda::{parity, CudaDevice};
-use amprobe::backend::{detect, gpu_required, Detection};
+use amprobe::backend::parity;
+use amprobe::device::cuda::CudaDevice;
+use amprobe::device::{detect, gpu_required, Detection};
 
 fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
     match detect() {
@@ -14,7 +15,9 @@ fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
             eprintln!("skipped: no usable GPU ({reason})");
             None
         }
-        Detection::Available(_) => Some(CudaDevice::open(0, false).expect("open device 0")),
+        Detection::Available(_) => {
+            Some(amprobe::ops::program::open_device(0, false).expect("open device 0"))
+        }
     }
 }
 
@@ -52,11 +55,11 @@ fn device_ops_match_the_cpu_emulator() {
 fn opening_a_missing_device_is_an_error_not_a_panic() {
     let Some(_dev) = device_or_skip() else {
         // Without a GPU, opening any device must fail cleanly.
-        let err = CudaDevice::open(0, false).expect_err("no GPU here");
+        let err = amprobe::ops::program::open_device(0, false).expect_err("no GPU here");
         assert!(err.to_string().contains("no usable GPU"), "{err}");
         return;
     };
-    let err = CudaDevice::open(999, false).expect_err("no device 999");
+    let err = amprobe::ops::program::open_device(999, false).expect_err("no device 999");
     assert!(err.to_string().contains("999"), "{err}");
 }
 

@@ -282,7 +282,7 @@ fn cast_backward_returns_the_gradient_in_the_input_dtype() {
         let gx = &grads[&x.id()];
         assert_eq!(gx.dtype(), from, "{from} -> {to}");
         assert_eq!(
-            gx.to_f64_vec(),
+            gx.to_f64_vec().unwrap(),
             g.iter().map(|&v| v as f64).collect::<Vec<_>>()
         );
     }

@@ -48,16 +48,20 @@ fn check(precision: &str, mode: &str, grad_tol: f64, param_tol: f64) {
     assert_eq!(rec.found_inf, m["found_inf"].as_bool().unwrap());
     let golden = load_safetensors(Path::new("tests/golden/seed_mlp/step.safetensors")).unwrap();
     for (i, p) in t.params().params.iter().enumerate() {
-        let g = t.last_grads()[i].as_ref().unwrap().to_f64_vec();
-        let gref = golden[&format!("{mode}/grad/{}", p.name)].to_f64_vec();
+        let g = t.last_grads()[i].as_ref().unwrap().to_f64_vec().unwrap();
+        let gref = golden[&format!("{mode}/grad/{}", p.name)]
+            .to_f64_vec()
+            .unwrap();
         let e = max_rel(&g, &gref);
         assert!(
             e <= grad_tol,
             "{mode}: gradient of {} differs by {e:e} (tolerance {grad_tol:e})",
             p.name
         );
-        let after = p.value.to_f64_vec();
-        let pref = golden[&format!("{mode}/param_after/{}", p.name)].to_f64_vec();
+        let after = p.value.to_f64_vec().unwrap();
+        let pref = golden[&format!("{mode}/param_after/{}", p.name)]
+            .to_f64_vec()
+            .unwrap();
         let e = max_rel(&after, &pref);
         assert!(
             e <= param_tol,

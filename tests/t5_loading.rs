@@ -160,6 +160,7 @@ fn sharded_bf16_checkpoint_loads() {
                 let t = &all[*n];
                 let b = t
                     .to_f64_vec()
+                    .unwrap()
                     .iter()
                     .flat_map(|&v| half::bf16::from_f32(v as f32).to_bits().to_le_bytes())
                     .collect();

@@ -1,13 +1,13 @@
-//! Where the step runs: the CPU emulator or an NVIDIA GPU through CUDA.
+//! Which backend a run uses: the CPU emulator or an NVIDIA GPU through CUDA.
 //!
-//! [`detect`] looks for a usable GPU without ever panicking or printing; [`resolve`] turns
-//! the user's `--backend` choice into the backend a run uses.
+//! [`resolve`] turns the user's `--backend` choice into the backend a run uses, from what
+//! [`detect`](crate::device::detect) finds; [`parity`] checks the device kernels against
+//! the CPU emulator.
 
-pub mod cuda;
-pub mod detect;
+pub mod parity;
 
+use crate::device::detect::{self, detect, Detection};
 use crate::error::{Error, Result};
-pub use detect::{detect, Detection, GpuDevice};
 use serde::{Deserialize, Serialize};
 
 /// The backend a user asks for.
@@ -141,10 +141,4 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
 /// The name of the first device found (the one a run uses).
 fn first_device(r: &detect::CudaInfo) -> &str {
     r.devices.first().map_or("a GPU", |d| d.name.as_str())
-}
-
-/// True when the environment asks GPU tests to fail rather than skip
-/// (`AMPROBE_REQUIRE_GPU=1`).
-pub fn gpu_required() -> bool {
-    std::env::var("AMPROBE_REQUIRE_GPU").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }

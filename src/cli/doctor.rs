@@ -1,7 +1,9 @@
 //! `amprobe doctor`: what this machine offers the CUDA backend, and a device self-test.
 
 use super::out::outln;
-use amprobe::backend::{self, cuda, detect, BackendChoice, Detection};
+use amprobe::backend::{self, parity, BackendChoice};
+use amprobe::device::cuda::program::arch_name;
+use amprobe::device::detect::{self, detect, Detection};
 use clap::Args;
 
 /// Arguments of `amprobe doctor`.
@@ -30,10 +32,13 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
             Detection::Available(i) => i.devices.first().map(|d| d.compute_capability),
             Detection::Unavailable { .. } => None,
         };
-        let arch = arch
-            .map(|(a, b)| cuda::kernels::arch_name(a, b))
-            .unwrap_or("sm_90");
-        (arch, cuda::kernels::compile(Some(arch)).map(|_| ()))
+        let arch = arch.map(|(a, b)| arch_name(a, b)).unwrap_or("sm_90");
+        (
+            arch,
+            amprobe::ops::program::program()
+                .compile(Some(arch))
+                .map(|_| ()),
+        )
     });
     if a.json {
         let v = serde_json::json!({
@@ -77,8 +82,8 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
     if let Detection::Unavailable { reason } = &found {
         anyhow::bail!("--selftest needs a usable GPU: {reason}");
     }
-    let dev = cuda::CudaDevice::open(0, false)?;
-    let checks = cuda::parity::run_all(&dev, 7, a.elements)?;
+    let dev = amprobe::ops::program::open_device(0, false)?;
+    let checks = parity::run_all(&dev, 7, a.elements)?;
     let mut failed = 0;
     outln!(
         "{:<48} {:>5} {:>7} {:>8}  result",

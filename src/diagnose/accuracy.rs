@@ -59,7 +59,7 @@ pub fn compare(got: &[StepOutput], reference: &[StepOutput]) -> Result<Accuracy>
                 ),
             ));
         }
-        let (a, b) = (g.hidden.to_f64_vec(), r.hidden.to_f64_vec());
+        let (a, b) = (g.hidden.to_f64_vec()?, r.hidden.to_f64_vec()?);
         let mut diff = 0f64;
         let mut norm = 0f64;
         for (x, y) in a.iter().zip(&b) {

@@ -21,6 +21,9 @@ pub struct Grad {
     pub tensor: Tensor,
     /// Over/underflow when the gradient was rounded to its dtype.
     pub rounding: RoundCounts,
+    /// The device arena slot where a device kernel counts that rounding (then `rounding`
+    /// is zero until the step's arena read resolves it).
+    pub slot: Option<u32>,
 }
 
 /// Computes the gradients of an op's inputs from the gradient of its output.
@@ -34,15 +37,29 @@ pub struct Computed {
     pub rounding: RoundCounts,
     /// -inf values written on purpose (attention masks): not an origin.
     pub masked_neg_inf: u64,
+    /// The device arena slot where the op's kernel counts its rounding (then `rounding` is
+    /// zero until the step's one arena read resolves it); None on the host.
+    pub slot: Option<u32>,
 }
 
 impl Computed {
-    /// A result with its rounding counts.
+    /// A result with its rounding counts (host ops count as they round).
     pub fn new(tensor: Tensor, rounding: RoundCounts) -> Computed {
         Computed {
             tensor,
             rounding,
             masked_neg_inf: 0,
+            slot: None,
+        }
+    }
+
+    /// A device result whose rounding counts are pending in arena slot `slot`.
+    pub fn pending(tensor: Tensor, slot: u32) -> Computed {
+        Computed {
+            tensor,
+            rounding: RoundCounts::default(),
+            masked_neg_inf: 0,
+            slot: Some(slot),
         }
     }
 }
@@ -371,6 +388,7 @@ impl Engine {
                 inputs,
                 output: &tensor,
                 rounding: out.rounding,
+                slot: out.slot,
                 forward_op: None,
                 wrt: None,
                 masked_neg_inf: out.masked_neg_inf,
@@ -429,6 +447,7 @@ impl Engine {
             inputs,
             output,
             rounding: RoundCounts::default(),
+            slot: None,
             forward_op: None,
             wrt: None,
             masked_neg_inf: 0,
@@ -476,7 +495,12 @@ impl Engine {
             };
             let results = (node.backward)(&g_out)?;
             for (i, r) in results.into_iter().enumerate() {
-                let Some(Grad { tensor, rounding }) = r else {
+                let Some(Grad {
+                    tensor,
+                    rounding,
+                    slot,
+                }) = r
+                else {
                     continue;
                 };
                 let Some(input) = node.inputs.get(i) else {
@@ -485,7 +509,10 @@ impl Engine {
                 if !input.requires_grad() {
                     continue;
                 }
-                let mut comp = Computed::new(tensor, rounding);
+                let mut comp = Computed {
+                    slot,
+                    ..Computed::new(tensor, rounding)
+                };
                 self.apply_injection(node.op, &node.module, Phase::Backward, &mut comp)?;
                 let tensor = comp.tensor;
                 let index = self.op_index;
@@ -503,6 +530,7 @@ impl Engine {
                         inputs: &ins,
                         output: &tensor,
                         rounding: comp.rounding,
+                        slot: comp.slot,
                         forward_op: Some(node.index),
                         wrt: node.wrt.get(i).copied(),
                         masked_neg_inf: 0,
@@ -551,6 +579,7 @@ impl Engine {
                 inputs: &ins,
                 output: &sum.tensor,
                 rounding: sum.rounding,
+                slot: sum.slot,
                 forward_op: Some(forward_op),
                 wrt: None,
                 masked_neg_inf: 0,

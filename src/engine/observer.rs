@@ -25,6 +25,9 @@ pub struct OpEvent<'a> {
     pub output: &'a Tensor,
     /// Over/underflow counted when the op rounded its output to its dtype.
     pub rounding: RoundCounts,
+    /// For a device op: the arena slot where its kernel counts that rounding (`rounding`
+    /// is zero until the step's arena read), and where probes put the output's statistics.
+    pub slot: Option<u32>,
     /// For backward ops: the index of the forward op they belong to.
     pub forward_op: Option<u64>,
     /// For backward ops: the input the gradient is for (`input`, `weight`, ...).

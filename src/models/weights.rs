@@ -108,7 +108,7 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()>
     let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in tensors {
         let bytes: Vec<u8> = t
-            .to_f64_vec()
+            .to_f64_vec()?
             .iter()
             .flat_map(|&v| (v as f32).to_le_bytes())
             .collect();

@@ -1,15 +1,22 @@
-//! Ops: one file per family. Each op has a forward kernel, a backward, and an autocast
+//! Ops: one module per family. Each op has a forward kernel, a backward, and an autocast
 //! category (its ATen name looked up in the policy table).
 //!
 //! Kernels compute in `f32` (in `f64` for the reference dtype) and round once to the output
 //! dtype; reductions accumulate in `f64` before that single rounding.
+//!
+//! The backend seam: an op dispatches on its inputs' storage. A family with device kernels
+//! is a folder (`mod.rs` the op and its recording, `cpu.rs` the host kernels, `cuda.rs` the
+//! device host code beside its `.cu` source); host-only families refuse device tensors with
+//! an error naming the op ([`fdata`]).
 
 pub mod cast;
+pub mod cuda;
 pub mod elementwise;
 pub mod gradcheck;
 pub mod linalg;
 pub mod loss;
 pub mod nn;
+pub mod program;
 pub mod reduce;
 pub mod select;
 pub mod shape;
@@ -36,7 +43,15 @@ pub(crate) fn fdata<'a>(t: &'a Tensor, op: &str) -> Result<FData<'a>> {
             op,
             "expected a floating-point tensor, got int64",
         )),
+        Storage::Cuda(_) => Err(no_device_kernel(op)),
     }
+}
+
+/// The error of a host-only op given a device tensor.
+pub(crate) fn no_device_kernel(op: &str) -> Error {
+    Error::Device(format!(
+        "`{op}` has no CUDA kernel yet: run it on the CPU backend"
+    ))
 }
 
 /// Values of a computation in the compute type of a dtype.
@@ -104,7 +119,14 @@ pub(crate) fn grad(c: Computed) -> Option<Grad> {
     Some(Grad {
         tensor: c.tensor,
         rounding: c.rounding,
+        slot: c.slot,
     })
+}
+
+/// A fresh arena slot on `t`'s device for an op's rounding counts, with the counters'
+/// device address for the kernel.
+pub(crate) fn device_counts(t: &Tensor) -> Result<(u32, u64)> {
+    t.cuda("device op")?.dev.counts_slot()
 }
 
 /// Dispatches a generic computation over the float storage of one tensor.

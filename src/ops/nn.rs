@@ -282,7 +282,11 @@ impl Engine {
             .collect();
         let mut out_shape = ids.shape().to_vec();
         out_shape.push(d);
-        let out = Tensor::from_storage(gather(w.storage(), &src), &out_shape, w.dtype())?;
+        let out = Tensor::from_storage(
+            gather(w.storage(), &src, "embedding")?,
+            &out_shape,
+            w.dtype(),
+        )?;
         let (idt, dtype) = (ids.clone(), w.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, OP)?;

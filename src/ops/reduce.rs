@@ -271,7 +271,7 @@ impl Engine {
             }
         }
         let idx = super::with_float!(x, "max", |d| argmax_lines(d, outer, n, inner));
-        let out = Tensor::from_storage(gather(x.storage(), &idx), &out_shape, x.dtype())?;
+        let out = Tensor::from_storage(gather(x.storage(), &idx, "max")?, &out_shape, x.dtype())?;
         let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, "max")?;
@@ -279,6 +279,7 @@ impl Engine {
             Ok(vec![Some(Grad {
                 tensor: Tensor::from_storage(s, &in_shape, dtype)?,
                 rounding: RoundCounts::default(),
+                slot: None,
             })])
         });
         let out = Computed::new(out, RoundCounts::default());

@@ -10,12 +10,13 @@ use crate::tensor::{numel, strides, Storage, Tensor};
 use std::sync::Arc;
 
 /// Truth values of a condition or mask: nonzero (NaN included) is true.
-fn truth(t: &Tensor) -> Vec<bool> {
-    match t.storage() {
+fn truth(t: &Tensor, op: &str) -> Result<Vec<bool>> {
+    Ok(match t.storage() {
         Storage::F32(v) => v.iter().map(|&x| x != 0.0).collect(),
         Storage::F64(v) => v.iter().map(|&x| x != 0.0).collect(),
         Storage::I64(v) => v.iter().map(|&x| x != 0).collect(),
-    }
+        Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
+    })
 }
 
 /// Picks `a` where `c` is true and `b` elsewhere, over the broadcast `out` shape.
@@ -93,7 +94,7 @@ impl Engine {
             b.shape(),
             OP,
         )?;
-        let c = truth(cond);
+        let c = truth(cond, OP)?;
         let (sc, sa, sb) = (
             bstrides(cond.shape(), &out_shape),
             bstrides(a.shape(), &out_shape),
@@ -160,7 +161,7 @@ impl Engine {
                 format!("value {value} cannot be converted to {dtype} without overflow"),
             ));
         }
-        let m = truth(mask);
+        let m = truth(mask, OP)?;
         let ms = bstrides(mask.shape(), &shape);
         let mut out = super::with_float!(x, OP, |d| fill(d, &m, &ms, v, &shape, dtype))?;
         let mut masked = 0u64;

@@ -14,16 +14,18 @@ use std::sync::Arc;
 /// Names of the inputs of `cat` for gradient events (one per tensor, up to 64).
 static CAT_WRT: [&str; 64] = ["tensors"; 64];
 
-/// A new storage of the same kind holding `src[idx[i]]` at position `i`.
-pub(crate) fn gather(src: &Storage, idx: &[usize]) -> Storage {
+/// A new storage of the same kind holding `src[idx[i]]` at position `i` (host storage;
+/// `op` names the op in the error for device storage).
+pub(crate) fn gather(src: &Storage, idx: &[usize], op: &str) -> Result<Storage> {
     fn pick<T: Copy>(v: &[T], idx: &[usize]) -> Arc<Vec<T>> {
         Arc::new(idx.iter().map(|&i| v[i]).collect())
     }
-    match src {
+    Ok(match src {
         Storage::F32(v) => Storage::F32(pick(v, idx)),
         Storage::F64(v) => Storage::F64(pick(v, idx)),
         Storage::I64(v) => Storage::I64(pick(v, idx)),
-    }
+        Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
+    })
 }
 
 /// A zero storage of `n` elements with each part's element `i` written at `idx[i]`;
@@ -69,6 +71,7 @@ pub(crate) fn scatter(parts: &[(&Storage, &[usize])], n: usize, op: &str) -> Res
             }
             Storage::I64(Arc::new(out))
         }
+        Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
     })
 }
 
@@ -150,7 +153,7 @@ impl Engine {
         src: Option<Vec<usize>>,
     ) -> Result<Tensor> {
         let storage = match &src {
-            Some(idx) => gather(x.storage(), idx),
+            Some(idx) => gather(x.storage(), idx, op)?,
             None => x.storage().clone(),
         };
         let out = Tensor::from_storage(storage, &out_shape, x.dtype())?;
@@ -165,6 +168,7 @@ impl Engine {
                 Ok(vec![Some(Grad {
                     tensor: Tensor::from_storage(s, &in_shape, dtype)?,
                     rounding: RoundCounts::default(),
+                    slot: None,
                 })])
             }))
         } else {
@@ -364,8 +368,13 @@ impl Engine {
                     .zip(&shapes)
                     .map(|(i, s)| {
                         Ok(Some(Grad {
-                            tensor: Tensor::from_storage(gather(g.storage(), i), s, dtype)?,
+                            tensor: Tensor::from_storage(
+                                gather(g.storage(), i, "backward")?,
+                                s,
+                                dtype,
+                            )?,
                             rounding: RoundCounts::default(),
+                            slot: None,
                         }))
                     })
                     .collect()

@@ -2,8 +2,11 @@
 //! the first NaN with the chain of ops between them.
 
 use super::stats::TensorStats;
+use crate::device::cuda::arena::SlotStats;
+use crate::dtype::DType;
 use crate::engine::observer::{Observer, OpEvent};
-use crate::tensor::{Storage, Tensor, TensorId};
+use crate::error::{Error, Result};
+use crate::tensor::{CudaStorage, Storage, Tensor, TensorId};
 use crate::trace::record::{OpRecord, OpRef, Origins, TensorMeta};
 use std::collections::{HashMap, HashSet};
 
@@ -29,7 +32,9 @@ fn scan(t: &Tensor) -> Finiteness {
                 f.inf |= x.is_infinite();
             }
         }
-        Storage::I64(_) => {}
+        // Device data is not scanned on the host: what is known of it comes from the
+        // resolved statistics of the op that produced it.
+        Storage::I64(_) | Storage::Cuda(_) => {}
     }
     f
 }
@@ -44,6 +49,25 @@ pub struct Recorder {
     preds: Vec<Vec<usize>>,
     first_inf: Option<usize>,
     first_nan: Option<usize>,
+    /// Per op: whether its statistics are known, or pending in a device arena slot.
+    handles: Vec<StatsHandle>,
+    /// Ops whose origins have been tracked, in order (a pending op stops the tracking).
+    tracked: usize,
+    /// Per op: input finiteness as seen when the op ran (for tracking later).
+    input_flags: Vec<Finiteness>,
+    /// Device probes that could not be queued.
+    errors: Vec<String>,
+}
+
+/// Where an op's output statistics come from: computed on the host when the op ran, or
+/// gathered on the device into an arena slot and known after the step's one arena read
+/// ([`Recorder::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatsHandle {
+    /// Computed; the record holds them.
+    Ready,
+    /// In this slot of the device's statistics arena.
+    Pending(u32),
 }
 
 impl Recorder {
@@ -123,6 +147,89 @@ impl Recorder {
         vec![a, b]
     }
 
+    /// Tracks the origins of every op whose statistics are known, in execution order,
+    /// stopping at the first still pending on a device.
+    fn advance(&mut self) {
+        while self.tracked < self.ops.len() && self.handles[self.tracked] == StatsHandle::Ready {
+            self.track(self.tracked);
+            self.tracked += 1;
+        }
+    }
+
+    /// First Inf / first NaN bookkeeping for op `idx`: an op is an origin when its output
+    /// has a non-finite value (masks aside) that none of its inputs had.
+    fn track(&mut self, idx: usize) {
+        let mut f = self.input_flags[idx];
+        for &p in &self.preds[idx] {
+            let s = &self.ops[p].stats;
+            f.inf |= s.pos_inf + s.neg_inf > 0;
+            f.nan |= s.nan > 0;
+        }
+        let op = &self.ops[idx];
+        let unmasked_inf = op.stats.pos_inf + op.stats.neg_inf > op.masked_neg_inf;
+        if self.first_inf.is_none() && unmasked_inf && !f.inf && !f.nan {
+            self.first_inf = Some(idx);
+        }
+        if self.first_nan.is_none() && op.stats.nan > 0 && !f.nan {
+            self.first_nan = Some(idx);
+        }
+    }
+
+    /// Queues the statistics of a device output into its op's arena slot (or a fresh one
+    /// when the op did not round), returning the slot.
+    fn queue_device_probe(
+        &mut self,
+        c: &CudaStorage,
+        dtype: DType,
+        slot: Option<u32>,
+    ) -> Result<u32> {
+        let dev = &c.dev;
+        dev.with_arena(|a| {
+            let slot = match slot {
+                Some(s) => s,
+                None => a.slot(dev)?,
+            };
+            a.probe(dev, &c.buf, dtype, slot)?;
+            Ok(slot)
+        })
+    }
+
+    /// Completes the records of ops whose statistics were gathered on a device, from the
+    /// step's one arena read (`slots[i]` is arena slot `i`), and tracks their origins.
+    pub fn resolve(&mut self, slots: &[SlotStats]) -> Result<()> {
+        for (op, h) in self.ops.iter_mut().zip(&mut self.handles) {
+            let StatsHandle::Pending(slot) = *h else {
+                continue;
+            };
+            let got = slots.get(slot as usize).ok_or_else(|| {
+                Error::Device(format!(
+                    "arena read has {} slots; op {} {} needs slot {slot}",
+                    slots.len(),
+                    op.op,
+                    op.module
+                ))
+            })?;
+            op.stats = got.stats.clone();
+            op.rounding = got.rounding;
+            *h = StatsHandle::Ready;
+        }
+        self.advance();
+        Ok(())
+    }
+
+    /// Ops whose statistics still wait for the device's arena read.
+    pub fn pending(&self) -> usize {
+        self.handles[self.tracked.min(self.handles.len())..]
+            .iter()
+            .filter(|h| matches!(h, StatsHandle::Pending(_)))
+            .count()
+    }
+
+    /// Probe failures on a device (an op whose statistics could not be queued).
+    pub fn errors(&self) -> &[String] {
+        &self.errors
+    }
+
     fn finiteness(&mut self, t: &Tensor) -> Finiteness {
         *self.tensors.entry(t.id()).or_insert_with(|| scan(t))
     }
@@ -138,39 +245,36 @@ impl Observer for Recorder {
 
     fn on_op(&mut self, ev: &OpEvent<'_>) {
         let out = ev.output;
-        let stats = match out.storage() {
-            Storage::F32(v) => TensorStats::compute(out.dtype(), v),
-            Storage::F64(v) => TensorStats::compute_f64(v),
-            Storage::I64(_) => TensorStats::default(),
+        let (stats, handle) = match out.storage() {
+            Storage::F32(v) => (TensorStats::compute(out.dtype(), v), StatsHandle::Ready),
+            Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
+            Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
+            Storage::Cuda(c) => match self.queue_device_probe(c, out.dtype(), ev.slot) {
+                Ok(slot) => (TensorStats::default(), StatsHandle::Pending(slot)),
+                Err(e) => {
+                    self.errors.push(format!("{} {}: {e}", ev.op, ev.module));
+                    (TensorStats::default(), StatsHandle::Ready)
+                }
+            },
         };
-        let mut in_inf = false;
-        let mut in_nan = false;
+        let mut in_flags = Finiteness::default();
         let mut preds = Vec::new();
         for t in ev.inputs {
-            let f = self.finiteness(t);
-            in_inf |= f.inf;
-            in_nan |= f.nan;
+            // An input made by an op of this step is known by that op's statistics (read
+            // when the op is tracked); any other is scanned once.
             if let Some(&p) = self.producer.get(&t.id()) {
                 preds.push(p);
+            } else {
+                let f = self.finiteness(t);
+                in_flags.inf |= f.inf;
+                in_flags.nan |= f.nan;
             }
         }
         let idx = self.ops.len();
-        let unmasked_inf = stats.pos_inf + stats.neg_inf > ev.masked_neg_inf;
-        if self.first_inf.is_none() && unmasked_inf && !in_inf && !in_nan {
-            self.first_inf = Some(idx);
-        }
-        if self.first_nan.is_none() && stats.nan > 0 && !in_nan {
-            self.first_nan = Some(idx);
-        }
-        self.tensors.insert(
-            out.id(),
-            Finiteness {
-                inf: stats.pos_inf + stats.neg_inf > 0,
-                nan: stats.nan > 0,
-            },
-        );
         self.producer.insert(out.id(), idx);
         self.preds.push(preds);
+        self.handles.push(handle);
+        self.input_flags.push(in_flags);
         self.ops.push(OpRecord {
             micro: ev.micro,
             index: ev.index,
@@ -195,6 +299,7 @@ impl Observer for Recorder {
             wrt: ev.wrt.map(str::to_string),
             masked_neg_inf: ev.masked_neg_inf,
         });
+        self.advance();
     }
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {

@@ -1,10 +1,12 @@
-//! Tensors: shape, dtype and host storage.
+//! Tensors: shape, dtype and storage on the host or a CUDA device.
 //!
-//! Storage is row-major and contiguous. fp16 and bf16 values live in `f32` storage, each
-//! exactly representable in its dtype, so that kernels compute in `f32` and round once.
+//! Storage is row-major and contiguous. On the host, fp16 and bf16 values live in `f32`
+//! storage, each exactly representable in its dtype, so that kernels compute in `f32` and
+//! round once; on a device they are kept as their 16-bit patterns.
 
 mod accumulate;
 
+use crate::device::cuda::{CudaDevice, DeviceBuffer};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,15 +48,26 @@ impl Real for f64 {
     }
 }
 
-/// Host storage of a tensor's elements.
+/// Where a tensor's elements live, and how they are stored.
 #[derive(Debug, Clone)]
 pub enum Storage {
-    /// f32, f16 and bf16 data (low-precision values exactly representable).
+    /// Host f32, f16 and bf16 data (low-precision values exactly representable).
     F32(Arc<Vec<f32>>),
-    /// f64 reference data.
+    /// Host f64 reference data.
     F64(Arc<Vec<f64>>),
-    /// Integer indices and labels.
+    /// Host integer indices and labels.
     I64(Arc<Vec<i64>>),
+    /// Memory of a CUDA device (f32, fp16/bf16 bit patterns, or int64).
+    Cuda(CudaStorage),
+}
+
+/// A tensor's memory on a CUDA device, with the device that holds it.
+#[derive(Debug, Clone)]
+pub struct CudaStorage {
+    /// The device (its stream orders every use of the buffer).
+    pub dev: Arc<CudaDevice>,
+    /// The elements.
+    pub buf: Arc<DeviceBuffer>,
 }
 
 impl Storage {
@@ -64,7 +77,12 @@ impl Storage {
             Storage::F32(v) => v.len(),
             Storage::F64(v) => v.len(),
             Storage::I64(v) => v.len(),
+            Storage::Cuda(c) => c.buf.len(),
         }
+    }
+    /// True when the elements are in device memory.
+    pub fn is_device(&self) -> bool {
+        matches!(self, Storage::Cuda(_))
     }
     /// True when empty.
     pub fn is_empty(&self) -> bool {
@@ -112,12 +130,18 @@ impl Tensor {
                 ),
             ));
         }
-        let ok = matches!(
-            (&storage, dtype),
+        let ok = match (&storage, dtype) {
             (Storage::F32(_), DType::F32 | DType::F16 | DType::BF16)
-                | (Storage::F64(_), DType::F64)
-                | (Storage::I64(_), DType::I64)
-        );
+            | (Storage::F64(_), DType::F64)
+            | (Storage::I64(_), DType::I64) => true,
+            (Storage::Cuda(c), d) => matches!(
+                (&*c.buf, d),
+                (DeviceBuffer::F32(_), DType::F32)
+                    | (DeviceBuffer::Half(_), DType::F16 | DType::BF16)
+                    | (DeviceBuffer::I64(_), DType::I64)
+            ),
+            _ => false,
+        };
         if !ok {
             return Err(Error::shape(
                 "tensor",
@@ -227,30 +251,33 @@ impl Tensor {
         self.0.node.is_none()
     }
 
-    /// The f32 storage (f32, f16, bf16 tensors), or an error naming `what`.
+    /// The host f32 storage (f32, f16, bf16 tensors).
     pub fn f32s(&self) -> Result<&[f32]> {
         match &self.0.storage {
             Storage::F32(v) => Ok(v),
+            Storage::Cuda(_) => Err(self.device_access_error()),
             _ => Err(Error::tensor(
                 "tensor",
                 format!("expected f32 storage, found {}", self.0.dtype),
             )),
         }
     }
-    /// The f64 storage.
+    /// The host f64 storage.
     pub fn f64s(&self) -> Result<&[f64]> {
         match &self.0.storage {
             Storage::F64(v) => Ok(v),
+            Storage::Cuda(_) => Err(self.device_access_error()),
             _ => Err(Error::tensor(
                 "tensor",
                 format!("expected f64 storage, found {}", self.0.dtype),
             )),
         }
     }
-    /// The i64 storage.
+    /// The host i64 storage.
     pub fn i64s(&self) -> Result<&[i64]> {
         match &self.0.storage {
             Storage::I64(v) => Ok(v),
+            Storage::Cuda(_) => Err(self.device_access_error()),
             _ => Err(Error::tensor(
                 "tensor",
                 format!("expected int64 storage, found {}", self.0.dtype),
@@ -258,13 +285,105 @@ impl Tensor {
         }
     }
 
-    /// All values as f64 (exact for every float dtype).
-    pub fn to_f64_vec(&self) -> Vec<f64> {
-        match &self.0.storage {
+    /// All values as f64 (exact for every float dtype); a device tensor is copied back
+    /// first (waiting for the device).
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(match &self.0.storage {
             Storage::F32(v) => v.iter().map(|&x| x as f64).collect(),
             Storage::F64(v) => v.to_vec(),
             Storage::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Storage::Cuda(_) => return self.to_host()?.to_f64_vec(),
+        })
+    }
+
+    /// The error of a host-only access to a device tensor.
+    fn device_access_error(&self) -> Error {
+        Error::tensor(
+            "tensor",
+            format!(
+                "the {} tensor of shape {:?} is in device memory; copy it with to_host()",
+                self.0.dtype, self.0.shape
+            ),
+        )
+    }
+
+    /// The device holding this tensor, or None for a host tensor.
+    pub fn device(&self) -> Option<&Arc<CudaDevice>> {
+        match &self.0.storage {
+            Storage::Cuda(c) => Some(&c.dev),
+            _ => None,
         }
+    }
+
+    /// The device storage, or an error naming `op` for a host tensor.
+    pub fn cuda(&self, op: &str) -> Result<&CudaStorage> {
+        match &self.0.storage {
+            Storage::Cuda(c) => Ok(c),
+            _ => Err(Error::tensor(
+                op,
+                format!("expected a device tensor, found a host {}", self.0.dtype),
+            )),
+        }
+    }
+
+    /// A copy of this tensor's values in `dev`'s memory (f32, f16, bf16 or i64; queued on
+    /// the device's stream). A tensor already there is returned as is.
+    pub fn to_device(&self, dev: &Arc<CudaDevice>) -> Result<Tensor> {
+        let buf = match &self.0.storage {
+            Storage::F32(v) => DeviceBuffer::upload_f32(dev, v, self.0.dtype)?,
+            Storage::I64(v) => DeviceBuffer::upload_i64(dev, v)?,
+            Storage::Cuda(c) if Arc::ptr_eq(&c.dev, dev) => return Ok(self.clone()),
+            Storage::Cuda(_) => {
+                return Err(Error::Device(
+                    "copies between two devices are not supported".into(),
+                ))
+            }
+            Storage::F64(_) => {
+                return Err(Error::Device(format!(
+                    "f64 reference tensors stay on the host (shape {:?})",
+                    self.0.shape
+                )))
+            }
+        };
+        Tensor::on_device(dev, buf, self.shape(), self.dtype())
+    }
+
+    /// A tensor over device memory `buf` of `dev`.
+    pub fn on_device(
+        dev: &Arc<CudaDevice>,
+        buf: DeviceBuffer,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let storage = Storage::Cuda(CudaStorage {
+            dev: dev.clone(),
+            buf: Arc::new(buf),
+        });
+        Tensor::build(shape.to_vec(), dtype, storage)
+    }
+
+    /// This tensor's values in host memory (waits for the device's queued work). A host
+    /// tensor is returned as is.
+    pub fn to_host(&self) -> Result<Tensor> {
+        let Storage::Cuda(c) = &self.0.storage else {
+            return Ok(self.clone());
+        };
+        let storage = match self.0.dtype {
+            DType::I64 => Storage::I64(Arc::new(c.buf.download_i64(&c.dev)?)),
+            d => Storage::F32(Arc::new(c.buf.download_f32(&c.dev, d)?)),
+        };
+        Tensor::build(self.shape().to_vec(), self.dtype(), storage)
+    }
+
+    /// The same device memory seen with another shape of as many elements.
+    pub fn view_as(&self, shape: &[usize]) -> Result<Tensor> {
+        if numel(shape) != self.numel() {
+            return Err(Error::shape(
+                "view",
+                format!("cannot view {:?} as {shape:?}", self.shape()),
+            ));
+        }
+        Tensor::build(shape.to_vec(), self.dtype(), self.0.storage.clone())
     }
 
     /// The single value of a one-element tensor, as f64.
@@ -275,7 +394,7 @@ impl Tensor {
                 format!("expected one element, shape is {:?}", self.shape()),
             ));
         }
-        Ok(self.to_f64_vec()[0])
+        Ok(self.to_f64_vec()?[0])
     }
 }
 

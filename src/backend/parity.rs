@@ -16,17 +16,17 @@
 //! - probe statistics: every count, extreme and histogram bin identical; the f64 sum of
 //!   squares within 2·n·2⁻⁵³ relative (two summation orders of n non-negative terms).
 
-use super::arena::StatsArena;
-use super::ops;
-use super::tensor::DeviceTensor;
-use super::CudaDevice;
+use crate::device::cuda::arena::{self, StatsArena};
+use crate::device::cuda::CudaDevice;
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::ops::elementwise::{Binary, Unary};
-use crate::probe::stats::TensorStats;
+use crate::ops::{cast::cuda as cast_dev, elementwise::cuda as ew_dev, linalg::cuda as mm_dev};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
+use crate::trace::stats::TensorStats;
+use std::sync::Arc;
 
 /// The outcome of one parity check.
 #[derive(Debug, Clone)]
@@ -183,7 +183,7 @@ const UNARY: &[(Unary, i32)] = &[
 ];
 
 /// Runs every check on `dev` with inputs drawn from `seed`; `n` elements per tensor.
-pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
+pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     let mut rng = Rng::new(seed);
     let dtypes = [DType::F32, DType::F16, DType::BF16];
@@ -191,11 +191,11 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
     for &dt in &dtypes {
         // Casts into every dtype, with their rounding counts.
         let x = random_tensor(&mut rng, &[n], DType::F32, 40)?;
-        let xd = DeviceTensor::upload(dev, &x)?;
+        let xd = x.to_device(dev)?;
         arena.reset(dev)?;
         let slot = arena.slot(dev)?;
-        let yd = ops::cast(dev, &xd, dt, arena.round_counts_ptr(dev, slot))?;
-        let y = yd.download(dev)?;
+        let yd = cast_dev::cast(&xd, dt, arena.round_counts_ptr(dev, slot))?;
+        let y = yd.to_host()?;
         let cpu = crate::ops::cast::cast(&x, dt)?;
         let mut c = compare(
             &format!("cast f32 -> {dt}"),
@@ -217,16 +217,16 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
         for &(op, spread) in UNARY {
             let x = random_tensor(&mut rng, &[n], dt, spread)?;
             let g = finite_tensor(&mut rng, &[n], dt)?;
-            let xd = DeviceTensor::upload(dev, &x)?;
-            let gd = DeviceTensor::upload(dev, &g)?;
-            let yd = ops::unary(dev, op, &xd, 0)?;
-            let dxd = ops::unary_backward(dev, op, &xd, &yd, &gd, 0)?;
+            let xd = x.to_device(dev)?;
+            let gd = g.to_device(dev)?;
+            let yd = ew_dev::unary(op, &xd, 0)?;
+            let dxd = ew_dev::unary_backward(op, &xd, &yd, &gd, 0)?;
             let mut eng = Engine::new();
             let xl = x.as_leaf(true);
             let y = eng.unary(op, &xl)?;
             let grads = eng.backward_with(&y, g.clone())?;
             let xs = x.f32s()?.to_vec();
-            let dev_y = yd.download(dev)?;
+            let dev_y = yd.to_host()?;
             let name = format!("unary {op:?} forward");
             let (dy, cy) = (dev_y.f32s()?, y.f32s()?);
             let bound = |u: u64, d: f32, c: f32, x: f32| {
@@ -240,7 +240,7 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
                 bound(u, dy[i], cy[i], xs[i])
             }));
             if let Some(cpu_dx) = grads.get(&xl.id()) {
-                let dev_dx = dxd.download(dev)?;
+                let dev_dx = dxd.to_host()?;
                 let (dd, cd) = (dev_dx.f32s()?, cpu_dx.f32s()?);
                 out.push(compare(
                     &format!("unary {op:?} backward"),
@@ -266,12 +266,8 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
                 let y = eng.binary(op, &al, &bl)?;
                 let g = finite_tensor(&mut rng, y.shape(), dt)?;
                 let grads = eng.backward_with(&y, g.clone())?;
-                let (ad, bd, gd) = (
-                    DeviceTensor::upload(dev, &a)?,
-                    DeviceTensor::upload(dev, &b)?,
-                    DeviceTensor::upload(dev, &g)?,
-                );
-                let yd = ops::binary(dev, op, &ad, &bd, 0)?.download(dev)?;
+                let (ad, bd, gd) = (a.to_device(dev)?, b.to_device(dev)?, g.to_device(dev)?);
+                let yd = ew_dev::binary(op, &ad, &bd, 0)?.to_host()?;
                 let tag = format!("{op:?} {sa:?}x{sb:?}");
                 out.push(compare(
                     &format!("binary {tag} forward"),
@@ -284,7 +280,7 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
                     let Some(cpu_g) = grads.get(&leaf.id()) else {
                         continue;
                     };
-                    let dg = ops::binary_grad(dev, op, &ad, &bd, &gd, wrt_b, 0)?.download(dev)?;
+                    let dg = ew_dev::binary_grad(op, &ad, &bd, &gd, wrt_b, 0)?.to_host()?;
                     out.push(compare(
                         &format!("binary {tag} grad {}", if wrt_b { "b" } else { "a" }),
                         dt,
@@ -307,11 +303,8 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
             let a = finite_tensor(&mut rng, &sa, dt)?;
             let b = finite_tensor(&mut rng, &sb, dt)?;
             let cpu = host_matmul(&a, &b, ta, tb)?;
-            let (ad, bd) = (
-                DeviceTensor::upload(dev, &a)?,
-                DeviceTensor::upload(dev, &b)?,
-            );
-            let yd = ops::matmul(dev, &ad, &bd, ta, tb, 0)?.download(dev)?;
+            let (ad, bd) = (a.to_device(dev)?, b.to_device(dev)?);
+            let yd = mm_dev::matmul(&ad, &bd, ta, tb, 0)?.to_host()?;
             let k = if ta {
                 sa[sa.len() - 2]
             } else {
@@ -338,12 +331,12 @@ pub fn run_all(dev: &CudaDevice, seed: u64, n: usize) -> Result<Vec<Check>> {
         }
 
         // Probe statistics, small (batched launch) and large (own launch).
-        for len in [1000usize, 3 * super::arena::SMALL + 7] {
+        for len in [1000usize, 3 * arena::SMALL + 7] {
             let x = random_tensor(&mut rng, &[len], dt, 60)?;
-            let xd = DeviceTensor::upload(dev, &x)?;
+            let xd = x.to_device(dev)?;
             arena.reset(dev)?;
             let slot = arena.slot(dev)?;
-            arena.probe(dev, &xd, slot)?;
+            arena.probe(dev, &xd.cuda("probe")?.buf, dt, slot)?;
             let got = arena.read(dev)?.remove(0).stats;
             let want = TensorStats::compute(dt, x.f32s()?);
             out.push(stats_check(

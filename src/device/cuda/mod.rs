@@ -1,5 +1,5 @@
-//! The CUDA backend: a device context with one stream, the NVRTC-compiled kernels, cuBLAS,
-//! device tensors and the probe statistics arena.
+//! A CUDA device: a context with one stream, the NVRTC-compiled kernels of a [`Program`],
+//! cuBLAS, device buffers and the probe statistics arena.
 //!
 //! Work is queued on one stream and nothing waits for the device per op: rounding counts
 //! and probe statistics are written into the arena on the device and read back with one
@@ -7,22 +7,23 @@
 
 pub mod arena;
 pub mod blas;
-pub mod kernels;
-pub mod ops;
-pub mod parity;
-pub mod tensor;
+pub mod buffer;
+pub mod program;
 
-use crate::backend::detect::{detect, Detection, GpuDevice};
+pub use buffer::DeviceBuffer;
+pub use program::Program;
+
+use crate::device::detect::{detect, Detection, GpuDevice};
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Threads per block of the elementwise kernels.
-pub(crate) const THREADS: u32 = 256;
+pub const THREADS: u32 = 256;
 
 /// Turns a driver, NVRTC or cuBLAS error into the library's error, naming what failed.
-pub(crate) fn dev_err(what: &str) -> impl Fn(&dyn std::fmt::Debug) -> Error + '_ {
+pub fn dev_err(what: &str) -> impl Fn(&dyn std::fmt::Debug) -> Error + '_ {
     move |e| Error::Device(format!("{what}: {e:?}"))
 }
 
@@ -34,6 +35,7 @@ pub struct CudaDevice {
     funcs: HashMap<&'static str, CudaFunction>,
     blas: blas::Blas,
     info: GpuDevice,
+    arena: Mutex<Option<arena::StatsArena>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -46,9 +48,9 @@ impl std::fmt::Debug for CudaDevice {
 
 impl CudaDevice {
     /// Opens device `ordinal`: checks that a GPU is usable ([`detect`]), creates the
-    /// context and stream, compiles the kernels for the device's architecture and loads
-    /// them, and creates the cuBLAS handle (true fp32 GEMM unless `tf32`).
-    pub fn open(ordinal: usize, tf32: bool) -> Result<Arc<CudaDevice>> {
+    /// context and stream, compiles `program` for the device's architecture and loads its
+    /// kernels, and creates the cuBLAS handle (true fp32 GEMM unless `tf32`).
+    pub fn open(ordinal: usize, tf32: bool, program: &Program) -> Result<Arc<CudaDevice>> {
         let info = match detect() {
             Detection::Unavailable { reason } => {
                 return Err(Error::Device(format!("no usable GPU: {reason}")))
@@ -66,12 +68,12 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let (major, minor) = info.compute_capability;
-        let ptx = kernels::compile(Some(kernels::arch_name(major, minor)))?;
+        let ptx = program.compile(Some(program::arch_name(major, minor)))?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| dev_err("load kernel module")(&e))?;
         let mut funcs = HashMap::new();
-        for &name in kernels::KERNELS {
+        for &name in &program.kernels {
             let f = module
                 .load_function(name)
                 .map_err(|e| dev_err(&format!("kernel {name}"))(&e))?;
@@ -85,6 +87,7 @@ impl CudaDevice {
             funcs,
             blas,
             info,
+            arena: Mutex::new(None),
         }))
     }
 
@@ -109,10 +112,30 @@ impl CudaDevice {
     }
 
     /// A loaded kernel by name.
-    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
+    pub fn func(&self, name: &str) -> Result<&CudaFunction> {
         self.funcs
             .get(name)
             .ok_or_else(|| Error::Device(format!("kernel {name} is not in the module")))
+    }
+
+    /// Runs `f` on the device's probe statistics arena (made on first use): the slots
+    /// where kernels count rounding and probes gather statistics during a step, read back
+    /// with one copy ([`arena::StatsArena::read`]).
+    pub fn with_arena<T>(&self, f: impl FnOnce(&mut arena::StatsArena) -> Result<T>) -> Result<T> {
+        let mut guard = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        let arena = match &mut *guard {
+            Some(a) => a,
+            empty => empty.insert(arena::StatsArena::new(self, 256)?),
+        };
+        f(arena)
+    }
+
+    /// A fresh arena slot for one op, with the device address of its rounding counters.
+    pub fn counts_slot(&self) -> Result<(u32, u64)> {
+        self.with_arena(|a| {
+            let slot = a.slot(self)?;
+            Ok((slot, a.round_counts_ptr(self, slot)))
+        })
     }
 
     /// Waits until all queued work is done (tests and timing only; a step never does).
@@ -124,7 +147,7 @@ impl CudaDevice {
 }
 
 /// Grid size for a grid-stride loop over `n` elements.
-pub(crate) fn grid_for(n: u64) -> u32 {
+pub fn grid_for(n: u64) -> u32 {
     const MAX_BLOCKS: u64 = 65_535;
     n.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS) as u32
 }

@@ -3,12 +3,13 @@
 //!
 //! The slot layout is shared with `probes/stats.cu` (the `ST_*` word indices).
 
-use super::tensor::DeviceTensor;
+use super::buffer::{kind_code, DeviceBuffer};
 use super::{dev_err, CudaDevice, THREADS};
 use crate::dtype::{DType, RoundCounts};
 use crate::error::{Error, Result};
-use crate::probe::stats::{CastCounts, ExpHist, TensorStats};
+use crate::trace::stats::{CastCounts, ExpHist, TensorStats};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
 
 /// u64 words per slot (`SLOT_WORDS`).
 pub const SLOT_WORDS: usize = 296;
@@ -20,6 +21,11 @@ pub const HIST_BINS: usize = 277;
 pub const SMALL: usize = 1 << 16;
 const HIST_AT: usize = 16;
 const ROUND_AT: usize = 9;
+
+/// The CUDA source of the statistics kernels (`probes/stats.cu`).
+pub const SOURCE: &str = include_str!("../../../probes/stats.cu");
+/// The kernels of [`SOURCE`] the arena launches.
+pub const KERNELS: &[&str] = &["amp_stats", "amp_stats_batch", "amp_stats_finish"];
 
 /// A probe request, laid out as `ProbeDesc` in stats.cu.
 #[repr(C)]
@@ -52,7 +58,7 @@ pub struct StatsArena {
     capacity: usize,
     used: usize,
     pending: Vec<ProbeDesc>,
-    keep: Vec<DeviceTensor>,
+    keep: Vec<Arc<DeviceBuffer>>,
 }
 
 /// The smallest normal of `dtype` as an f32 bit pattern (0: nothing is subnormal).
@@ -139,29 +145,37 @@ impl StatsArena {
         self.words.device_ptr(dev.stream()).0 + ((slot as usize * SLOT_WORDS + ROUND_AT) * 8) as u64
     }
 
-    /// Queues the statistics of `t` into `slot`. Large tensors get their own launch;
-    /// small ones are batched into one launch at the next [`flush`](Self::flush).
-    pub fn probe(&mut self, dev: &CudaDevice, t: &DeviceTensor, slot: u32) -> Result<()> {
+    /// Queues the statistics of `buf` (elements of `dtype`) into `slot`. Large tensors get
+    /// their own launch; small ones are batched into one launch at the next
+    /// [`flush`](Self::flush).
+    pub fn probe(
+        &mut self,
+        dev: &CudaDevice,
+        buf: &Arc<DeviceBuffer>,
+        dtype: DType,
+        slot: u32,
+    ) -> Result<()> {
         if slot as usize >= self.used {
             return Err(Error::Device(format!(
                 "probe slot {slot} was not handed out"
             )));
         }
+        let n = buf.len();
         let d = ProbeDesc {
-            data: t.ptr(dev),
-            n: t.numel() as u64,
-            kind: t.kind()? as u32,
-            sub_limit: sub_limit(t.dtype()),
+            data: buf.ptr(dev),
+            n: n as u64,
+            kind: kind_code(dtype)? as u32,
+            sub_limit: sub_limit(dtype),
             slot,
             pad: 0,
         };
-        if t.numel() < SMALL {
+        if n < SMALL {
             self.pending.push(d);
-            self.keep.push(t.clone());
+            self.keep.push(buf.clone());
             return Ok(());
         }
         // Enough blocks to fill the GPU, fixed by the length alone (reproducible sums).
-        let blocks = (t.numel() as u64)
+        let blocks = (n as u64)
             .div_ceil(THREADS as u64 * 8)
             .clamp(1, MAX_PARTIALS as u64) as u32;
         let f = dev.func("amp_stats")?;
@@ -298,7 +312,7 @@ mod tests {
 
     #[test]
     fn layout_constants_match_the_kernel_source() {
-        let src = super::super::kernels::PROBE_STATS;
+        let src = SOURCE;
         for (name, v) in [
             ("SLOT_WORDS", SLOT_WORDS),
             ("MAX_PARTIALS", MAX_PARTIALS),

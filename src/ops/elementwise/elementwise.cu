@@ -1,4 +1,4 @@
-// Casts, unary maps with their derivatives, and broadcasting binary arithmetic.
+// Unary maps with their derivatives, and broadcasting binary arithmetic.
 // Each computes in f32 (transcendentals in f64, rounded once to f32, so they stay within
 // one ulp of a correctly rounded result) and rounds once to the output kind.
 
@@ -107,17 +107,6 @@ __device__ float unary_df(int op, float x, float y, float g, double p0, double p
         case U_ADD_SCALAR: return g;
     }
     return __int_as_float(0x7fc00000);
-}
-
-// y = round(x) from one storage kind to another.
-extern "C" __global__ void amp_cast(const void* x, int xk, void* y, int yk, u64 n,
-                                    u64* counts) {
-    u32 over = 0, under = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        store_round(y, yk, i, load_f32(x, xk, i), &over, &under);
-    }
-    block_add_counts(over, under, counts);
 }
 
 extern "C" __global__ void amp_unary(const void* x, void* y, int kind, u64 n, int op,

@@ -1,19 +1,12 @@
-//! Cast to another dtype; its backward casts the gradient back.
+//! The cast on the host.
 
-use super::grad;
 use crate::dtype::{round_f64_to, DType, RoundCounts};
-use crate::engine::{Computed, Engine};
+use crate::engine::Computed;
 use crate::error::{Error, Result};
 use crate::tensor::{Storage, Tensor};
 
 /// Casts `x` to `to`, rounding once (RNE), counting over/underflow.
-pub fn cast(x: &Tensor, to: DType) -> Result<Computed> {
-    if to == DType::I64 || x.dtype() == DType::I64 {
-        return Err(Error::shape(
-            "to",
-            format!("cannot cast {} to {to}", x.dtype()),
-        ));
-    }
+pub(super) fn cast(x: &Tensor, to: DType) -> Result<Computed> {
     match (x.storage(), to) {
         (Storage::F32(v), DType::F64) => Ok(Computed::new(
             Tensor::from_f64(v.iter().map(|&a| a as f64).collect(), x.shape())?,
@@ -45,19 +38,8 @@ pub fn cast(x: &Tensor, to: DType) -> Result<Computed> {
             ))
         }
         (Storage::I64(_), _) => Err(Error::shape("to", "cannot cast int64")),
-    }
-}
-
-impl Engine {
-    /// Casts `x` to `dtype` as a recorded op (`to`); returns `x` itself when it already has
-    /// that dtype.
-    pub fn to_dtype(&mut self, x: &Tensor, dtype: DType) -> Result<Tensor> {
-        if x.dtype() == dtype {
-            return Ok(x.clone());
-        }
-        let out = cast(x, dtype)?;
-        let from = x.dtype();
-        let bw = Box::new(move |g: &Tensor| Ok(vec![grad(cast(g, from)?)]));
-        self.record("to", &[x], &["input"], out, Some(bw))
+        (Storage::Cuda(_), _) => Err(Error::Device(
+            "to: a device tensor reached the host cast".into(),
+        )),
     }
 }

@@ -1,8 +1,12 @@
 //! Elementwise ops: unary maps, scalar ops and broadcasting binary arithmetic.
+//!
+//! The op definitions and their recording live here; the kernels per backend beside them
+//! (`cpu.rs` on the host, `cuda.rs` + `elementwise.cu` on a device).
 
-use super::{
-    bstrides, expect_float, for_each_offset, grad, sum_to, with_float, with_float2, Finish,
-};
+mod cpu;
+pub mod cuda;
+
+use super::{device_counts, expect_float, grad, sum_to, with_float, with_float2};
 use crate::engine::{Computed, Engine};
 use crate::error::Result;
 use crate::tensor::{Real, Tensor};
@@ -176,32 +180,6 @@ impl Unary {
     }
 }
 
-fn unary_kernel<T: Finish>(
-    x: &[T],
-    op: Unary,
-    shape: &[usize],
-    dtype: crate::dtype::DType,
-) -> Result<Computed> {
-    T::finish(x.iter().map(|&v| op.f(v)).collect(), shape, dtype)
-}
-
-fn unary_backward<T: Finish>(
-    x: &[T],
-    y: &[T],
-    g: &[T],
-    op: Unary,
-    shape: &[usize],
-    dtype: crate::dtype::DType,
-) -> Result<Computed> {
-    let d: Vec<T> = x
-        .iter()
-        .zip(y)
-        .zip(g)
-        .map(|((&a, &b), &c)| op.df(a, b, c))
-        .collect();
-    T::finish(d, shape, dtype)
-}
-
 /// A broadcasting binary arithmetic op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Binary {
@@ -226,7 +204,7 @@ impl Binary {
         }
     }
     #[inline]
-    fn f<T: Real>(self, a: T, b: T) -> T {
+    pub(crate) fn f<T: Real>(self, a: T, b: T) -> T {
         match self {
             Binary::Add => a + b,
             Binary::Sub => a - b,
@@ -234,84 +212,6 @@ impl Binary {
             Binary::Div => a / b,
         }
     }
-}
-
-fn binary_kernel<T: Finish>(
-    a: &[T],
-    sa: &[usize],
-    b: &[T],
-    sb: &[usize],
-    out: &[usize],
-    op: Binary,
-    dtype: crate::dtype::DType,
-) -> Result<Computed> {
-    let n: usize = out.iter().product();
-    let mut res = Vec::with_capacity(n);
-    use super::Pattern;
-    match (sa == out, sb == out) {
-        (true, true) => res.extend(a.iter().zip(b).map(|(&x, &y)| op.f(x, y))),
-        (true, false) if Pattern::of(sb, out) == Pattern::Tile(b.len()) => {
-            for rowv in a.chunks_exact(b.len()) {
-                res.extend(rowv.iter().zip(b).map(|(&x, &y)| op.f(x, y)));
-            }
-        }
-        (true, false) if matches!(Pattern::of(sb, out), Pattern::Repeat(_)) => {
-            let r = n / b.len();
-            for (rowv, &y) in a.chunks_exact(r).zip(b) {
-                res.extend(rowv.iter().map(|&x| op.f(x, y)));
-            }
-        }
-        (false, true) if Pattern::of(sa, out) == Pattern::Tile(a.len()) => {
-            for rowv in b.chunks_exact(a.len()) {
-                res.extend(a.iter().zip(rowv).map(|(&x, &y)| op.f(x, y)));
-            }
-        }
-        (false, true) if matches!(Pattern::of(sa, out), Pattern::Repeat(_)) => {
-            let r = n / a.len();
-            for (rowv, &x) in b.chunks_exact(r).zip(a) {
-                res.extend(rowv.iter().map(|&y| op.f(x, y)));
-            }
-        }
-        _ => {
-            let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
-            for_each_offset(out, [&ta, &tb], |[i, j]| res.push(op.f(a[i], b[j])));
-        }
-    }
-    T::finish(res, out, dtype)
-}
-
-/// Gradient of one operand of a broadcast binary op: `h(a, b, g)` at the full shape,
-/// summed down to the operand's shape.
-// A kernel takes its operands, their shapes and the output dtype explicitly.
-#[allow(clippy::too_many_arguments)]
-fn binary_grad<T: Finish>(
-    a: &[T],
-    sa: &[usize],
-    b: &[T],
-    sb: &[usize],
-    g: &[T],
-    out: &[usize],
-    target: &[usize],
-    dtype: crate::dtype::DType,
-    h: impl Fn(T, T, T) -> T,
-) -> Result<Computed> {
-    let n: usize = out.iter().product();
-    if sa == out && sb == out {
-        let v: Vec<T> = a
-            .iter()
-            .zip(b)
-            .zip(g)
-            .map(|((&x, &y), &z)| h(x, y, z))
-            .collect();
-        return T::finish(v, target, dtype);
-    }
-    let mut full = Vec::with_capacity(n);
-    let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
-    let tg = crate::tensor::strides(out);
-    for_each_offset(out, [&ta, &tb, &tg], |[i, j, k]| {
-        full.push(h(a[i], b[j], g[k]))
-    });
-    sum_to(&full, out, target, dtype)
 }
 
 /// Adds two tensors of the same shape and dtype (gradient accumulation), rounding once.
@@ -326,19 +226,29 @@ impl Engine {
         expect_float(x, op.name(), "input")?;
         let ins = self.prepare(op.name(), &[x])?;
         let x = &ins[0];
-        let out = with_float!(x, op.name(), |d| unary_kernel(d, op, x.shape(), x.dtype()))?;
+        let out = if x.storage().is_device() {
+            let (slot, counts) = device_counts(x)?;
+            Computed::pending(cuda::unary(op, x, counts)?, slot)
+        } else {
+            with_float!(x, op.name(), |d| cpu::unary(d, op, x.shape(), x.dtype()))?
+        };
         let (xs, ys) = (x.clone(), out.tensor.clone());
         let bw = Box::new(move |g: &Tensor| {
+            if xs.storage().is_device() {
+                let (slot, counts) = device_counts(&xs)?;
+                let dx = cuda::unary_backward(op, &xs, &ys, g, counts)?;
+                return Ok(vec![grad(Computed::pending(dx, slot))]);
+            }
             let r = match (
                 super::fdata(&xs, "backward")?,
                 super::fdata(&ys, "backward")?,
                 super::fdata(g, "backward")?,
             ) {
                 (super::FData::F32(a), super::FData::F32(b), super::FData::F32(c)) => {
-                    unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
+                    cpu::unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
                 }
                 (super::FData::F64(a), super::FData::F64(b), super::FData::F64(c)) => {
-                    unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
+                    cpu::unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
                 }
                 _ => {
                     return Err(crate::Error::shape(
@@ -359,39 +269,59 @@ impl Engine {
         let ins = self.prepare(op.name(), &[a, b])?;
         let (a, b) = (&ins[0], &ins[1]);
         let out_shape = super::broadcast_shape(a.shape(), b.shape(), op.name())?;
-        let out = with_float2!(a, b, op.name(), |x, y| binary_kernel(
-            x,
-            a.shape(),
-            y,
-            b.shape(),
-            &out_shape,
-            op,
-            a.dtype()
-        ))?;
+        let out = if a.storage().is_device() {
+            let (slot, counts) = device_counts(a)?;
+            Computed::pending(cuda::binary(op, a, b, counts)?, slot)
+        } else {
+            with_float2!(a, b, op.name(), |x, y| cpu::binary(
+                x,
+                a.shape(),
+                y,
+                b.shape(),
+                &out_shape,
+                op,
+                a.dtype()
+            ))?
+        };
         let (at, bt) = (a.clone(), b.clone());
         let bw = Box::new(move |g: &Tensor| {
+            if at.storage().is_device() {
+                let mut grads = Vec::with_capacity(2);
+                for wrt_b in [false, true] {
+                    let (slot, counts) = device_counts(&at)?;
+                    let d = cuda::binary_grad(op, &at, &bt, g, wrt_b, counts)?;
+                    grads.push(grad(Computed::pending(d, slot)));
+                }
+                return Ok(grads);
+            }
             let (sa, sb, dt) = (at.shape(), bt.shape(), at.dtype());
             macro_rules! grads {
                 ($x:ident, $y:ident, $gg:ident) => {{
                     let ga = match op {
                         Binary::Add | Binary::Sub => sum_to($gg, &out_shape, sa, dt)?,
                         Binary::Mul => {
-                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| g * b)?
+                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| {
+                                g * b
+                            })?
                         }
                         Binary::Div => {
-                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| g / b)?
+                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| {
+                                g / b
+                            })?
                         }
                     };
                     let gb = match op {
                         Binary::Add => sum_to($gg, &out_shape, sb, dt)?,
                         Binary::Sub => {
-                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |_, _, g| -g)?
+                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |_, _, g| -g)?
                         }
                         Binary::Mul => {
-                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, _, g| g * a)?
+                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, _, g| {
+                                g * a
+                            })?
                         }
                         Binary::Div => {
-                            binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, b, g| {
+                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, b, g| {
                                 -g * a / (b * b)
                             })?
                         }

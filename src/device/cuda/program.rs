@@ -1,0 +1,79 @@
+//! A CUDA program: the kernel sources of the op families and the probe arena, compiled
+//! once per process with NVRTC into one module.
+//!
+//! The op families own their `.cu` files (`ops/*/*.cu`) and hand them to [`Program`]; this
+//! runtime only knows the shared helpers of `common.cuh`, which go first. The options keep
+//! the numerics of the CPU emulator: no fast-math, no flush-to-zero, IEEE division and
+//! square root, and no FMA contraction (each f32 operation rounds on its own, as on the
+//! CPU).
+
+use crate::error::{Error, Result};
+
+/// Helpers shared by every kernel (conversions, rounding, counting).
+pub const COMMON: &str = include_str!("common.cuh");
+
+/// Kernel sources in program order, each with a name for error messages, and the kernels
+/// the loaded module must export.
+#[derive(Debug, Clone, Default)]
+pub struct Program {
+    /// (name, source) pairs; [`COMMON`] is prepended by [`Program::source`].
+    pub sources: Vec<(&'static str, &'static str)>,
+    /// Every kernel the module must export.
+    pub kernels: Vec<&'static str>,
+}
+
+impl Program {
+    /// The whole program's source, the shared helpers first.
+    pub fn source(&self) -> String {
+        let mut s = String::new();
+        for (name, src) in std::iter::once(&("device/cuda/common.cuh", COMMON)).chain(&self.sources)
+        {
+            s.push_str(&format!("// ---- {name}\n"));
+            s.push_str(src);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Compiles the program to PTX for `arch` (None: NVRTC's default). Needs libnvrtc (not
+    /// a GPU); the error carries NVRTC's log.
+    pub fn compile(&self, arch: Option<&'static str>) -> Result<cudarc::nvrtc::Ptx> {
+        let nv = super::super::detect::nvrtc_version();
+        if let Err(e) = nv {
+            return Err(Error::Device(format!("cannot compile kernels: {e}")));
+        }
+        super::super::detect::quietly(|| {
+            cudarc::nvrtc::compile_ptx_with_opts(self.source(), compile_options(arch))
+        })
+        .ok_or_else(|| Error::Device("NVRTC failed to load".into()))?
+        .map_err(|e| Error::Device(format!("NVRTC compile of the kernels failed: {e}")))
+    }
+}
+
+/// NVRTC options: exact IEEE arithmetic for `arch` (e.g. `sm_90`; None: NVRTC's default).
+pub fn compile_options(arch: Option<&'static str>) -> cudarc::nvrtc::CompileOptions {
+    cudarc::nvrtc::CompileOptions {
+        ftz: Some(false),
+        prec_sqrt: Some(true),
+        prec_div: Some(true),
+        fmad: Some(false),
+        use_fast_math: Some(false),
+        arch,
+        name: Some("amprobe.cu".into()),
+        ..Default::default()
+    }
+}
+
+/// The `sm_XY` name of a compute capability, for NVRTC's `--gpu-architecture`.
+pub fn arch_name(major: i32, minor: i32) -> &'static str {
+    // NVRTC wants a 'static str; the few distinct values are interned once each.
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let want = format!("sm_{major}{minor}");
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == want) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(want.into_boxed_str());
+    names.push(leaked);
+    leaked
+}

@@ -1,0 +1,13 @@
+// Casts between storage kinds: computed in f32 and rounded once (RNE), counting overflow
+// and underflow.
+
+// y = round(x) from one storage kind to another.
+extern "C" __global__ void amp_cast(const void* x, int xk, void* y, int yk, u64 n,
+                                    u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        store_round(y, yk, i, load_f32(x, xk, i), &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}

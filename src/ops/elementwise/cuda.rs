@@ -1,0 +1,221 @@
+//! Unary maps and broadcasting binary arithmetic on the device (`elementwise.cu`), with
+//! the CPU emulator's numerics: compute in f32, round once, count where the op rounds.
+
+use super::{Binary, Unary};
+use crate::error::{Error, Result};
+use crate::ops::cuda::{
+    arg, device_of, launch, output, pad_shape, pad_strides, same_dtype, Geometry, GradGeometry,
+    MAX_DIMS,
+};
+use crate::tensor::Tensor;
+
+/// The kernels of `elementwise.cu`.
+pub const KERNELS: &[&str] = &[
+    "amp_unary",
+    "amp_unary_backward",
+    "amp_binary",
+    "amp_binary_grad",
+];
+
+/// Kernel code and scalar parameters of a unary op.
+fn unary_code(op: Unary) -> (i32, f64, f64, i32, i32) {
+    match op {
+        Unary::Neg => (0, 0.0, 0.0, 0, 0),
+        Unary::Relu => (1, 0.0, 0.0, 0, 0),
+        Unary::GeluErf => (2, 0.0, 0.0, 0, 0),
+        Unary::GeluTanh => (3, 0.0, 0.0, 0, 0),
+        Unary::Silu => (4, 0.0, 0.0, 0, 0),
+        Unary::Tanh => (5, 0.0, 0.0, 0, 0),
+        Unary::Sigmoid => (6, 0.0, 0.0, 0, 0),
+        Unary::Exp => (7, 0.0, 0.0, 0, 0),
+        Unary::Log => (8, 0.0, 0.0, 0, 0),
+        Unary::Sqrt => (9, 0.0, 0.0, 0, 0),
+        Unary::Rsqrt => (10, 0.0, 0.0, 0, 0),
+        Unary::Pow(p) => (11, p, 0.0, 0, 0),
+        Unary::Clamp(lo, hi) => (
+            12,
+            lo.unwrap_or(0.0),
+            hi.unwrap_or(0.0),
+            lo.is_some() as i32,
+            hi.is_some() as i32,
+        ),
+        Unary::MulScalar(s) => (13, s, 0.0, 0, 0),
+        Unary::AddScalar(s) => (14, s, 0.0, 0, 0),
+    }
+}
+
+/// `y = f(x)` in x's dtype.
+pub fn unary(op: Unary, x: &Tensor, counts: u64) -> Result<Tensor> {
+    let name = op.name();
+    let dev = device_of(name, &[x])?;
+    let y = output(&dev, x.shape(), x.dtype())?;
+    let ((xp, k), (yp, _)) = (arg(x, name)?, arg(&y, name)?);
+    let (c, p0, p1, h0, h1) = unary_code(op);
+    let n = x.numel() as u64;
+    launch!(
+        dev,
+        "amp_unary",
+        n,
+        &xp,
+        &yp,
+        &k,
+        &n,
+        &c,
+        &p0,
+        &p1,
+        &h0,
+        &h1,
+        &counts
+    );
+    Ok(y)
+}
+
+/// `dx = f'(x)·g` from the forward input `x`, output `y` and output gradient `g`.
+pub fn unary_backward(
+    op: Unary,
+    x: &Tensor,
+    y: &Tensor,
+    g: &Tensor,
+    counts: u64,
+) -> Result<Tensor> {
+    let name = op.name();
+    let dt = same_dtype(name, &[x, y, g])?;
+    if x.shape() != y.shape() || x.shape() != g.shape() {
+        return Err(Error::shape(name, "backward operands differ in shape"));
+    }
+    let dev = device_of(name, &[x, y, g])?;
+    let dx = output(&dev, x.shape(), dt)?;
+    let ((xp, k), (yp, _), (gp, _), (dp, _)) =
+        (arg(x, name)?, arg(y, name)?, arg(g, name)?, arg(&dx, name)?);
+    let (c, p0, p1, h0, h1) = unary_code(op);
+    let n = x.numel() as u64;
+    launch!(
+        dev,
+        "amp_unary_backward",
+        n,
+        &xp,
+        &yp,
+        &gp,
+        &dp,
+        &k,
+        &n,
+        &c,
+        &p0,
+        &p1,
+        &h0,
+        &h1,
+        &counts
+    );
+    Ok(dx)
+}
+
+fn binary_code(op: Binary) -> i32 {
+    match op {
+        Binary::Add => 0,
+        Binary::Sub => 1,
+        Binary::Mul => 2,
+        Binary::Div => 3,
+    }
+}
+
+/// `a op b` with broadcasting, in the operands' (shared) dtype.
+pub fn binary(op: Binary, a: &Tensor, b: &Tensor, counts: u64) -> Result<Tensor> {
+    let name = op.name();
+    let dt = same_dtype(name, &[a, b])?;
+    let dev = device_of(name, &[a, b])?;
+    let out = crate::ops::broadcast_shape(a.shape(), b.shape(), name)?;
+    let geo = Geometry {
+        shape: pad_shape(&out)?,
+        sa: pad_strides(&crate::ops::bstrides(a.shape(), &out)),
+        sb: pad_strides(&crate::ops::bstrides(b.shape(), &out)),
+    };
+    let y = output(&dev, &out, dt)?;
+    let ((ap, _), (bp, _), (yp, k)) = (arg(a, name)?, arg(b, name)?, arg(&y, name)?);
+    let c = binary_code(op);
+    let n = y.numel() as u64;
+    launch!(
+        dev,
+        "amp_binary",
+        n,
+        &ap,
+        &bp,
+        &yp,
+        &k,
+        &n,
+        &c,
+        &geo,
+        &counts
+    );
+    Ok(y)
+}
+
+/// The gradient of `a op b` for operand `a` (`wrt_b` false) or `b`, from the output
+/// gradient `g`, summed down to the operand's shape in f64 and rounded once.
+pub fn binary_grad(
+    op: Binary,
+    a: &Tensor,
+    b: &Tensor,
+    g: &Tensor,
+    wrt_b: bool,
+    counts: u64,
+) -> Result<Tensor> {
+    let name = op.name();
+    let dt = same_dtype(name, &[a, b, g])?;
+    let dev = device_of(name, &[a, b, g])?;
+    let full = g.shape().to_vec();
+    let target = if wrt_b { b.shape() } else { a.shape() };
+    let term = match (op, wrt_b) {
+        (Binary::Add | Binary::Sub, false) | (Binary::Add, true) => 0,
+        (Binary::Sub, true) => 1,
+        (Binary::Mul, false) => 2,
+        (Binary::Div, false) => 3,
+        (Binary::Mul, true) => 4,
+        (Binary::Div, true) => 5,
+    };
+    let shape = pad_shape(&full)?;
+    let tshape = pad_shape(target)?;
+    let mut reduced = [0u32; MAX_DIMS];
+    let mut n_reduced = 1u64;
+    for d in 0..MAX_DIMS {
+        if tshape[d] == 1 && shape[d] > 1 {
+            reduced[d] = 1;
+            n_reduced *= shape[d];
+        } else if tshape[d] != shape[d] {
+            return Err(Error::shape(
+                name,
+                format!("cannot sum a gradient of {full:?} down to {target:?}"),
+            ));
+        }
+    }
+    let geo = GradGeometry {
+        shape,
+        sa: pad_strides(&crate::ops::bstrides(a.shape(), &full)),
+        sb: pad_strides(&crate::ops::bstrides(b.shape(), &full)),
+        sg: pad_strides(&crate::tensor::strides(&full)),
+        reduced,
+    };
+    let out = output(&dev, target, dt)?;
+    let ((ap, _), (bp, _), (gp, _), (op_, k)) = (
+        arg(a, name)?,
+        arg(b, name)?,
+        arg(g, name)?,
+        arg(&out, name)?,
+    );
+    let n = out.numel() as u64;
+    launch!(
+        dev,
+        "amp_binary_grad",
+        n,
+        &ap,
+        &bp,
+        &gp,
+        &op_,
+        &k,
+        &n,
+        &term,
+        &geo,
+        &n_reduced,
+        &counts
+    );
+    Ok(out)
+}

@@ -1,0 +1,228 @@
+//! GEMM on the host: the gemm crate accumulates in f32 (f64 for the reference dtype); the
+//! result is rounded once to the output dtype.
+
+use super::MmShape;
+use crate::engine::{Computed, Grad};
+use crate::error::Result;
+use crate::ops::grad;
+use crate::ops::{sum_to, Finish};
+use crate::tensor::Real;
+
+/// A strided matrix operand: data, row stride, column stride.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// C = A·B for A [m, k] and B [k, n] (strided), accumulated in T, as a new row-major Vec.
+pub(crate) fn gemm<T: Real>(m: usize, n: usize, k: usize, a: Mat<'_, T>, b: Mat<'_, T>) -> Vec<T> {
+    gemm_par(m, n, k, a, b, m * n * k >= 1 << 18)
+}
+
+/// Batched C_i = A_i·B_i into one row-major Vec: small products run one per thread, large
+/// ones one after another, each parallel inside.
+fn gemm_batched<'a, T: Real>(
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: impl Fn(usize) -> Mat<'a, T> + Sync,
+    b: impl Fn(usize) -> Mat<'a, T> + Sync,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    if batch > 1 && m * n * k < 1 << 21 {
+        let parts: Vec<Vec<T>> = (0..batch)
+            .into_par_iter()
+            .map(|i| gemm_par(m, n, k, a(i), b(i), false))
+            .collect();
+        parts.concat()
+    } else {
+        let mut y = Vec::with_capacity(batch * m * n);
+        for i in 0..batch {
+            y.extend(gemm(m, n, k, a(i), b(i)));
+        }
+        y
+    }
+}
+
+fn gemm_par<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    parallel: bool,
+) -> Vec<T> {
+    let mut c = vec![T::zero(); m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return c;
+    }
+    let par = if parallel {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    debug_assert!(a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs);
+    debug_assert!(b.data.len() > (k - 1) * b.rs + (n - 1) * b.cs);
+    // SAFETY: the asserts above hold for every caller in this module: operands are sized
+    // from the same shapes that set m, n, k and the strides; c has m*n elements.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::zero(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    c
+}
+
+fn row<T>(data: &[T], cols: usize) -> Mat<'_, T> {
+    Mat {
+        data,
+        rs: cols,
+        cs: 1,
+    }
+}
+
+fn transposed<T>(data: &[T], cols: usize) -> Mat<'_, T> {
+    Mat {
+        data,
+        rs: 1,
+        cs: cols,
+    }
+}
+
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear_fwd<T: Finish>(
+    x: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    out_shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut y = gemm(m, n, k, row(x, k), transposed(w, k));
+    if let Some(b) = b {
+        for r in y.chunks_mut(n) {
+            for (v, &bb) in r.iter_mut().zip(b) {
+                *v = *v + bb;
+            }
+        }
+    }
+    T::finish(y, out_shape, dtype)
+}
+
+pub(super) fn matmul_fwd<T: Finish>(
+    a: &[T],
+    b: &[T],
+    s: &MmShape,
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let MmShape {
+        batch,
+        m,
+        k,
+        n,
+        b_shared,
+        ..
+    } = *s;
+    if b_shared {
+        return T::finish(gemm(batch * m, n, k, row(a, k), row(b, n)), &s.out, dtype);
+    }
+    let y = gemm_batched(
+        batch,
+        m,
+        n,
+        k,
+        |i| row(&a[i * m * k..], k),
+        |i| row(&b[i * k * n..], n),
+    );
+    T::finish(y, &s.out, dtype)
+}
+
+pub(super) fn matmul_bwd<T: Finish>(
+    a: &[T],
+    b: &[T],
+    g: &[T],
+    s: &MmShape,
+    sa: &[usize],
+    sb: &[usize],
+    dtype: crate::DType,
+) -> Result<(Computed, Computed)> {
+    let MmShape {
+        batch,
+        m,
+        k,
+        n,
+        b_shared,
+        ..
+    } = *s;
+    if b_shared {
+        // ga [B*m, k] = g [B*m, n] · bᵀ; gb [k, n] = aᵀ [k, B*m] · g [B*m, n]
+        let ga = gemm(batch * m, k, n, row(g, n), transposed(b, n));
+        let gb = gemm(k, n, batch * m, transposed(a, k), row(g, n));
+        return Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?));
+    }
+    let ga = gemm_batched(
+        batch,
+        m,
+        k,
+        n,
+        |i| row(&g[i * m * n..], n),
+        |i| transposed(&b[i * k * n..], n),
+    );
+    let gb = gemm_batched(
+        batch,
+        k,
+        n,
+        m,
+        |i| transposed(&a[i * m * k..], k),
+        |i| row(&g[i * m * n..], n),
+    );
+    Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?))
+}
+
+/// Gradients of linear: dx = g·w, dw = gᵀ·x, db = Σ g over rows (each rounded once).
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear_bwd<T: Finish>(
+    x: &[T],
+    w: &[T],
+    g: &[T],
+    m: usize,
+    k: usize,
+    n: usize,
+    x_shape: &[usize],
+    w_shape: &[usize],
+    has_b: bool,
+    dtype: crate::DType,
+) -> Result<Vec<Option<Grad>>> {
+    let gx = T::finish(gemm(m, k, n, row(g, n), row(w, k)), x_shape, dtype)?;
+    let gw = T::finish(gemm(n, k, m, transposed(g, n), row(x, k)), w_shape, dtype)?;
+    let mut v = vec![grad(gx), grad(gw)];
+    if has_b {
+        v.push(grad(sum_to(g, &[m, n], &[n], dtype)?));
+    }
+    Ok(v)
+}

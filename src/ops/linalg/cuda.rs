@@ -1,0 +1,60 @@
+//! Matrix products on the device through cuBLAS (f32 accumulation), rounded to the
+//! operands' dtype by the cast kernel, which counts over/underflow.
+
+use crate::device::cuda::blas::Gemm;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::cuda::{arg, device_of, output, same_dtype};
+use crate::tensor::Tensor;
+
+/// Matrix product of row-major `a` (…×m×k, or k×m with `trans_a`) and `b` (…×k×n, or
+/// n×k with `trans_b`): 2-D × 2-D, 3-D × 3-D (same batch) or 3-D × 2-D (shared b).
+pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, counts: u64) -> Result<Tensor> {
+    let dt = same_dtype("matmul", &[a, b])?;
+    let dev = device_of("matmul", &[a, b])?;
+    let (sa, sb) = (a.shape(), b.shape());
+    let mat = |s: &[usize], t: bool| -> Result<(usize, usize, usize)> {
+        match s.len() {
+            2 if t => Ok((1, s[1], s[0])),
+            2 => Ok((1, s[0], s[1])),
+            3 if t => Ok((s[0], s[2], s[1])),
+            3 => Ok((s[0], s[1], s[2])),
+            _ => Err(Error::shape(
+                "matmul",
+                format!("expected 2-D or 3-D operands, got {s:?}"),
+            )),
+        }
+    };
+    let (ba, m, k) = mat(sa, trans_a)?;
+    let (bb, k2, n) = mat(sb, trans_b)?;
+    if k != k2 || (bb != 1 && bb != ba) || (sb.len() == 3 && sa.len() == 2) {
+        return Err(Error::shape(
+            "matmul",
+            format!("cannot multiply {sa:?} (trans {trans_a}) by {sb:?} (trans {trans_b})"),
+        ));
+    }
+    let g = Gemm {
+        m,
+        n,
+        k,
+        trans_a,
+        trans_b,
+        batch: ba,
+        stride_a: m * k,
+        stride_b: if sb.len() == 3 { k * n } else { 0 },
+    };
+    let out_shape: Vec<usize> = if sa.len() == 3 {
+        vec![ba, m, n]
+    } else {
+        vec![m, n]
+    };
+    let acc = output(&dev, &out_shape, DType::F32)?;
+    let ((ap, kind), (bp, _), (cp, _)) =
+        (arg(a, "matmul")?, arg(b, "matmul")?, arg(&acc, "matmul")?);
+    // SAFETY: a, b and acc are live device buffers of exactly the sizes `g` implies.
+    unsafe { dev.blas().gemm_f32_out(g, kind, ap, bp, cp)? };
+    if dt == DType::F32 {
+        return Ok(acc);
+    }
+    crate::ops::cast::cuda::cast(&acc, dt, counts)
+}

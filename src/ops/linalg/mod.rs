@@ -1,0 +1,242 @@
+//! Matrix products: linear (+bias), matmul, bmm. GEMM accumulates in f32 (f64 for the
+//! reference dtype) and the result is rounded once to the output dtype.
+
+//!
+//! The host kernels are in `cpu.rs` (the gemm crate, f32 accumulation); the device path in
+//! `cuda.rs` (cuBLAS).
+
+mod cpu;
+pub mod cuda;
+
+use super::{expect_float, grad, with_float2, FData};
+use crate::engine::{Computed, Engine};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Shapes of a batched matmul.
+#[derive(Clone, Debug)]
+pub(crate) struct MmShape {
+    pub batch: usize,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub b_shared: bool,
+    pub out: Vec<usize>,
+}
+
+pub(crate) fn mm_shape(a: &[usize], b: &[usize], op: &str) -> Result<MmShape> {
+    if a.len() < 2 || b.len() < 2 {
+        return Err(Error::shape(
+            op,
+            format!("needs operands of rank >= 2, got {a:?} and {b:?}"),
+        ));
+    }
+    let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+    let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
+    if k != k2 {
+        return Err(Error::shape(
+            op,
+            format!("inner dimensions differ: {a:?} @ {b:?}"),
+        ));
+    }
+    let b_shared = b.len() == 2;
+    if !b_shared && a[..a.len() - 2] != b[..b.len() - 2] {
+        return Err(Error::shape(
+            op,
+            format!("batch dimensions differ: {a:?} @ {b:?}"),
+        ));
+    }
+    let batch: usize = a[..a.len() - 2].iter().product();
+    let mut out = a[..a.len() - 2].to_vec();
+    out.extend([m, n]);
+    Ok(MmShape {
+        batch,
+        m,
+        k,
+        n,
+        b_shared,
+        out,
+    })
+}
+
+/// The operands of a device GEMM: `a` as [batch, m, k] (or [m, k]), `b` as [k, n] when
+/// shared or [batch, k, n].
+fn device_views(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<(Tensor, Tensor)> {
+    let a3 = a.view_as(&[s.batch, s.m, s.k])?;
+    let b3 = if s.b_shared {
+        b.view_as(&[s.k, s.n])?
+    } else {
+        b.view_as(&[s.batch, s.k, s.n])?
+    };
+    Ok((a3, b3))
+}
+
+/// Forward matmul on the device (cuBLAS, rounded once by the cast kernel).
+fn device_matmul(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
+    let (a3, b3) = device_views(a, b, s)?;
+    let (slot, counts) = super::device_counts(a)?;
+    let y = cuda::matmul(&a3, &b3, false, false, counts)?;
+    Ok(Computed::pending(y.view_as(&s.out)?, slot))
+}
+
+/// Gradients of a device matmul: dA = G·Bᵀ and dB = Aᵀ·G (summed over the batch when B
+/// is shared, as one GEMM over the flattened batch).
+fn device_matmul_backward(
+    a: &Tensor,
+    b: &Tensor,
+    g: &Tensor,
+    s: &MmShape,
+) -> Result<Vec<Option<crate::engine::Grad>>> {
+    let (a3, b3) = device_views(a, b, s)?;
+    let g3 = g.view_as(&[s.batch, s.m, s.n])?;
+    let (slot_a, counts_a) = super::device_counts(a)?;
+    let ga = cuda::matmul(&g3, &b3, false, true, counts_a)?.view_as(a.shape())?;
+    let (slot_b, counts_b) = super::device_counts(b)?;
+    let gb = if s.b_shared {
+        let a2 = a.view_as(&[s.batch * s.m, s.k])?;
+        let g2 = g.view_as(&[s.batch * s.m, s.n])?;
+        cuda::matmul(&a2, &g2, true, false, counts_b)?
+    } else {
+        cuda::matmul(&a3, &g3, true, false, counts_b)?
+    };
+    Ok(vec![
+        grad(Computed::pending(ga, slot_a)),
+        grad(Computed::pending(gb.view_as(b.shape())?, slot_b)),
+    ])
+}
+
+impl Engine {
+    /// y = x·wᵀ + b for x [..., in], w [out, in], b [out] (`torch.nn.functional.linear`).
+    pub fn linear(&mut self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+        expect_float(x, "linear", "input")?;
+        let mut raw = vec![x, w];
+        raw.extend(b);
+        let ins = self.prepare("linear", &raw)?;
+        let (x, w) = (&ins[0], &ins[1]);
+        let b = ins.get(2);
+        if w.rank() != 2 || x.rank() == 0 {
+            return Err(Error::shape(
+                "linear",
+                format!(
+                    "weight must be [out, in], got {:?}; input {:?}",
+                    w.shape(),
+                    x.shape()
+                ),
+            ));
+        }
+        let (n, k) = (w.shape()[0], w.shape()[1]);
+        if x.shape()[x.rank() - 1] != k {
+            return Err(Error::shape(
+                "linear",
+                format!(
+                    "input {:?} does not end in {k} (weight {:?})",
+                    x.shape(),
+                    w.shape()
+                ),
+            ));
+        }
+        if let Some(b) = b {
+            if b.shape() != [n] {
+                return Err(Error::shape(
+                    "linear",
+                    format!("bias must be [{n}], got {:?}", b.shape()),
+                ));
+            }
+        }
+        let m = x.numel() / k.max(1);
+        let mut out_shape = x.shape().to_vec();
+        *out_shape.last_mut().expect("rank >= 1") = n;
+        let dtype = x.dtype();
+        let out = match (
+            super::fdata(x, "linear")?,
+            super::fdata(w, "linear")?,
+            b.map(|t| super::fdata(t, "linear")).transpose()?,
+        ) {
+            (FData::F32(xd), FData::F32(wd), Some(FData::F32(bd))) => {
+                cpu::linear_fwd(xd, wd, Some(bd), m, k, n, &out_shape, dtype)?
+            }
+            (FData::F32(xd), FData::F32(wd), None) => {
+                cpu::linear_fwd(xd, wd, None, m, k, n, &out_shape, dtype)?
+            }
+            (FData::F64(xd), FData::F64(wd), Some(FData::F64(bd))) => {
+                cpu::linear_fwd(xd, wd, Some(bd), m, k, n, &out_shape, dtype)?
+            }
+            (FData::F64(xd), FData::F64(wd), None) => {
+                cpu::linear_fwd(xd, wd, None, m, k, n, &out_shape, dtype)?
+            }
+            _ => return Err(Error::shape("linear", "operands have different dtypes")),
+        };
+        let (xt, wt, has_b) = (x.clone(), w.clone(), b.is_some());
+        let bw = Box::new(move |g: &Tensor| {
+            match (
+                super::fdata(&xt, "linear")?,
+                super::fdata(&wt, "linear")?,
+                super::fdata(g, "linear")?,
+            ) {
+                (FData::F32(x), FData::F32(w), FData::F32(g)) => {
+                    cpu::linear_bwd(x, w, g, m, k, n, xt.shape(), wt.shape(), has_b, dtype)
+                }
+                (FData::F64(x), FData::F64(w), FData::F64(g)) => {
+                    cpu::linear_bwd(x, w, g, m, k, n, xt.shape(), wt.shape(), has_b, dtype)
+                }
+                _ => Err(Error::shape("linear", "gradient dtype differs from inputs")),
+            }
+        });
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        self.record("linear", &refs, &["input", "weight", "bias"], out, Some(bw))
+    }
+
+    fn matmul_op(&mut self, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        expect_float(a, op, "left operand")?;
+        expect_float(b, op, "right operand")?;
+        let ins = self.prepare(op, &[a, b])?;
+        let (a, b) = (&ins[0], &ins[1]);
+        let s = mm_shape(a.shape(), b.shape(), op)?;
+        let dtype = a.dtype();
+        if a.storage().is_device() {
+            let out = device_matmul(a, b, &s)?;
+            let (at, bt) = (a.clone(), b.clone());
+            let bw = Box::new(move |g: &Tensor| device_matmul_backward(&at, &bt, g, &s));
+            return self.record(op, &[a, b], &["self", "other"], out, Some(bw));
+        }
+        let out = with_float2!(a, b, op, |x, y| cpu::matmul_fwd(x, y, &s, dtype))?;
+        let (at, bt) = (a.clone(), b.clone());
+        let bw = Box::new(move |g: &Tensor| {
+            let (ga, gb) = match (
+                super::fdata(&at, op)?,
+                super::fdata(&bt, op)?,
+                super::fdata(g, op)?,
+            ) {
+                (FData::F32(x), FData::F32(y), FData::F32(gg)) => {
+                    cpu::matmul_bwd(x, y, gg, &s, at.shape(), bt.shape(), dtype)?
+                }
+                (FData::F64(x), FData::F64(y), FData::F64(gg)) => {
+                    cpu::matmul_bwd(x, y, gg, &s, at.shape(), bt.shape(), dtype)?
+                }
+                _ => return Err(Error::shape(op, "gradient dtype differs from inputs")),
+            };
+            Ok(vec![grad(ga), grad(gb)])
+        });
+        self.record(op, &[a, b], &["self", "other"], out, Some(bw))
+    }
+
+    /// Matrix product of a [..., m, k] and b [..., k, n] (same batch dims) or b [k, n].
+    pub fn matmul(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.matmul_op("matmul", a, b)
+    }
+
+    /// Batched matrix product of a [B, m, k] and b [B, k, n].
+    pub fn bmm(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if a.rank() != 3 || b.rank() != 3 {
+            return Err(Error::shape(
+                "bmm",
+                format!(
+                    "needs rank-3 operands, got {:?} and {:?}",
+                    a.shape(),
+                    b.shape()
+                ),
+            ));
+        }
+        self.matmul_op("bmm", a, b)
+    }
+}
