@@ -4,10 +4,10 @@
 //! Kernels compute in `f32` (in `f64` for the reference dtype) and round once to the output
 //! dtype; reductions accumulate in `f64` before that single rounding.
 //!
-//! The backend seam: an op dispatches on its inputs' storage. A family with device kernels
-//! is a folder (`mod.rs` the op and its recording, `cpu.rs` the host kernels, `cuda.rs` the
-//! device host code beside its `.cu` source); host-only families refuse device tensors with
-//! an error naming the op ([`fdata`]).
+//! The backend seam: an op dispatches on its inputs' storage. Each family is a folder:
+//! `mod.rs` the op and its recording, `cpu.rs` the host kernels and, where the family has
+//! device kernels, `cuda.rs` the device host code beside its `.cu` source. Families without
+//! device kernels yet refuse device tensors with an error naming the op ([`fdata`]).
 
 pub mod cast;
 pub mod cuda;

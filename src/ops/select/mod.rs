@@ -9,6 +9,9 @@ use crate::error::{Error, Result};
 use crate::tensor::{numel, strides, Storage, Tensor};
 use std::sync::Arc;
 
+mod cpu;
+use cpu::*;
+
 /// Truth values of a condition or mask: nonzero (NaN included) is true.
 fn truth(t: &Tensor, op: &str) -> Result<Vec<bool>> {
     Ok(match t.storage() {
@@ -17,56 +20,6 @@ fn truth(t: &Tensor, op: &str) -> Result<Vec<bool>> {
         Storage::I64(v) => v.iter().map(|&x| x != 0).collect(),
         Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
     })
-}
-
-/// Picks `a` where `c` is true and `b` elsewhere, over the broadcast `out` shape.
-fn pick<T: Copy>(
-    c: &[bool],
-    a: &[T],
-    b: &[T],
-    strides: [&[usize]; 3],
-    out: &[usize],
-) -> Arc<Vec<T>> {
-    let mut v = Vec::with_capacity(numel(out));
-    for_each_offset(out, strides, |[i, j, k]| {
-        v.push(if c[i] { a[j] } else { b[k] })
-    });
-    Arc::new(v)
-}
-
-/// The gradient of one branch of `where`: `g` where the condition equals `branch`, zero
-/// elsewhere, summed down to the branch's shape in f64 and rounded once.
-fn where_grad<T: Finish>(
-    c: &[bool],
-    cs: &[usize],
-    g: &[T],
-    out: &[usize],
-    branch: bool,
-    target: &[usize],
-    dtype: DType,
-) -> Result<Computed> {
-    let mut full = Vec::with_capacity(g.len());
-    for_each_offset(out, [cs, &strides(out)], |[i, k]| {
-        full.push(if c[i] == branch { g[k] } else { T::zero() })
-    });
-    sum_to(&full, out, target, dtype)
-}
-
-/// `x` with `v` written where the broadcast mask is true (`v` is exact in the dtype).
-fn fill<T: Finish>(
-    x: &[T],
-    m: &[bool],
-    ms: &[usize],
-    v: f64,
-    shape: &[usize],
-    dtype: DType,
-) -> Result<Computed> {
-    let mut y = Vec::with_capacity(x.len());
-    let v = T::of(v);
-    for_each_offset(shape, [ms, &strides(shape)], |[i, k]| {
-        y.push(if m[i] { v } else { x[k] })
-    });
-    T::finish(y, shape, dtype)
 }
 
 impl Engine {

@@ -1,0 +1,122 @@
+//! The reduction and softmax kernels on the host: f64 accumulators, one rounding.
+
+use super::*;
+
+/// Sums `x` (shape `full`) down to `kept` in f64, divides by `count` when given (mean),
+/// rounds once.
+pub(super) fn sum_fwd<T: Finish>(
+    x: &[T],
+    full: &[usize],
+    kept: &[usize],
+    count: Option<f64>,
+    out_shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut acc = sum_to_f64(x, full, kept);
+    if let Some(c) = count {
+        acc.iter_mut().for_each(|a| *a /= c);
+    }
+    T::finish_acc(acc, out_shape, dtype)
+}
+
+/// Broadcasts `g` (shape `kept`, same rank as `full`) back to `full`, dividing by `count`
+/// when given (mean), rounding once.
+pub(super) fn expand_grad<T: Finish>(
+    g: &[T],
+    kept: &[usize],
+    full: &[usize],
+    count: Option<f64>,
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let s = bstrides(kept, full);
+    let mut out = Vec::with_capacity(numel(full));
+    match count {
+        Some(c) => {
+            let c = T::of(c);
+            for_each_offset(full, [&s], |[j]| out.push(g[j] / c));
+        }
+        None => for_each_offset(full, [&s], |[j]| out.push(g[j])),
+    }
+    T::finish(out, full, dtype)
+}
+
+/// Flat offsets of the first maximal element of every line (a NaN counts as maximal).
+pub(super) fn argmax_lines<T: Real>(x: &[T], outer: usize, n: usize, inner: usize) -> Vec<usize> {
+    let mut idx = Vec::with_capacity(outer * inner);
+    for_each_line(outer, n, inner, |base, st| {
+        let mut best = base;
+        for i in 1..n {
+            let (v, b) = (x[base + i * st], x[best]);
+            if b.is_nan() {
+                break;
+            }
+            if v > b || v.is_nan() {
+                best = base + i * st;
+            }
+        }
+        idx.push(best);
+    });
+    idx
+}
+
+pub(super) fn softmax_fwd<T: Finish>(
+    x: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    log: bool,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut y = vec![T::zero(); x.len()];
+    let mut e = vec![T::zero(); n];
+    for_each_line(outer, n, inner, |base, st| {
+        // A NaN in the line need not win here: exp(NaN) makes the whole line NaN anyway.
+        let m = (0..n)
+            .map(|i| x[base + i * st])
+            .fold(T::neg_infinity(), |a, b| if b > a { b } else { a });
+        let mut s = 0f64;
+        for (i, ei) in e.iter_mut().enumerate() {
+            *ei = (x[base + i * st] - m).exp();
+            s += ei.f64();
+        }
+        if log {
+            let l = T::of(s.ln());
+            for i in 0..n {
+                y[base + i * st] = x[base + i * st] - m - l;
+            }
+        } else {
+            let s = T::of(s);
+            for (i, &ei) in e.iter().enumerate() {
+                y[base + i * st] = ei / s;
+            }
+        }
+    });
+    T::finish(y, shape, dtype)
+}
+
+/// Softmax backward `y·(g − Σ g·y)`, log-softmax backward `g − exp(y)·Σ g`, with the
+/// line sums in f64.
+pub(super) fn softmax_bwd<T: Finish>(
+    y: &[T],
+    g: &[T],
+    (outer, n, inner): (usize, usize, usize),
+    log: bool,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Computed> {
+    let mut gx = vec![T::zero(); y.len()];
+    for_each_line(outer, n, inner, |base, st| {
+        let at = |i: usize| base + i * st;
+        if log {
+            let s = T::of((0..n).map(|i| g[at(i)].f64()).sum::<f64>());
+            for i in 0..n {
+                gx[at(i)] = g[at(i)] - y[at(i)].exp() * s;
+            }
+        } else {
+            let s = T::of((0..n).map(|i| (g[at(i)] * y[at(i)]).f64()).sum::<f64>());
+            for i in 0..n {
+                gx[at(i)] = y[at(i)] * (g[at(i)] - s);
+            }
+        }
+    });
+    T::finish(gx, shape, dtype)
+}
