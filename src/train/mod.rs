@@ -3,19 +3,22 @@
 
 use crate::amp::mode::Precision;
 use crate::amp::policy::{DeviceType, PolicyTable};
-use crate::amp::scaler::{GradScaler, GradView, ScalerConfig, StepDecision, UpdateOutcome};
+use crate::amp::scaler::{GradScaler, ScalerConfig, StepDecision, UpdateOutcome};
 use crate::backend::BackendKind;
 use crate::dtype::DType;
 use crate::engine::{Autocast, Engine, Injection};
 use crate::error::{Error, Result};
 use crate::models::{Batch, Model, Output as ForwardOutput, ParamAccess, ParamStore};
-use crate::optim::clip::{clip_grad_norm, ClipOutcome, GradSlot, NormType};
-use crate::optim::{build_optimizer, Optimizer, OptimizerConfig, ParamSlot};
+use crate::optim::clip::{ClipOutcome, NormType};
+use crate::optim::{build_optimizer, Optimizer, OptimizerConfig};
 use crate::probe::recorder::Recorder;
 use crate::tensor::Tensor;
-use crate::trace::record::{ParamRecord, StepRecord};
+use crate::trace::record::StepRecord;
+use grads::{ParamRef, StepGrads};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
+
+mod grads;
 
 /// When full op records are kept for a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,9 +145,6 @@ struct StepInputs {
     scale: f32,
     batches: Vec<Batch>,
 }
-
-/// Gradient buffers of the parameters (`None`: no gradient), with their dtypes.
-type GradBufs = Vec<Option<(Vec<f32>, DType)>>;
 
 /// What the phases of one step hand to each other.
 struct StepState {
@@ -355,17 +355,17 @@ impl Trainer {
             let root = self.scale(&mut st, loss)?;
             self.backward(&mut st, &root)?;
         }
-        let mut bufs = self.gradient_buffers(&mut st)?;
+        let mut grads = self.gradient_buffers(&mut st)?;
         if let Some(max_norm) = self.cfg.clip {
-            self.unscale(&mut bufs)?;
-            self.clip(&mut st, &mut bufs, max_norm)?;
+            self.unscale(&mut grads)?;
+            self.clip(&mut st, &mut grads, max_norm)?;
         }
-        let decision = self.check(&mut bufs)?;
+        let decision = self.check(&mut grads)?;
         if !decision.skip {
-            self.optimizer_step(&bufs)?;
+            self.optimizer_step(&grads)?;
         }
         let upd = self.update(&mut st)?;
-        self.finish(st, &bufs, decision, upd)
+        self.finish(st, &grads, decision, upd)
     }
 
     /// Starts a step: the scale it begins with and what a replay needs.
@@ -446,44 +446,28 @@ impl Trainer {
         Ok(())
     }
 
-    /// The step's gradients as mutable buffers for the scaler, clipping and the optimizer.
-    fn gradient_buffers(&mut self, st: &mut StepState) -> Result<GradBufs> {
+    /// The step's gradients for the scaler, clipping and the optimizer, on the backend
+    /// that holds them.
+    fn gradient_buffers(&mut self, st: &mut StepState) -> Result<StepGrads> {
         self.before = st.inputs.take();
-        st.grads
-            .iter()
-            .map(|g| {
-                g.as_ref()
-                    .map(|t| Ok::<_, Error>((t.f32s()?.to_vec(), t.dtype())))
-                    .transpose()
-            })
-            .collect()
+        StepGrads::new(&st.grads)
     }
 
     /// Unscale (before clipping): gradients divided by the scale, Inf/NaN noted.
-    fn unscale(&mut self, bufs: &mut GradBufs) -> Result<()> {
+    fn unscale(&mut self, grads: &mut StepGrads) -> Result<()> {
         let names = self.param_names();
-        {
-            let mut views = grad_views(&names, bufs);
-            self.scaler.unscale_(0, &mut views)?;
-        }
-        self.emit_grads("unscale", bufs)
+        grads.unscale(
+            &mut self.scaler,
+            &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        )?;
+        self.emit_grads("unscale", grads)
     }
 
     /// Clip: the gradients' total norm brought to at most `max_norm`.
-    fn clip(&mut self, st: &mut StepState, bufs: &mut GradBufs, max_norm: f32) -> Result<()> {
+    fn clip(&mut self, st: &mut StepState, grads: &mut StepGrads, max_norm: f32) -> Result<()> {
         let names = self.param_names();
-        let mut slots: Vec<GradSlot<'_>> = names
-            .iter()
-            .zip(bufs.iter_mut())
-            .filter_map(|(nm, b)| {
-                b.as_mut().map(|(d, dt)| GradSlot {
-                    name: nm,
-                    data: d.as_mut_slice(),
-                    dtype: *dt,
-                })
-            })
-            .collect();
-        let c = clip_grad_norm(&mut slots, max_norm, self.cfg.clip_norm)?;
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let c = grads.clip(&names, max_norm, self.cfg.clip_norm)?;
         if c.nonfinite {
             st.events.push(format!(
                 "clip_grad_norm: total norm is {} (non-finite); gradients were multiplied by {}",
@@ -491,49 +475,36 @@ impl Trainer {
             ));
         }
         st.clip = Some(c);
-        self.emit_grads("clip_grad_norm", bufs)
+        self.emit_grads("clip_grad_norm", grads)
     }
 
     /// The scaler's decision: skip on an Inf/NaN gradient, else unscale (if not yet done).
-    fn check(&mut self, bufs: &mut GradBufs) -> Result<StepDecision> {
+    fn check(&mut self, grads: &mut StepGrads) -> Result<StepDecision> {
         let names = self.param_names();
-        let decision = {
-            let mut views = grad_views(&names, bufs);
-            self.scaler.should_step(0, &mut views)?
-        };
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let decision = grads.check(&mut self.scaler, &names)?;
         if decision.unscaled_here {
-            self.emit_grads("unscale", bufs)?;
+            self.emit_grads("unscale", grads)?;
         }
         Ok(decision)
     }
 
     /// Step: the optimizer updates the parameters from the unscaled gradients.
-    fn optimizer_step(&mut self, bufs: &GradBufs) -> Result<()> {
-        let mut datas: Vec<Vec<f32>> = self
-            .params
-            .params
-            .iter()
-            .map(|p| p.value.f32s().map(<[f32]>::to_vec))
-            .collect::<Result<_>>()?;
-        {
-            let mut slots: Vec<ParamSlot<'_>> = self
+    fn optimizer_step(&mut self, grads: &StepGrads) -> Result<()> {
+        let new = {
+            let refs: Vec<ParamRef<'_>> = self
                 .params
                 .params
                 .iter()
-                .zip(datas.iter_mut())
-                .zip(bufs.iter())
-                .map(|((p, d), g)| ParamSlot {
+                .map(|p| ParamRef {
                     name: &p.name,
-                    data: d.as_mut_slice(),
-                    grad: g.as_ref().map(|(v, _)| v.as_slice()),
-                    dtype: p.value.dtype(),
+                    value: &p.value,
                 })
                 .collect();
-            self.optimizer.step(&mut slots)?;
-        }
-        for (p, d) in self.params.params.iter_mut().zip(datas) {
-            let old = p.value.clone();
-            p.value = Tensor::from_exact(d, old.shape(), old.dtype())?.as_leaf(true);
+            grads.step(self.optimizer.as_mut(), &refs)?
+        };
+        for (p, nv) in self.params.params.iter_mut().zip(new) {
+            let old = std::mem::replace(&mut p.value, nv);
             let (m, nv) = (p.module.clone(), p.value.clone());
             self.engine
                 .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
@@ -577,7 +548,7 @@ impl Trainer {
     fn finish(
         &mut self,
         st: StepState,
-        bufs: &GradBufs,
+        grads: &StepGrads,
         decision: StepDecision,
         upd: UpdateOutcome,
     ) -> Result<StepRecord> {
@@ -585,23 +556,21 @@ impl Trainer {
         let mut sum_sq = 0f64;
         let mut any_grad = false;
         for (i, p) in self.params.params.iter().enumerate() {
-            let Some((g, gd)) = &bufs[i] else { continue };
+            let r = ParamRef {
+                name: &p.name,
+                value: &p.value,
+            };
+            let Some(rec) = grads.record(i, &r, st.scale_before)? else {
+                continue;
+            };
             any_grad = true;
-            let rec = ParamRecord::from_grad(
-                &p.name,
-                p.value.dtype(),
-                *gd,
-                g,
-                st.scale_before,
-                p.value.f32s()?,
-            );
             sum_sq += if rec.nonfinite > 0 {
                 f64::INFINITY
             } else {
                 rec.grad_l2 * rec.grad_l2
             };
             params_rec.push(rec);
-            self.last_grads[i] = Some(Tensor::from_exact(g.clone(), p.value.shape(), *gd)?);
+            self.last_grads[i] = grads.tensor(i, p.value.shape())?;
         }
         let grad_norm = match st.clip {
             Some(c) => Some(c.total_norm as f64),
@@ -650,14 +619,13 @@ impl Trainer {
         self.params.params.iter().map(|p| p.name.clone()).collect()
     }
 
-    fn emit_grads(&mut self, op: &'static str, bufs: &GradBufs) -> Result<()> {
+    fn emit_grads(&mut self, op: &'static str, grads: &StepGrads) -> Result<()> {
         if !self.engine.probing() {
             return Ok(());
         }
-        for (i, b) in bufs.iter().enumerate() {
-            if let Some((g, d)) = b {
-                let t = Tensor::from_exact(g.clone(), self.params.params[i].value.shape(), *d)?;
-                let m = self.params.params[i].module.clone();
+        for (i, p) in self.params.params.iter().enumerate() {
+            if let Some(t) = grads.tensor(i, p.value.shape())? {
+                let m = p.module.clone();
                 self.engine.emit_optimizer_op(op, &m, &[], &t);
             }
         }
@@ -670,15 +638,4 @@ fn divisor(n: u32, dtype: DType) -> Result<Tensor> {
         DType::F64 => Tensor::from_f64(vec![n as f64], &[]),
         d => Tensor::from_f32(vec![n as f32], &[], d),
     }
-}
-
-fn grad_views<'a>(names: &'a [String], bufs: &'a mut GradBufs) -> Vec<GradView<'a>> {
-    names
-        .iter()
-        .zip(bufs.iter_mut())
-        .filter_map(|(n, b)| {
-            b.as_mut()
-                .map(|(d, dt)| GradView::new(n, d.as_mut_slice(), *dt))
-        })
-        .collect()
 }
