@@ -114,6 +114,15 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
             "--backend cuda needs a usable NVIDIA GPU: {reason}; use --backend cpu or auto \
              (`amprobe doctor` shows what was found)"
         ))),
+        (BackendChoice::Auto, Detection::Available(r)) if first_is_simulated(r) => Ok(Resolved {
+            kind: BackendKind::Cpu,
+            reason: format!(
+                "found {}, a simulated device, which runs only when asked for \
+                 (--backend cuda)",
+                first_device(r)
+            ),
+            device: None,
+        }),
         (BackendChoice::Auto, Detection::Available(r)) if !CUDA_STEP_SUPPORTED => Ok(Resolved {
             kind: BackendKind::Cpu,
             reason: format!(
@@ -138,7 +147,53 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
     }
 }
 
+/// True when the device a run would use is the simulated one.
+fn first_is_simulated(r: &detect::CudaInfo) -> bool {
+    r.devices.first().is_some_and(|d| d.simulated)
+}
+
 /// The name of the first device found (the one a run uses).
 fn first_device(r: &detect::CudaInfo) -> &str {
     r.devices.first().map_or("a GPU", |d| d.name.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::detect::{CudaInfo, GpuDevice};
+
+    fn found(simulated: bool) -> Detection {
+        Detection::Available(CudaInfo {
+            driver_version: 13000,
+            devices: vec![GpuDevice {
+                ordinal: 0,
+                name: if simulated {
+                    "amprobe-sim (simulated)".into()
+                } else {
+                    "NVIDIA H100 80GB HBM3".into()
+                },
+                total_mem: 80 << 30,
+                compute_capability: (9, 0),
+                simulated,
+            }],
+            nvrtc: Ok((13, 0)),
+            cublas: Ok((13, 0, 0)),
+            bindings: "13.0",
+        })
+    }
+
+    #[test]
+    fn auto_never_picks_the_simulated_device() {
+        let r = resolve_with(BackendChoice::Auto, &found(true)).unwrap();
+        assert_eq!(r.kind, BackendKind::Cpu);
+        assert!(r.reason.contains("simulated"), "{}", r.reason);
+    }
+
+    #[test]
+    fn cpu_is_always_honoured() {
+        for sim in [false, true] {
+            let r = resolve_with(BackendChoice::Cpu, &found(sim)).unwrap();
+            assert_eq!(r.kind, BackendKind::Cpu);
+        }
+    }
 }

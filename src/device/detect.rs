@@ -20,6 +20,9 @@ pub struct GpuDevice {
     pub total_mem: u64,
     /// Compute capability (major, minor).
     pub compute_capability: (i32, i32),
+    /// True for the project's simulated device (`crates/cudasim`), which runs kernels on
+    /// the CPU: its results prove launch logic and kernel arithmetic, never hardware speed.
+    pub simulated: bool,
 }
 
 /// What a machine with a CUDA driver offers.
@@ -114,15 +117,20 @@ fn detect_now() -> Detection {
                 name,
                 total_mem: total as u64,
                 compute_capability: cc,
+                simulated: false,
             });
         }
         Ok((version, devices))
     });
-    let (driver_version, devices) = match driver {
+    let (driver_version, mut devices) = match driver {
         None => return unavailable("the CUDA driver library failed to load".into()),
         Some(Err(e)) => return unavailable(e),
         Some(Ok(v)) => v,
     };
+    let simulated = driver_is_simulated();
+    for d in &mut devices {
+        d.simulated = simulated;
+    }
     if devices.is_empty() {
         return unavailable(format!(
             "CUDA driver {} found but no CUDA device",
@@ -144,6 +152,20 @@ fn detect_now() -> Detection {
         cublas,
         bindings: "13.0",
     })
+}
+
+/// True when the loaded driver library is the simulated device (it exports
+/// `cudasim_is_simulated`; NVIDIA's driver does not).
+fn driver_is_simulated() -> bool {
+    // SAFETY: looks up one symbol of the already loaded driver library; it is only called
+    // (a function of no arguments returning an int) when present.
+    quietly(|| unsafe {
+        let lib = cudarc::driver::sys::culib();
+        lib.get::<unsafe extern "C" fn() -> i32>(b"cudasim_is_simulated")
+            .map(|f| f() == 1)
+            .unwrap_or(false)
+    })
+    .unwrap_or(false)
 }
 
 /// NVRTC's version, or why it cannot be loaded.
@@ -209,12 +231,19 @@ pub fn describe(d: &Detection) -> String {
             );
             for dev in &info.devices {
                 s.push_str(&format!(
-                    "device {}: {}, {:.1} GiB, compute capability {}.{}\n",
+                    "device {}: {}, {:.1} GiB, compute capability {}.{}{}\n",
                     dev.ordinal,
                     dev.name,
                     dev.total_mem as f64 / (1u64 << 30) as f64,
                     dev.compute_capability.0,
-                    dev.compute_capability.1
+                    dev.compute_capability.1,
+                    if dev.simulated {
+                        " — a simulated device: kernels run on the CPU; its results check \
+                         launch logic and kernel arithmetic, not hardware speed or cuBLAS's \
+                         summation order"
+                    } else {
+                        ""
+                    }
                 ));
             }
             match &info.nvrtc {

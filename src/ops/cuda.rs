@@ -53,6 +53,7 @@ pub(crate) fn cfg(n: u64) -> LaunchConfig {
 macro_rules! launch {
     ($dev:expr, $name:expr, $n:expr, $($arg:expr),+ $(,)?) => {{
         use cudarc::driver::PushKernelArg;
+        $dev.check_args($name, 0 $(+ { let _ = stringify!($arg); 1 })+)?;
         let f = $dev.func($name)?;
         let mut b = $dev.stream().launch_builder(f);
         $( b.arg($arg); )+

@@ -178,6 +178,7 @@ impl StatsArena {
         let blocks = (n as u64)
             .div_ceil(THREADS as u64 * 8)
             .clamp(1, MAX_PARTIALS as u64) as u32;
+        dev.check_args("amp_stats", 3)?;
         let f = dev.func("amp_stats")?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -203,6 +204,7 @@ impl StatsArena {
                 .clone_htod(chunk)
                 .map_err(|e| dev_err("probe batch upload")(&e))?;
             let count = chunk.len() as u32;
+            dev.check_args("amp_stats_batch", 4)?;
             let f = dev.func("amp_stats_batch")?;
             let cfg = LaunchConfig {
                 grid_dim: (count, 1, 1),
@@ -230,6 +232,7 @@ impl StatsArena {
         }
         let s = dev.stream();
         let slots = self.used as u32;
+        dev.check_args("amp_stats_finish", 3)?;
         let f = dev.func("amp_stats_finish")?;
         let cfg = LaunchConfig {
             grid_dim: (slots.div_ceil(THREADS), 1, 1),

@@ -36,6 +36,7 @@ pub struct CudaDevice {
     blas: blas::Blas,
     info: GpuDevice,
     arena: Mutex<Option<arena::StatsArena>>,
+    arity: HashMap<String, usize>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -69,6 +70,7 @@ impl CudaDevice {
         let stream = ctx.default_stream();
         let (major, minor) = info.compute_capability;
         let ptx = program.compile(Some(program::arch_name(major, minor)))?;
+        let arity = program::entry_arity(&ptx.to_src());
         let module = ctx
             .load_module(ptx)
             .map_err(|e| dev_err("load kernel module")(&e))?;
@@ -88,6 +90,7 @@ impl CudaDevice {
             blas,
             info,
             arena: Mutex::new(None),
+            arity,
         }))
     }
 
@@ -109,6 +112,21 @@ impl CudaDevice {
     /// cuBLAS.
     pub fn blas(&self) -> &blas::Blas {
         &self.blas
+    }
+
+    /// Checks that a launch of kernel `name` passes as many arguments as its PTX entry
+    /// takes: the driver cannot tell (it reads the argument array up to the entry's count),
+    /// so a missing argument would be read from whatever memory follows.
+    pub fn check_args(&self, name: &str, given: usize) -> Result<()> {
+        match self.arity.get(name) {
+            Some(&n) if n == given => Ok(()),
+            Some(&n) => Err(Error::Device(format!(
+                "kernel {name} takes {n} arguments, the launch passes {given}"
+            ))),
+            None => Err(Error::Device(format!(
+                "kernel {name} is not an entry of the loaded module"
+            ))),
+        }
     }
 
     /// A loaded kernel by name.

@@ -77,3 +77,34 @@ pub fn arch_name(major: i32, minor: i32) -> &'static str {
     names.push(leaked);
     leaked
 }
+
+/// The number of parameters of every `.entry` of a PTX module, by kernel name.
+pub fn entry_arity(ptx: &str) -> std::collections::HashMap<String, usize> {
+    let mut out = std::collections::HashMap::new();
+    let mut rest = ptx;
+    while let Some(i) = rest.find(".entry ") {
+        let after = &rest[i + ".entry ".len()..];
+        let (Some(open), Some(close)) = (after.find('('), after.find(')')) else {
+            break;
+        };
+        if close < open {
+            break;
+        }
+        let name = after[..open].trim().to_string();
+        out.insert(name, after[open..close].matches(".param").count());
+        rest = &after[close..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_entry_parameters() {
+        let ptx = ".visible .entry k(\n .param .u64 k_param_0,\n .param .u32 k_param_1\n)\n{}\n\
+                   .visible .entry j()\n{}";
+        let a = super::entry_arity(ptx);
+        assert_eq!(a["k"], 2);
+        assert_eq!(a["j"], 0);
+    }
+}

@@ -1,0 +1,200 @@
+// Runs one kernel launch on the host: each block's threads are fibers switched only at
+// barriers, blocks one after another on the calling OS thread.
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cudasim.cuh"
+#include "registry.h"
+
+namespace cudasim {
+namespace {
+
+enum State { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+
+const size_t STACK_BYTES = 128 * 1024;
+
+struct Fiber {
+    ucontext_t ctx;
+    ThreadCtx t;
+    State state;
+    uint64_t warp_value;
+};
+
+struct WarpSnapshot {
+    uint64_t values[32];
+    unsigned live;
+};
+
+struct Block {
+    std::vector<Fiber> fibers;
+    // Each warp's lane values at its last release: lanes read these after resuming, when
+    // faster lanes may already have published their next values.
+    std::vector<WarpSnapshot> warps;
+    ucontext_t sched;
+    const KernelInfo* kernel;
+    void** args;
+    bool faulted;
+    std::string fault;
+};
+
+thread_local Block* g_block = nullptr;
+thread_local Fiber* g_cur = nullptr;
+thread_local std::vector<char*> g_stacks;
+
+char* stack_for(size_t i) {
+    while (g_stacks.size() <= i) {
+        void* p = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return nullptr;
+        g_stacks.push_back(static_cast<char*>(p));
+    }
+    return g_stacks[i];
+}
+
+void fiber_main() {
+    Block* b = g_block;
+    b->kernel->invoke(b->kernel->fn, b->args);
+    g_cur->state = DONE;
+    // Returning resumes the scheduler (uc_link).
+}
+
+void yield_to_scheduler() { swapcontext(&g_cur->ctx, &g_block->sched); }
+
+}  // namespace
+
+ThreadCtx* current() { return &g_cur->t; }
+
+void sync_block() {
+    g_cur->state = AT_BLOCK_BARRIER;
+    yield_to_scheduler();
+}
+
+void warp_exchange(uint64_t value, uint64_t out[32], unsigned* live_mask) {
+    g_cur->warp_value = value;
+    g_cur->state = AT_WARP_BARRIER;
+    yield_to_scheduler();
+    const WarpSnapshot& w = g_block->warps[g_cur->t.warp];
+    for (unsigned l = 0; l < 32; l++) out[l] = w.values[l];
+    *live_mask = w.live;
+}
+
+[[noreturn]] void fault(const char* what) {
+    g_block->faulted = true;
+    if (g_block->fault.empty()) g_block->fault = what;
+    g_cur->state = DONE;
+    setcontext(&g_block->sched);
+    std::abort();
+}
+
+}  // namespace cudasim
+
+using namespace cudasim;
+
+// Runs every block of a launch. Returns 0, or 1 with a message in `err`.
+extern "C" int cudasim_run(const KernelInfo* k, const unsigned grid[3], const unsigned block[3],
+                           void* dynamic_shared, void** args, char* err, size_t errlen) {
+    size_t nthreads = (size_t)block[0] * block[1] * block[2];
+    Block b;
+    b.kernel = k;
+    b.args = args;
+    b.faulted = false;
+    b.fibers.resize(nthreads);
+    b.warps.resize((nthreads + 31) / 32);
+    Block* saved_block = g_block;
+    Fiber* saved_cur = g_cur;
+    g_block = &b;
+    int rc = 0;
+    for (unsigned bz = 0; bz < grid[2] && !rc; bz++)
+        for (unsigned by = 0; by < grid[1] && !rc; by++)
+            for (unsigned bx = 0; bx < grid[0] && !rc; bx++) {
+                for (size_t i = 0; i < nthreads; i++) {
+                    Fiber& f = b.fibers[i];
+                    f.state = READY;
+                    f.warp_value = 0;
+                    f.t.thread_idx = {(unsigned)(i % block[0]), (unsigned)(i / block[0] % block[1]),
+                                      (unsigned)(i / ((size_t)block[0] * block[1]))};
+                    f.t.block_idx = {bx, by, bz};
+                    f.t.block_dim = {block[0], block[1], block[2]};
+                    f.t.grid_dim = {grid[0], grid[1], grid[2]};
+                    f.t.lane = (unsigned)(i % 32);
+                    f.t.warp = (unsigned)(i / 32);
+                    f.t.dynamic_shared = dynamic_shared;
+                    char* stack = stack_for(i);
+                    if (!stack) {
+                        snprintf(err, errlen, "out of host memory for thread stacks");
+                        rc = 1;
+                        break;
+                    }
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = stack;
+                    f.ctx.uc_stack.ss_size = STACK_BYTES;
+                    f.ctx.uc_link = &b.sched;
+                    makecontext(&f.ctx, fiber_main, 0);
+                }
+                if (rc) break;
+                for (;;) {
+                    for (size_t i = 0; i < nthreads && !b.faulted; i++) {
+                        Fiber& f = b.fibers[i];
+                        if (f.state != READY) continue;
+                        g_cur = &f;
+                        swapcontext(&b.sched, &f.ctx);
+                    }
+                    if (b.faulted) break;
+                    // Everyone is done or waiting. Release warps whose live lanes all wait at
+                    // an exchange; else the block barrier when every live thread waits there.
+                    bool any_live = false, released = false;
+                    size_t nwarps = (nthreads + 31) / 32;
+                    for (size_t w = 0; w < nwarps; w++) {
+                        bool live = false, all_warp = true;
+                        for (size_t i = w * 32; i < nthreads && i < w * 32 + 32; i++) {
+                            State s = b.fibers[i].state;
+                            if (s == DONE) continue;
+                            live = true;
+                            if (s != AT_WARP_BARRIER) all_warp = false;
+                        }
+                        any_live |= live;
+                        if (live && all_warp) {
+                            // Exited lanes and lanes past the block's size are not live.
+                            WarpSnapshot& snap = b.warps[w];
+                            snap.live = 0;
+                            for (unsigned l = 0; l < 32; l++) {
+                                size_t i = w * 32 + l;
+                                snap.values[l] = 0;
+                                if (i < nthreads && b.fibers[i].state == AT_WARP_BARRIER) {
+                                    snap.values[l] = b.fibers[i].warp_value;
+                                    snap.live |= 1u << l;
+                                    b.fibers[i].state = READY;
+                                }
+                            }
+                            released = true;
+                        }
+                    }
+                    if (!any_live) break;
+                    if (released) continue;
+                    bool all_block = true;
+                    for (auto& f : b.fibers)
+                        if (f.state != DONE && f.state != AT_BLOCK_BARRIER) all_block = false;
+                    if (!all_block) {
+                        b.faulted = true;
+                        b.fault =
+                            "threads of one block wait at different barriers (a __syncthreads "
+                            "or warp operation not reached by every live thread)";
+                        break;
+                    }
+                    for (auto& f : b.fibers)
+                        if (f.state == AT_BLOCK_BARRIER) f.state = READY;
+                }
+                if (b.faulted) {
+                    snprintf(err, errlen, "block (%u, %u, %u): %s", bx, by, bz, b.fault.c_str());
+                    rc = 1;
+                }
+            }
+    g_block = saved_block;
+    g_cur = saved_cur;
+    return rc;
+}

@@ -1,0 +1,216 @@
+//! The cuBLAS functions amprobe calls: handles, streams, the math mode, the library
+//! version, and `cublasGemmStridedBatchedEx` with fp16, bf16 or f32 operands, an f32
+//! result, and f32 accumulation in k order (TF32 inputs only when that compute type is
+//! asked for). Real cuBLAS sums in an order of its choosing, with fused multiply-adds on
+//! tensor cores; this one multiplies and adds separately, one k after another.
+
+use std::ffi::{c_int, c_longlong, c_void};
+
+const SUCCESS: u32 = 0;
+const NOT_INITIALIZED: u32 = 1;
+const INVALID_VALUE: u32 = 7;
+const NOT_SUPPORTED: u32 = 15;
+
+const R_32F: u32 = 0;
+const R_16F: u32 = 2;
+const R_16BF: u32 = 14;
+const COMPUTE_32F: u32 = 68;
+const COMPUTE_32F_FAST_TF32: u32 = 77;
+
+const HANDLE: usize = 0xB1A5;
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCreate_v2(handle: *mut *mut c_void) -> u32 {
+    if handle.is_null() {
+        return INVALID_VALUE;
+    }
+    *handle = HANDLE as *mut c_void;
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cublasDestroy_v2(_handle: *mut c_void) -> u32 {
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cublasSetStream_v2(handle: *mut c_void, _stream: *mut c_void) -> u32 {
+    if handle as usize != HANDLE {
+        return NOT_INITIALIZED;
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cublasSetMathMode(handle: *mut c_void, _mode: u32) -> u32 {
+    if handle as usize != HANDLE {
+        return NOT_INITIALIZED;
+    }
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasGetProperty(which: u32, value: *mut c_int) -> u32 {
+    if value.is_null() {
+        return INVALID_VALUE;
+    }
+    // Reports itself as cuBLAS 13.0.0, the version amprobe is built against.
+    *value = match which {
+        0 => 13,
+        _ => 0,
+    };
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasGetVersion_v2(_handle: *mut c_void, v: *mut c_int) -> u32 {
+    if v.is_null() {
+        return INVALID_VALUE;
+    }
+    *v = 130_000;
+    SUCCESS
+}
+
+/// Element `i` of a matrix of data type `ty`, as f32 (exact).
+unsafe fn load(p: *const c_void, ty: u32, i: usize) -> f32 {
+    match ty {
+        R_32F => *(p as *const f32).add(i),
+        R_16F => half_to_f32(*(p as *const u16).add(i)),
+        _ => f32::from_bits(u32::from(*(p as *const u16).add(i)) << 16),
+    }
+}
+
+fn half_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let e = u32::from(h >> 10) & 0x1f;
+    let m = u32::from(h) & 0x3ff;
+    if e == 0x1f {
+        return f32::from_bits(sign | 0x7f80_0000 | (m << 13));
+    }
+    if e != 0 {
+        return f32::from_bits(sign | ((e + 112) << 23) | (m << 13));
+    }
+    let v = m as f32 * 5.960_464_5e-8;
+    if sign != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// An f32 rounded to TF32 (10 explicit mantissa bits, round to nearest even).
+fn tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let b = x.to_bits();
+    let r = b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff;
+    f32::from_bits(r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
+    handle: *mut c_void,
+    transa: u32,
+    transb: u32,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const c_void,
+    a: *const c_void,
+    atype: u32,
+    lda: c_int,
+    stride_a: c_longlong,
+    b: *const c_void,
+    btype: u32,
+    ldb: c_int,
+    stride_b: c_longlong,
+    beta: *const c_void,
+    c: *mut c_void,
+    ctype: u32,
+    ldc: c_int,
+    stride_c: c_longlong,
+    batch: c_int,
+    compute: u32,
+    _algo: c_int,
+) -> u32 {
+    if handle as usize != HANDLE {
+        return NOT_INITIALIZED;
+    }
+    if m < 0 || n < 0 || k < 0 || batch < 0 || alpha.is_null() || beta.is_null() {
+        return INVALID_VALUE;
+    }
+    let ok_type = |t: u32| matches!(t, R_32F | R_16F | R_16BF);
+    if !ok_type(atype) || atype != btype || ctype != R_32F || transa > 1 || transb > 1 {
+        eprintln!(
+            "cudasim: cublasGemmStridedBatchedEx with A {atype}, B {btype}, C {ctype}, ops \
+             {transa}/{transb} is not simulated (A = B in f32/f16/bf16, C f32, N or T)"
+        );
+        return NOT_SUPPORTED;
+    }
+    if compute != COMPUTE_32F && compute != COMPUTE_32F_FAST_TF32 {
+        eprintln!("cudasim: cublasGemmStridedBatchedEx compute type {compute} is not simulated");
+        return NOT_SUPPORTED;
+    }
+    let (m, n, k) = (m as usize, n as usize, k as usize);
+    let (lda, ldb, ldc) = (lda as usize, ldb as usize, ldc as usize);
+    // Column-major: op(A) is m×k, op(B) k×n, C m×n with leading dimensions lda, ldb, ldc.
+    let rows_a = if transa == 0 { m } else { k };
+    let rows_b = if transb == 0 { k } else { n };
+    if lda < rows_a.max(1) || ldb < rows_b.max(1) || ldc < m.max(1) {
+        return INVALID_VALUE;
+    }
+    let alpha = *(alpha as *const f32);
+    let beta = *(beta as *const f32);
+    let tf = compute == COMPUTE_32F_FAST_TF32 && atype == R_32F;
+    for bi in 0..batch as usize {
+        let ab = a
+            .cast::<u8>()
+            .offset((bi as isize) * (stride_a as isize) * elem_bytes(atype) as isize)
+            as *const c_void;
+        let bb = b
+            .cast::<u8>()
+            .offset((bi as isize) * (stride_b as isize) * elem_bytes(btype) as isize)
+            as *const c_void;
+        let cb = (c as *mut f32).offset((bi as isize) * stride_c as isize);
+        for j in 0..n {
+            for i in 0..m {
+                let mut acc = 0f32;
+                for p in 0..k {
+                    let ai = if transa == 0 {
+                        i + p * lda
+                    } else {
+                        p + i * lda
+                    };
+                    let bi_ = if transb == 0 {
+                        p + j * ldb
+                    } else {
+                        j + p * ldb
+                    };
+                    let (mut x, mut y) = (load(ab, atype, ai), load(bb, btype, bi_));
+                    if tf {
+                        x = tf32(x);
+                        y = tf32(y);
+                    }
+                    let prod = x * y;
+                    acc += prod;
+                }
+                let out = cb.add(i + j * ldc);
+                *out = if beta == 0.0 {
+                    alpha * acc
+                } else {
+                    alpha * acc + beta * *out
+                };
+            }
+        }
+    }
+    SUCCESS
+}
+
+fn elem_bytes(t: u32) -> usize {
+    if t == R_32F {
+        4
+    } else {
+        2
+    }
+}

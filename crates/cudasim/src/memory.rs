@@ -1,0 +1,176 @@
+//! Device memory: host mappings the library tracks, each followed by guard bytes whose
+//! pattern is checked after every launch; freed mappings are kept (inaccessible) so that a
+//! late use is caught instead of landing in a new allocation.
+
+use std::collections::BTreeMap;
+
+/// Bytes after each allocation filled with [`GUARD`] and checked after launches.
+pub const GUARD_BYTES: usize = 256;
+/// The guard pattern.
+pub const GUARD: u8 = 0xA5;
+/// Freed allocations kept before their memory is returned (newest last).
+const QUARANTINE: usize = 4096;
+
+/// One allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Alloc {
+    /// Requested size in bytes.
+    pub size: usize,
+    /// Mapped bytes (size + guard, rounded to pages).
+    pub mapped: usize,
+    /// Whether it has been freed.
+    pub freed: bool,
+}
+
+/// Every allocation, by start address.
+#[derive(Default)]
+pub struct Memory {
+    allocs: BTreeMap<u64, Alloc>,
+    quarantine: std::collections::VecDeque<u64>,
+    /// Bytes allocated and not freed.
+    pub live_bytes: usize,
+}
+
+fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+impl Memory {
+    /// Maps `size` bytes (256-byte aligned, as cuMemAlloc guarantees) plus guard bytes.
+    pub fn alloc(&mut self, size: usize) -> Option<u64> {
+        let pg = page();
+        let mapped = (size.max(1) + GUARD_BYTES).div_ceil(pg) * pg;
+        // SAFETY: an anonymous private mapping; checked for failure below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        // Fresh device memory holds garbage on a GPU; a pattern makes reads of
+        // never-written memory visible instead of silently zero.
+        // SAFETY: the mapping is `mapped` bytes long and writable.
+        unsafe {
+            std::ptr::write_bytes(p as *mut u8, 0xCD, size);
+            std::ptr::write_bytes((p as *mut u8).add(size), GUARD, mapped - size);
+        }
+        let addr = p as u64;
+        self.allocs.insert(
+            addr,
+            Alloc {
+                size,
+                mapped,
+                freed: false,
+            },
+        );
+        self.live_bytes += size;
+        Some(addr)
+    }
+
+    /// Frees the allocation starting at `addr`: its memory becomes inaccessible.
+    pub fn free(&mut self, addr: u64) -> Result<(), String> {
+        let Some(a) = self.allocs.get_mut(&addr) else {
+            return Err(format!(
+                "free of {addr:#x}, which is not the start of an allocation"
+            ));
+        };
+        if a.freed {
+            return Err(format!("double free of the allocation at {addr:#x}"));
+        }
+        a.freed = true;
+        self.live_bytes -= a.size;
+        // SAFETY: the mapping is ours; PROT_NONE makes any later access fault.
+        unsafe { libc::mprotect(addr as *mut libc::c_void, a.mapped, libc::PROT_NONE) };
+        self.quarantine.push_back(addr);
+        if self.quarantine.len() > QUARANTINE {
+            if let Some(old) = self.quarantine.pop_front() {
+                if let Some(a) = self.allocs.remove(&old) {
+                    // SAFETY: unmapping a quarantined mapping nothing may use any more.
+                    unsafe { libc::munmap(old as *mut libc::c_void, a.mapped) };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The allocation holding `addr`, with its start.
+    pub fn find(&self, addr: u64) -> Option<(u64, Alloc)> {
+        let (&start, &a) = self.allocs.range(..=addr).next_back()?;
+        (addr < start + a.mapped as u64).then_some((start, a))
+    }
+
+    /// Checks that `[addr, addr + len)` lies inside one live allocation; `what` names the
+    /// operation in the error.
+    pub fn check(&self, addr: u64, len: usize, what: &str) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self.find(addr) {
+            None => Err(format!(
+                "{what}: {addr:#x} is not device memory (no allocation holds it)"
+            )),
+            Some((start, a)) if a.freed => Err(format!(
+                "{what}: {addr:#x} is in the freed allocation of {} bytes at {start:#x} (use after free)",
+                a.size
+            )),
+            Some((start, a)) => {
+                let end = addr + len as u64;
+                if end > start + a.size as u64 {
+                    Err(format!(
+                        "{what}: {len} bytes at {addr:#x} run {} bytes past the end of the \
+                         {}-byte allocation at {start:#x}",
+                        end - (start + a.size as u64),
+                        a.size
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// The live allocations whose guard bytes were overwritten, as messages.
+    pub fn damaged_guards(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (&start, a) in &self.allocs {
+            if a.freed {
+                continue;
+            }
+            // SAFETY: the guard bytes are inside the live mapping.
+            let guard = unsafe {
+                std::slice::from_raw_parts((start as *const u8).add(a.size), a.mapped - a.size)
+            };
+            if let Some(i) = guard.iter().position(|&b| b != GUARD) {
+                out.push(format!(
+                    "wrote {} bytes past the end of the {}-byte allocation at {start:#x}",
+                    i + 1,
+                    a.size
+                ));
+                // Restore the guard so the next launch is judged on its own.
+                // SAFETY: as above, writable.
+                unsafe {
+                    std::ptr::write_bytes((start as *mut u8).add(a.size), GUARD, a.mapped - a.size)
+                };
+            }
+        }
+        out
+    }
+
+    /// Number of live allocations.
+    pub fn live_count(&self) -> usize {
+        self.allocs.values().filter(|a| !a.freed).count()
+    }
+}
