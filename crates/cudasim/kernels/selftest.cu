@@ -62,3 +62,15 @@ extern "C" __global__ void sim_vote(const int* x, u32* ballot, u32* match) {
 extern "C" __global__ void sim_write_past_end(float* x, u32 n) {
     if (blockIdx.x == 0 && threadIdx.x == 0) x[n] = 1.0f;
 }
+
+// b[i] = a[i] for i < n: reads a, and touches b only by writes (known traffic).
+extern "C" __global__ void sim_copy(const float* a, float* b, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) b[i] = a[i];
+}
+
+// x[i] *= s for i < n: reads x before writing it.
+extern "C" __global__ void sim_scale(float* x, float s, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * s;
+}

@@ -1,10 +1,12 @@
 //! The CUDA driver functions amprobe's cudarc calls, over the simulated device.
 
 use crate::memory::Memory;
-use crate::ptx;
+use crate::pinned::{Pinned, StreamOrder};
+use crate::traffic::{self, Arg, Watch};
+use crate::{fault, ptx};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// `CUresult` codes used here.
 pub(crate) mod code {
@@ -56,6 +58,18 @@ pub struct Counters {
     /// Bytes of the allocations that launches were given as arguments (what the kernels
     /// could read or write; an upper bound of their traffic).
     pub kernel_arg_bytes: u64,
+    /// Bytes kernels read of their argument allocations, measured at page granularity: the
+    /// bytes (within the allocation's size) of every page whose first touch in the launch
+    /// was a read. A page first written and then read in the same launch is not counted
+    /// (nor one updated only by atomics, which touch it as writes); memory reached through
+    /// pointers stored in device memory rather than passed as arguments is not seen. Reads
+    /// and writes are told apart on x86-64 Linux; elsewhere every first touch counts as a
+    /// read.
+    pub kernel_read_bytes: u64,
+    /// Bytes kernels changed in their argument allocations, measured exactly by comparing
+    /// each allocation before and after the launch: a write of the value a byte already
+    /// held is not seen.
+    pub kernel_written_bytes: u64,
 }
 
 impl Counters {
@@ -70,6 +84,8 @@ impl Counters {
         self.memsets += o.memsets;
         self.allocs += o.allocs;
         self.kernel_arg_bytes += o.kernel_arg_bytes;
+        self.kernel_read_bytes += o.kernel_read_bytes;
+        self.kernel_written_bytes += o.kernel_written_bytes;
     }
 }
 
@@ -114,6 +130,8 @@ struct Module {
 struct State {
     initialized: bool,
     memory: Memory,
+    pinned: Pinned,
+    order: StreamOrder,
     modules: Vec<Module>,
     functions: Vec<Function>,
     streams: HashMap<usize, Counters>,
@@ -151,8 +169,16 @@ fn status(r: Result<(), u32>) -> u32 {
     }
 }
 
+/// The stream a handle names (CU_STREAM_LEGACY is the default stream).
+fn sid(stream: *mut c_void) -> usize {
+    match stream as usize {
+        1 => 0,
+        s => s,
+    }
+}
+
 fn counters(s: &mut State, stream: *mut c_void) -> &mut Counters {
-    s.streams.entry(stream as usize).or_default()
+    s.streams.entry(sid(stream)).or_default()
 }
 
 /// The counters of `stream` (0: the default stream), or of every stream when `all`.
@@ -222,6 +248,7 @@ pub extern "C" fn cuInit(_flags: c_uint) -> u32 {
     let mut g = state();
     let s = g.get_or_insert_with(State::default);
     s.initialized = true;
+    fault::install();
     SUCCESS
 }
 
@@ -389,13 +416,20 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> u32 {
-    status(with(|_| Ok(())))
+    status(with(|s| {
+        s.pinned.complete(None);
+        Ok(())
+    }))
 }
 
-// ---- streams and events (work runs when queued, so waiting is immediate)
+// ---- streams and events (work runs when queued, so waiting is immediate; what it settles
+// is which copies into pinned memory the host may read)
+
+/// CU_STREAM_NON_BLOCKING.
+const STREAM_NON_BLOCKING: c_uint = 1;
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> u32 {
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> u32 {
     if stream.is_null() {
         return INVALID_VALUE;
     }
@@ -403,6 +437,7 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint
         s.next_stream += 1;
         let id = 0x5000 + s.next_stream;
         s.streams.insert(id, Counters::default());
+        s.order.create(id, flags & STREAM_NON_BLOCKING == 0);
         *stream = id as *mut c_void;
         Ok(())
     }))
@@ -422,19 +457,31 @@ pub extern "C" fn cuStreamDestroy_v2(_stream: *mut c_void) -> u32 {
     SUCCESS
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> u32 {
-    status(with(|_| Ok(())))
+/// The host has seen `stream`'s work so far finish.
+fn stream_done(stream: *mut c_void) -> u32 {
+    status(with(|s| {
+        let point = s.order.stream_point(sid(stream));
+        s.pinned.complete(Some(&point));
+        Ok(())
+    }))
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamQuery(_stream: *mut c_void) -> u32 {
-    SUCCESS
+pub extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> u32 {
+    stream_done(stream)
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamWaitEvent(_stream: *mut c_void, _ev: *mut c_void, _f: c_uint) -> u32 {
-    SUCCESS
+pub extern "C" fn cuStreamQuery(stream: *mut c_void) -> u32 {
+    stream_done(stream)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitEvent(stream: *mut c_void, ev: *mut c_void, _f: c_uint) -> u32 {
+    status(with(|s| {
+        s.order.wait(sid(stream), ev as usize);
+        Ok(())
+    }))
 }
 
 #[no_mangle]
@@ -450,23 +497,38 @@ pub unsafe extern "C" fn cuEventCreate(ev: *mut *mut c_void, _flags: c_uint) -> 
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventRecord(_ev: *mut c_void, _stream: *mut c_void) -> u32 {
-    SUCCESS
+pub extern "C" fn cuEventRecord(ev: *mut c_void, stream: *mut c_void) -> u32 {
+    status(with(|s| {
+        s.order.record(ev as usize, sid(stream));
+        Ok(())
+    }))
+}
+
+/// The host has seen the work before `ev` finish.
+fn event_done(ev: *mut c_void) -> u32 {
+    status(with(|s| {
+        let point = s.order.event_point(ev as usize);
+        s.pinned.complete(Some(&point));
+        Ok(())
+    }))
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventSynchronize(_ev: *mut c_void) -> u32 {
-    SUCCESS
+pub extern "C" fn cuEventSynchronize(ev: *mut c_void) -> u32 {
+    event_done(ev)
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventQuery(_ev: *mut c_void) -> u32 {
-    SUCCESS
+pub extern "C" fn cuEventQuery(ev: *mut c_void) -> u32 {
+    event_done(ev)
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventDestroy_v2(_ev: *mut c_void) -> u32 {
-    SUCCESS
+pub extern "C" fn cuEventDestroy_v2(ev: *mut c_void) -> u32 {
+    status(with(|s| {
+        s.order.destroy_event(ev as usize);
+        Ok(())
+    }))
 }
 
 #[no_mangle]
@@ -495,6 +557,7 @@ fn alloc(s: &mut State, size: usize, stream: *mut c_void) -> Result<u64, (u32, S
         .memory
         .alloc(size)
         .ok_or((OUT_OF_MEMORY, format!("cannot allocate {size} bytes")))?;
+    s.order.enqueue(sid(stream));
     counters(s, stream).allocs += 1;
     Ok(addr)
 }
@@ -527,8 +590,64 @@ pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> u32 {
     cuMemFree_v2(dptr)
 }
 
+/// CU_MEMHOSTALLOC_DEVICEMAP: host memory mapped into the device's address space.
+const MEMHOSTALLOC_DEVICEMAP: c_uint = 2;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> u32 {
+    if pp.is_null() {
+        return INVALID_VALUE;
+    }
+    status(
+        with(|s| {
+            if flags & MEMHOSTALLOC_DEVICEMAP != 0 {
+                return Err((
+                    NOT_SUPPORTED,
+                    "cuMemHostAlloc: mapped pinned memory (CU_MEMHOSTALLOC_DEVICEMAP) is not \
+                     simulated"
+                        .to_string(),
+                ));
+            }
+            s.pinned.alloc(size).ok_or((
+                OUT_OF_MEMORY,
+                format!("cannot allocate {size} bytes of pinned host memory"),
+            ))
+        })
+        .map(|p| *pp = p as *mut c_void),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> u32 {
+    cuMemHostAlloc(pp, size, 0)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> u32 {
+    status(with(|s| {
+        s.pinned.free(p as usize).map_err(|m| (INVALID_VALUE, m))
+    }))
+}
+
 unsafe fn copy(dst: u64, src: u64, n: usize) {
     std::ptr::copy(src as *const u8, dst as *mut u8, n);
+}
+
+/// Checks that host range `[p, p + n)` does not run out of the pinned buffer it starts in;
+/// returns whether it is pinned memory.
+fn pinned_range(s: &State, p: usize, n: usize, what: &str) -> Result<bool, (u32, String)> {
+    match s.pinned.find(p) {
+        None => Ok(false),
+        Some((start, size)) if p + n > start + size => Err((
+            INVALID_VALUE,
+            format!(
+                "{what}: {n} bytes at {p:#x} run {} bytes past the end of the {size}-byte \
+                 pinned buffer at {start:#x}",
+                p + n - (start + size)
+            ),
+        )),
+        Some(_) => Ok(true),
+    }
 }
 
 fn htod(dst: u64, src: *const c_void, n: usize, stream: *mut c_void) -> u32 {
@@ -536,8 +655,19 @@ fn htod(dst: u64, src: *const c_void, n: usize, stream: *mut c_void) -> u32 {
         s.memory
             .check(dst, n, "host-to-device copy")
             .map_err(|m| (INVALID_VALUE, m))?;
+        let lo = src as usize;
         // SAFETY: dst is inside a live allocation (checked); src is the caller's buffer.
-        unsafe { copy(dst, src as u64, n) };
+        if pinned_range(s, lo, n, "host-to-device copy")? {
+            // Pages closed for a pending copy into this buffer are read in stream order.
+            s.pinned
+                .with_access(lo, lo + n, || unsafe { copy(dst, src as u64, n) });
+        } else {
+            unsafe { copy(dst, src as u64, n) };
+        }
+        if n > 0 {
+            s.memory.set_writer(dst, Arc::from("a host-to-device copy"));
+        }
+        s.order.enqueue(sid(stream));
         let c = counters(s, stream);
         c.htod_copies += 1;
         c.htod_bytes += n as u64;
@@ -545,13 +675,35 @@ fn htod(dst: u64, src: *const c_void, n: usize, stream: *mut c_void) -> u32 {
     }))
 }
 
-fn dtoh(dst: *mut c_void, src: u64, n: usize, stream: *mut c_void) -> u32 {
+/// A device-to-host copy; `is_async` for cuMemcpyDtoHAsync (into pinned memory it is then
+/// pending until the host waits for it).
+fn dtoh(dst: *mut c_void, src: u64, n: usize, stream: *mut c_void, is_async: bool) -> u32 {
     status(with(|s| {
         s.memory
             .check(src, n, "device-to-host copy")
             .map_err(|m| (INVALID_VALUE, m))?;
+        let lo = dst as usize;
+        let pinned = pinned_range(s, lo, n, "device-to-host copy")?;
         // SAFETY: src is inside a live allocation (checked); dst is the caller's buffer.
-        unsafe { copy(dst as u64, src, n) };
+        if pinned {
+            s.pinned
+                .with_access(lo, lo + n, || unsafe { copy(dst as u64, src, n) });
+        } else {
+            unsafe { copy(dst as u64, src, n) };
+        }
+        let seq = s.order.enqueue(sid(stream));
+        if pinned && is_async {
+            let what = format!(
+                "copy of {n} bytes from device memory {}",
+                s.memory.writer(src)
+            );
+            s.pinned.add_pending(lo, lo + n, sid(stream), seq, what);
+        } else {
+            // Any other device-to-host copy returns once it (and so its stream's work
+            // before it) is done.
+            let point = s.order.stream_point(sid(stream));
+            s.pinned.complete(Some(&point));
+        }
         let c = counters(s, stream);
         c.dtoh_copies += 1;
         c.dtoh_bytes += n as u64;
@@ -569,6 +721,16 @@ fn dtod(dst: u64, src: u64, n: usize, stream: *mut c_void) -> u32 {
             .map_err(|m| (INVALID_VALUE, m))?;
         // SAFETY: both ranges are inside live allocations (checked).
         unsafe { copy(dst, src, n) };
+        if n > 0 {
+            let from = s.memory.writer(src);
+            let writer = if from.starts_with("last written by a device-to-device copy") {
+                from.trim_start_matches("last written by ").to_string()
+            } else {
+                format!("a device-to-device copy of memory {from}")
+            };
+            s.memory.set_writer(dst, Arc::from(writer));
+        }
+        s.order.enqueue(sid(stream));
         let c = counters(s, stream);
         c.dtod_copies += 1;
         c.dtod_bytes += n as u64;
@@ -593,7 +755,7 @@ pub extern "C" fn cuMemcpyHtoDAsync_v2(
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -> u32 {
-    dtoh(dst, src, n, std::ptr::null_mut())
+    dtoh(dst, src, n, std::ptr::null_mut(), false)
 }
 
 #[no_mangle]
@@ -603,7 +765,7 @@ pub extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     stream: *mut c_void,
 ) -> u32 {
-    dtoh(dst, src, n, stream)
+    dtoh(dst, src, n, stream, true)
 }
 
 #[no_mangle]
@@ -623,6 +785,10 @@ fn memset(dst: u64, value: u8, n: usize, stream: *mut c_void) -> u32 {
             .map_err(|m| (INVALID_VALUE, m))?;
         // SAFETY: inside a live allocation (checked).
         unsafe { std::ptr::write_bytes(dst as *mut u8, value, n) };
+        if n > 0 {
+            s.memory.set_writer(dst, Arc::from("a memset"));
+        }
+        s.order.enqueue(sid(stream));
         counters(s, stream).memsets += 1;
         Ok(())
     }))
@@ -636,6 +802,14 @@ pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, n: usize) -> u32 {
 #[no_mangle]
 pub extern "C" fn cuMemsetD8Async(dst: u64, value: u8, n: usize, stream: *mut c_void) -> u32 {
     memset(dst, value, n, stream)
+}
+
+/// Notes `what` as the last writer of the device memory at `addr` (cuBLAS results).
+pub(crate) fn note_writer(addr: u64, what: &str) {
+    let _ = with(|s| {
+        s.memory.set_writer(addr, Arc::from(what));
+        Ok(())
+    });
 }
 
 // ---- modules and kernels
@@ -825,8 +999,10 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> u32 {
-    // The launch runs with the lock released (kernels may run for a while, and other
-    // threads' copies must not wait); what it needs is read first.
+    // The launch runs with the state lock released (kernels may run for a while, and other
+    // threads' copies must not wait); what it needs is read first. Launches themselves run
+    // one at a time (see traffic.rs).
+    let _launch = traffic::launch_lock();
     let prepared = with(|s| {
         let func = s.functions.get((f as usize).wrapping_sub(1)).ok_or((
             INVALID_HANDLE,
@@ -896,8 +1072,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
             ));
         }
         // Pointer-sized arguments that address device memory: counted as the bytes the
-        // kernel may touch.
+        // kernel may touch, and watched for what it does touch.
         let mut arg_bytes = 0u64;
+        let mut args: Vec<Arg> = Vec::new();
         for (i, &sz) in entry.params.iter().enumerate() {
             if sz == 8 {
                 let p = *params.add(i);
@@ -908,9 +1085,16 @@ pub unsafe extern "C" fn cuLaunchKernel(
                     ));
                 }
                 let v = *(p as *const u64);
-                if let Some((_, a)) = s.memory.find(v) {
+                if let Some((start, a)) = s.memory.find(v) {
                     if !a.freed {
                         arg_bytes += a.size as u64;
+                        if !args.iter().any(|x| x.start == start) {
+                            args.push(Arg {
+                                start,
+                                size: a.size,
+                                mapped: a.mapped,
+                            });
+                        }
                     } else {
                         return Err(launch_error(
                             &name,
@@ -920,15 +1104,29 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 }
             }
         }
+        if args.len() > fault::MAX_TRACKED {
+            return Err((
+                NOT_SUPPORTED,
+                format!(
+                    "kernel {name}: {} distinct allocations as arguments, over the {} the \
+                     simulator can watch",
+                    args.len(),
+                    fault::MAX_TRACKED
+                ),
+            ));
+        }
+        s.order.enqueue(sid(stream));
         let c = counters(s, stream);
         c.launches += 1;
         c.kernel_arg_bytes += arg_bytes;
-        Ok((name, kernel))
+        Ok((name, kernel, args))
     });
-    let (name, kernel) = match prepared {
+    let (name, kernel, args) = match prepared {
         Ok(p) => p,
         Err(c) => return c,
     };
+    // SAFETY: live allocations (checked under the lock); launches run one at a time.
+    let watch = Watch::start(&args);
     CURRENT_KERNEL.with(|k| *k.borrow_mut() = name.clone());
     let mut dynamic = vec![0u8; shared as usize + 16];
     let grid = [gx, gy, gz];
@@ -944,7 +1142,23 @@ pub unsafe extern "C" fn cuLaunchKernel(
         err.len(),
     );
     CURRENT_KERNEL.with(|k| k.borrow_mut().clear());
+    let traffic = watch.finish();
     status(with(|s| {
+        let writer: Arc<str> = Arc::from(format!("kernel `{name}`"));
+        let c = counters(s, stream);
+        for t in &traffic {
+            c.kernel_read_bytes += t.read;
+            c.kernel_written_bytes += t.written;
+        }
+        for (a, t) in args.iter().zip(&traffic) {
+            if t.wrote {
+                s.memory.set_writer(a.start, writer.clone());
+            }
+            if s.memory.find(a.start).is_some_and(|(_, x)| x.freed) {
+                // Freed by another thread during the launch: closed again, as freed memory is.
+                libc::mprotect(a.start as *mut c_void, a.mapped, libc::PROT_NONE);
+            }
+        }
         if rc != 0 {
             let msg = CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned();
             return Err(launch_error(&name, msg));

@@ -3,6 +3,7 @@
 //! late use is caught instead of landing in a new allocation.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Bytes after each allocation filled with [`GUARD`] and checked after launches.
 pub const GUARD_BYTES: usize = 256;
@@ -12,7 +13,7 @@ pub const GUARD: u8 = 0xA5;
 const QUARANTINE: usize = 4096;
 
 /// One allocation.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Alloc {
     /// Requested size in bytes.
     pub size: usize,
@@ -20,6 +21,9 @@ pub struct Alloc {
     pub mapped: usize,
     /// Whether it has been freed.
     pub freed: bool,
+    /// What last wrote it, as a phrase ("kernel `amp_stats`", "a memset"); None while
+    /// nothing has since it was allocated.
+    pub writer: Option<Arc<str>>,
 }
 
 /// Every allocation, by start address.
@@ -31,7 +35,8 @@ pub struct Memory {
     pub live_bytes: usize,
 }
 
-fn page() -> usize {
+/// The host's page size.
+pub fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
@@ -74,6 +79,7 @@ impl Memory {
                 size,
                 mapped,
                 freed: false,
+                writer: None,
             },
         );
         self.live_bytes += size;
@@ -107,9 +113,31 @@ impl Memory {
     }
 
     /// The allocation holding `addr`, with its start.
-    pub fn find(&self, addr: u64) -> Option<(u64, Alloc)> {
-        let (&start, &a) = self.allocs.range(..=addr).next_back()?;
+    pub fn find(&self, addr: u64) -> Option<(u64, &Alloc)> {
+        let (&start, a) = self.allocs.range(..=addr).next_back()?;
         (addr < start + a.mapped as u64).then_some((start, a))
+    }
+
+    /// Records `writer` as what last wrote the live allocation holding `addr`.
+    pub fn set_writer(&mut self, addr: u64, writer: Arc<str>) {
+        if let Some((&start, a)) = self.allocs.range_mut(..=addr).next_back() {
+            if !a.freed && addr < start + a.mapped as u64 {
+                a.writer = Some(writer);
+            }
+        }
+    }
+
+    /// What last wrote the allocation holding `addr`, as a phrase for messages.
+    pub fn writer(&self, addr: u64) -> String {
+        match self.find(addr) {
+            Some((
+                _,
+                Alloc {
+                    writer: Some(w), ..
+                },
+            )) => format!("last written by {w}"),
+            _ => "not written since it was allocated".to_string(),
+        }
     }
 
     /// Checks that `[addr, addr + len)` lies inside one live allocation; `what` names the

@@ -3,7 +3,10 @@
 //! first on the library path and libnvrtc (scripts/cudasim.sh sets both up); skips without
 //! them unless `AMPROBE_REQUIRE_GPU=1`.
 
-use cudarc::driver::{CudaContext, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 
 const SOURCE: &str = include_str!("../kernels/selftest.cu");
@@ -251,23 +254,34 @@ fn copies_outside_an_allocation_are_refused() {
     assert!(last_error().contains("past the end"), "{}", last_error());
 }
 
+/// The stand-in's `Counters`, field for field.
+#[repr(C)]
+#[derive(Default, Clone, Copy, Debug)]
+struct Counters {
+    launches: u64,
+    htod_copies: u64,
+    htod_bytes: u64,
+    dtoh_copies: u64,
+    dtoh_bytes: u64,
+    dtod_copies: u64,
+    dtod_bytes: u64,
+    memsets: u64,
+    allocs: u64,
+    kernel_arg_bytes: u64,
+    kernel_read_bytes: u64,
+    kernel_written_bytes: u64,
+}
+
+/// The counters of `stream`.
+fn stream_counters(stream: &CudaStream) -> Counters {
+    let counters: unsafe extern "C" fn(usize, bool) -> Counters = sim_fn(b"cudasim_counters");
+    // SAFETY: a plain read of the stand-in's counters.
+    unsafe { counters(stream.cu_stream() as usize, false) }
+}
+
 #[test]
 fn counters_count_launches_and_copies() {
     let Some((s, m)) = setup() else { return };
-    #[repr(C)]
-    #[derive(Default, Clone, Copy, Debug)]
-    struct Counters {
-        launches: u64,
-        htod_copies: u64,
-        htod_bytes: u64,
-        dtoh_copies: u64,
-        dtoh_bytes: u64,
-        dtod_copies: u64,
-        dtod_bytes: u64,
-        memsets: u64,
-        allocs: u64,
-        kernel_arg_bytes: u64,
-    }
     let counters: unsafe extern "C" fn(usize, bool) -> Counters = sim_fn(b"cudasim_counters");
     // A stream of its own, so other tests' work on the default stream is not counted.
     let s2 = s.context().new_stream().unwrap();
@@ -303,4 +317,208 @@ fn last_error() -> String {
     unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// Floats whose four bytes are all nonzero, so that writing them over zeros changes every
+/// byte.
+fn nonzero_bytes(n: usize) -> Vec<f32> {
+    (0..n as u32)
+        .map(|i| f32::from_bits(0x3F80_0101 | ((i % 127) << 16) | ((i % 251) << 8) | 1))
+        .collect()
+}
+
+/// Launches `sim_copy` of `n` floats from `a` into `b` on `s`.
+fn launch_copy(
+    s: &Arc<CudaStream>,
+    m: &Arc<CudaModule>,
+    a: &CudaSlice<f32>,
+    b: &mut CudaSlice<f32>,
+    n: u32,
+) {
+    let f = m.load_function("sim_copy").unwrap();
+    let mut l = s.launch_builder(&f);
+    l.arg(a).arg(b).arg(&n);
+    // SAFETY: argument types match the kernel; both buffers hold at least n floats.
+    unsafe { l.launch(cfg((n.div_ceil(256), 1, 1), (256, 1, 1), 0)) }.unwrap();
+}
+
+/// Device memory last written by the kernel `sim_copy`, and what it holds.
+fn written_by_sim_copy(
+    s: &Arc<CudaStream>,
+    m: &Arc<CudaModule>,
+    n: usize,
+) -> (CudaSlice<f32>, Vec<f32>) {
+    let want = nonzero_bytes(n);
+    let a = s.clone_htod(&want).unwrap();
+    let mut d = s.alloc_zeros::<f32>(n).unwrap();
+    launch_copy(s, m, &a, &mut d, n as u32);
+    (d, want)
+}
+
+#[test]
+fn kernel_reads_and_writes_are_measured() {
+    let Some((s, m)) = setup() else { return };
+    // A stream of its own, so other tests' work on the default stream is not counted.
+    let s2 = s.context().new_stream().unwrap();
+    // Not a whole number of pages: reads are clipped to the allocation's size.
+    let n = 3000usize;
+    let a = s2.clone_htod(&nonzero_bytes(n)).unwrap();
+    let mut b = s2.alloc_zeros::<f32>(n).unwrap();
+    let before = stream_counters(&s2);
+    launch_copy(&s2, &m, &a, &mut b, n as u32);
+    let after = stream_counters(&s2);
+    // All of a is read; b is only written (its pages are first touched by writes).
+    assert_eq!(
+        after.kernel_read_bytes - before.kernel_read_bytes,
+        4 * n as u64
+    );
+    // Every byte of b changes (zeros to values with no zero byte).
+    assert_eq!(
+        after.kernel_written_bytes - before.kernel_written_bytes,
+        4 * n as u64
+    );
+    assert_eq!(s2.clone_dtoh(&b).unwrap(), nonzero_bytes(n));
+
+    // In place: b is read before it is written; only the bytes that change are written.
+    let old = s2.clone_dtoh(&b).unwrap();
+    let before = stream_counters(&s2);
+    let f = m.load_function("sim_scale").unwrap();
+    let (two, n32) = (2.0f32, n as u32);
+    let mut l = s2.launch_builder(&f);
+    l.arg(&mut b).arg(&two).arg(&n32);
+    // SAFETY: argument types match the kernel; b holds n floats.
+    unsafe { l.launch(cfg((n32.div_ceil(256), 1, 1), (256, 1, 1), 0)) }.unwrap();
+    let after = stream_counters(&s2);
+    let new = s2.clone_dtoh(&b).unwrap();
+    let changed = old
+        .iter()
+        .zip(&new)
+        .flat_map(|(o, n)| o.to_ne_bytes().into_iter().zip(n.to_ne_bytes()))
+        .filter(|(x, y)| x != y)
+        .count() as u64;
+    assert!(changed > 0 && changed < 4 * n as u64, "{changed}");
+    assert_eq!(
+        after.kernel_read_bytes - before.kernel_read_bytes,
+        4 * n as u64
+    );
+    assert_eq!(
+        after.kernel_written_bytes - before.kernel_written_bytes,
+        changed
+    );
+
+    // Reads are counted by pages: ten floats of a 32 KiB buffer read its first page.
+    let big = s2.clone_htod(&nonzero_bytes(8192)).unwrap();
+    let mut out = s2.alloc_zeros::<f32>(10).unwrap();
+    let before = stream_counters(&s2);
+    launch_copy(&s2, &m, &big, &mut out, 10);
+    let after = stream_counters(&s2);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    assert_eq!(
+        after.kernel_read_bytes - before.kernel_read_bytes,
+        page.min(4 * 8192)
+    );
+    assert_eq!(after.kernel_written_bytes - before.kernel_written_bytes, 40);
+    assert_eq!(
+        after.kernel_arg_bytes - before.kernel_arg_bytes,
+        4 * 8192 + 40
+    );
+}
+
+#[test]
+fn pinned_memory_reads_after_a_stream_synchronize() {
+    let Some((s, m)) = setup() else { return };
+    let n = 5000;
+    let (d, want) = written_by_sim_copy(&s, &m, n);
+    // SAFETY: every element is written by the copy before it is read.
+    let mut h = unsafe { s.context().alloc_pinned::<f32>(n) }.unwrap();
+    s.memcpy_dtoh(&d, &mut h).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(h.as_slice().unwrap(), &want[..]);
+    // A second copy into the same buffer, waited for by the context.
+    let (d2, want2) = written_by_sim_copy(&s, &m, n);
+    s.memcpy_dtoh(&d2, &mut h).unwrap();
+    s.context().synchronize().unwrap();
+    assert_eq!(h.as_slice().unwrap(), &want2[..]);
+    // Pinned memory as a copy's source.
+    let back = s.clone_htod(&h).unwrap();
+    assert_eq!(s.clone_dtoh(&back).unwrap(), want2);
+}
+
+#[test]
+fn pinned_memory_reads_after_an_event_recorded_after_the_copy() {
+    let Some((s, m)) = setup() else { return };
+    // With a second stream cudarc records the pinned buffer's event after each copy into
+    // it, and `as_slice` waits for that event.
+    let s2 = s.context().new_stream().unwrap();
+    let n = 300;
+    let (d, want) = written_by_sim_copy(&s2, &m, n);
+    // SAFETY: as above.
+    let mut h = unsafe { s.context().alloc_pinned::<f32>(n) }.unwrap();
+    s2.memcpy_dtoh(&d, &mut h).unwrap();
+    assert_eq!(h.as_slice().unwrap(), &want[..]);
+}
+
+#[test]
+fn freeing_pinned_memory_with_a_copy_pending_is_refused() {
+    let Some((s, m)) = setup() else { return };
+    let s2 = s.context().new_stream().unwrap();
+    let n = 64;
+    let (d, _) = written_by_sim_copy(&s2, &m, n);
+    let (src, _guard) = d.device_ptr(&s2);
+    let mut p = std::ptr::null_mut();
+    // SAFETY: raw driver calls on a buffer of n floats, freed below.
+    unsafe {
+        assert_eq!(
+            sys::cuMemHostAlloc(&mut p, 4 * n, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let r = sys::cuMemcpyDtoHAsync_v2(p, src, 4 * n, s2.cu_stream());
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        assert_ne!(sys::cuMemFreeHost(p), sys::CUresult::CUDA_SUCCESS);
+        let msg = last_error();
+        assert!(
+            msg.contains("pending") && msg.contains("kernel `sim_copy`"),
+            "{msg}"
+        );
+        s2.synchronize().unwrap();
+        assert_eq!(*(p as *const f32), nonzero_bytes(1)[0]);
+        assert_eq!(sys::cuMemFreeHost(p), sys::CUresult::CUDA_SUCCESS);
+    }
+}
+
+/// Set in the child process of the test below.
+const CHILD: &str = "CUDASIM_SELFTEST_CHILD";
+
+#[test]
+fn reading_pinned_memory_before_synchronizing_aborts_naming_the_kernel() {
+    const NAME: &str = "reading_pinned_memory_before_synchronizing_aborts_naming_the_kernel";
+    if std::env::var_os(CHILD).is_some() {
+        let (s, m) = setup().expect("the parent found the simulated device");
+        let n = 1000;
+        let (d, _) = written_by_sim_copy(&s, &m, n);
+        // SAFETY: as above.
+        let mut h = unsafe { s.context().alloc_pinned::<f32>(n) }.unwrap();
+        s.memcpy_dtoh(&d, &mut h).unwrap();
+        // With the default stream alone cudarc records no event after the copy, so
+        // `as_slice` waits for nothing: on a GPU this read races the copy.
+        let v = std::hint::black_box(h.as_slice().unwrap()[n / 2]);
+        panic!("the read of {v} before synchronizing was not caught");
+    }
+    if setup().is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{stderr}");
+    assert!(
+        stderr.contains("cudasim: host read of pinned memory at 0x")
+            && stderr.contains("(copy of 4000 bytes from device memory last written by kernel `sim_copy`) before the stream was synchronized"),
+        "{stderr}"
+    );
 }
