@@ -522,3 +522,30 @@ fn reading_pinned_memory_before_synchronizing_aborts_naming_the_kernel() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_stream_waiting_for_the_copy_orders_it_before_its_own_synchronize() {
+    let Some((s, m)) = setup() else { return };
+    let (s2, s3) = (
+        s.context().new_stream().unwrap(),
+        s.context().new_stream().unwrap(),
+    );
+    let n = 256;
+    let (d, want) = written_by_sim_copy(&s2, &m, n);
+    let (src, _guard) = d.device_ptr(&s2);
+    let mut p = std::ptr::null_mut();
+    // SAFETY: raw driver calls on a buffer of n floats, freed below; it is read only after
+    // s3, which waits for an event recorded after the copy, is synchronized.
+    unsafe {
+        assert_eq!(
+            sys::cuMemHostAlloc(&mut p, 4 * n, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let r = sys::cuMemcpyDtoHAsync_v2(p, src, 4 * n, s2.cu_stream());
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        s3.wait(&s2.record_event(None).unwrap()).unwrap();
+        s3.synchronize().unwrap();
+        assert_eq!(std::slice::from_raw_parts(p as *const f32, n), &want[..]);
+        assert_eq!(sys::cuMemFreeHost(p), sys::CUresult::CUDA_SUCCESS);
+    }
+}
