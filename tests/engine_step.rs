@@ -334,15 +334,22 @@ fn header_and_summary_name_the_backend_that_ran() {
 }
 
 #[test]
-fn a_trainer_refuses_a_backend_its_step_cannot_run_on() {
+fn a_trainer_on_the_cuda_backend_opens_the_device_or_says_why_not() {
     let cfg = RunConfig::load(Path::new("samples/mlp.toml")).unwrap();
     let mut train = cfg.train_config().unwrap();
     let (model, params, data) = build(&cfg, &train).unwrap();
     train.backend = amprobe::backend::BackendKind::Cuda;
-    let err = Trainer::new(train, model, params, data)
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("cuda backend"), "{err}");
+    let made = Trainer::new(train, model, params, data);
+    match amprobe::device::detect() {
+        amprobe::device::Detection::Unavailable { .. } => {
+            let err = made.err().expect("refused without a GPU");
+            assert!(err.to_string().contains("no usable GPU"), "{err}");
+        }
+        amprobe::device::Detection::Available(_) => {
+            let t = made.expect("a device trainer");
+            assert!(t.params().params.iter().all(|p| p.value.device().is_some()));
+        }
+    }
 }
 
 #[test]

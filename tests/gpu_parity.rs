@@ -16,7 +16,7 @@ fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
             None
         }
         Detection::Available(_) => {
-            Some(amprobe::ops::program::open_device(0, false).expect("open device 0"))
+            Some(amprobe::backend::open_device(0, false).expect("open device 0"))
         }
     }
 }
@@ -55,11 +55,11 @@ fn device_ops_match_the_cpu_emulator() {
 fn opening_a_missing_device_is_an_error_not_a_panic() {
     let Some(_dev) = device_or_skip() else {
         // Without a GPU, opening any device must fail cleanly.
-        let err = amprobe::ops::program::open_device(0, false).expect_err("no GPU here");
+        let err = amprobe::backend::open_device(0, false).expect_err("no GPU here");
         assert!(err.to_string().contains("no usable GPU"), "{err}");
         return;
     };
-    let err = amprobe::ops::program::open_device(999, false).expect_err("no device 999");
+    let err = amprobe::backend::open_device(999, false).expect_err("no device 999");
     assert!(err.to_string().contains("999"), "{err}");
 }
 

@@ -89,10 +89,28 @@ fn main() {
          return CUDASIM_KERNELS;\n}\n",
     );
     let unit_path = out.join("kernels.cpp");
-    std::fs::write(&unit_path, unit).expect("write kernels.cpp");
     println!("cargo:rerun-if-changed={}", common.display());
     println!("cargo:rerun-if-changed=cpp");
     println!("cargo:rerun-if-changed=kernels");
+    // A new .cu file anywhere under src/ or probes/ must reach the host build: watch the
+    // folders, and recompile only when the generated unit or the headers changed (the
+    // folders change with every Rust edit too).
+    println!("cargo:rerun-if-changed={}", root.join("src").display());
+    println!("cargo:rerun-if-changed={}", root.join("probes").display());
+    let stamp = out.join("kernels.stamp");
+    let headers: String = ["cpp/cudasim.cuh", "cpp/engine.cpp", "cpp/registry.h"]
+        .iter()
+        .map(|f| std::fs::read_to_string(here.join(f)).unwrap_or_default())
+        .collect();
+    let key = format!("{unit}\n{headers}");
+    let lib = out.join("libcudasim_kernels.a");
+    if lib.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == key) {
+        println!("cargo:rustc-link-search=native={}", out.display());
+        println!("cargo:rustc-link-lib=static=cudasim_kernels");
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+        return;
+    }
+    std::fs::write(&unit_path, unit).expect("write kernels.cpp");
 
     cc::Build::new()
         .cpp(true)
@@ -106,4 +124,5 @@ fn main() {
         .warnings(false)
         .opt_level(2)
         .compile("cudasim_kernels");
+    std::fs::write(&stamp, key).expect("write kernels.stamp");
 }

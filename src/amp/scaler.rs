@@ -552,6 +552,40 @@ impl GradScaler {
         if !self.is_enabled() {
             return Ok(false);
         }
+        let named: Vec<(&str, DType)> = grads.iter().map(|g| (g.name, g.dtype)).collect();
+        self.check_unscale(optimizer_id, &named)?;
+        let inv = self.inv_scale();
+        let mut found_inf = false;
+        let mut rounding = RoundCounts::default();
+        for g in grads.iter_mut() {
+            found_inf |= unscale_slice(g.data, g.dtype, inv, &mut rounding);
+        }
+        self.mark_unscaled(optimizer_id, !grads.is_empty(), found_inf, rounding);
+        Ok(found_inf)
+    }
+
+    /// [`GradScaler::unscale_`] for gradients that were unscaled elsewhere (on a device,
+    /// by the same arithmetic): the same checks and warnings on their names and dtypes,
+    /// then the inf check's outcome and the unscale's rounding counts as that device
+    /// reported them. Disabled: no-op returning `false`.
+    pub fn unscaled_elsewhere(
+        &mut self,
+        optimizer_id: usize,
+        grads: &[(&str, DType)],
+        found_inf: bool,
+        rounding: RoundCounts,
+    ) -> Result<bool> {
+        if !self.is_enabled() {
+            return Ok(false);
+        }
+        self.check_unscale(optimizer_id, grads)?;
+        self.mark_unscaled(optimizer_id, !grads.is_empty(), found_inf, rounding);
+        Ok(found_inf)
+    }
+
+    /// The checks before an unscale: the optimizer's stage, float dtypes, fp16 gradients
+    /// (refused or warned about once).
+    fn check_unscale(&mut self, optimizer_id: usize, grads: &[(&str, DType)]) -> Result<()> {
         match self.stage(optimizer_id) {
             Stage::Unscaled => {
                 return Err(Error::Scaler(format!(
@@ -567,25 +601,24 @@ impl GradScaler {
             Stage::Ready => {}
         }
         let mut first_fp16: Option<&str> = None;
-        for g in grads.iter() {
-            if !g.dtype.is_float() {
+        for &(name, dtype) in grads {
+            if !dtype.is_float() {
                 return Err(Error::tensor(
-                    g.name,
+                    name,
                     format!(
-                        "gradient of dtype {} cannot be unscaled; expected a floating dtype",
-                        g.dtype
+                        "gradient of dtype {dtype} cannot be unscaled; expected a floating dtype"
                     ),
                 ));
             }
-            if g.dtype == DType::F16 {
+            if dtype == DType::F16 {
                 if self.cfg.reject_fp16_grads {
                     return Err(Error::tensor(
-                        g.name,
+                        name,
                         "Attempting to unscale FP16 gradients (reject_fp16_grads is set, as \
                          in PyTorch); keep fp32 master gradients or unset reject_fp16_grads",
                     ));
                 }
-                first_fp16.get_or_insert(g.name);
+                first_fp16.get_or_insert(name);
             }
         }
         if let Some(name) = first_fp16 {
@@ -597,22 +630,20 @@ impl GradScaler {
                 ));
             }
         }
+        Ok(())
+    }
 
-        let inv = self.inv_scale();
-        let mut found_inf = false;
-        let mut rounding = RoundCounts::default();
-        for g in grads.iter_mut() {
-            found_inf |= unscale_slice(g.data, g.dtype, inv, &mut rounding);
-        }
+    fn mark_unscaled(
+        &mut self,
+        optimizer_id: usize,
+        any: bool,
+        found_inf: bool,
+        rounding: RoundCounts,
+    ) {
         let rec = self.per_opt.entry(optimizer_id).or_default();
-        rec.found_inf = if grads.is_empty() {
-            None
-        } else {
-            Some(found_inf)
-        };
+        rec.found_inf = any.then_some(found_inf);
         rec.rounding = rounding;
         rec.stage = Stage::Unscaled;
-        Ok(found_inf)
     }
 
     /// Takes the step decision for `optimizer_id`, as PyTorch's `scaler.step(optimizer)`

@@ -6,9 +6,27 @@
 
 pub mod parity;
 
+use crate::device::cuda::{CudaDevice, Program};
 use crate::device::detect::{self, detect, Detection};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The whole device program of a training step: every op family's kernels, the probe
+/// arena's, and the optimizer phase's (unscale, clipping, the updates, the scale update).
+pub fn device_program() -> Program {
+    let mut p = crate::ops::program::program();
+    p.sources
+        .push(("optim/optim.cu", crate::optim::cuda::SOURCE));
+    p.kernels.extend_from_slice(crate::optim::cuda::KERNELS);
+    p
+}
+
+/// Opens CUDA device `ordinal` with the whole step's kernels loaded (true fp32 GEMM
+/// unless `tf32`).
+pub fn open_device(ordinal: usize, tf32: bool) -> Result<Arc<CudaDevice>> {
+    CudaDevice::open(ordinal, tf32, &device_program())
+}
 
 /// The backend a user asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -35,7 +35,7 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
         let arch = arch.map(|(a, b)| arch_name(a, b)).unwrap_or("sm_90");
         (
             arch,
-            amprobe::ops::program::program()
+            amprobe::backend::device_program()
                 .compile(Some(arch))
                 .map(|_| ()),
         )
@@ -82,7 +82,7 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
     if let Detection::Unavailable { reason } = &found {
         anyhow::bail!("--selftest needs a usable GPU: {reason}");
     }
-    let dev = amprobe::ops::program::open_device(0, false)?;
+    let dev = amprobe::backend::open_device(0, false)?;
     let checks = parity::run_all(&dev, 7, a.elements)?;
     let mut failed = 0;
     outln!(

@@ -469,6 +469,10 @@ impl Engine {
             DType::F64 => Tensor::from_f64(vec![1.0; root.numel()], root.shape())?,
             d => Tensor::from_exact(vec![1.0; root.numel()], root.shape(), d)?,
         };
+        let seed = match root.device() {
+            Some(dev) => seed.to_device(dev)?,
+            None => seed,
+        };
         self.backward_with(root, seed)
     }
 

@@ -1,9 +1,8 @@
-//! The device program: every op family's `.cu` source and the probe arena's kernels,
-//! compiled together into one module when a device is opened.
+//! The ops' part of the device program: every op family's `.cu` source and the probe
+//! arena's kernels (the step's optimizer-phase kernels join them in
+//! [`backend::device_program`](crate::backend::device_program), a layer up).
 
-use crate::device::cuda::{arena, CudaDevice, Program};
-use crate::error::Result;
-use std::sync::Arc;
+use crate::device::cuda::{arena, Program};
 
 /// The kernels of every op family and of the probe arena, as one program.
 pub fn program() -> Program {
@@ -23,9 +22,4 @@ pub fn program() -> Program {
         ]
         .concat(),
     }
-}
-
-/// Opens CUDA device `ordinal` with every op family's kernels loaded.
-pub fn open_device(ordinal: usize, tf32: bool) -> Result<Arc<CudaDevice>> {
-    CudaDevice::open(ordinal, tf32, &program())
 }

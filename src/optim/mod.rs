@@ -50,6 +50,7 @@
 
 pub mod adam;
 pub mod clip;
+pub mod cuda;
 pub mod sgd;
 
 use std::collections::HashSet;

@@ -19,9 +19,24 @@ impl ParamRecord {
         param_after: &[f32],
     ) -> Self {
         let g = TensorStats::compute(grad_dtype, unscaled_grad);
+        let p = TensorStats::compute(dtype, param_after);
+        let flushes = scaled_f16_flushes(unscaled_grad, scale);
+        ParamRecord::from_stats(name, dtype, grad_dtype, &g, flushes, &p)
+    }
+
+    /// The record from the statistics of the unscaled gradient `g`, the count of its finite
+    /// nonzero values whose scaled value flushes to zero in fp16, and the statistics of the
+    /// parameter after the update `p` (what a device gathers for the step's one read).
+    pub fn from_stats(
+        name: &str,
+        dtype: DType,
+        grad_dtype: DType,
+        g: &TensorStats,
+        scaled_flushes: u64,
+        p: &TensorStats,
+    ) -> Self {
         let nonzero = g.finite_nonzero();
         let frac = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
-        let p = TensorStats::compute(dtype, param_after);
         ParamRecord {
             name: name.to_string(),
             dtype,
@@ -31,7 +46,7 @@ impl ParamRecord {
             max_abs_grad: g.max_abs,
             zero_frac: frac(g.zeros, g.numel),
             f16_underflow_frac_unscaled: frac(g.to_f16.underflow, nonzero),
-            f16_underflow_frac_scaled: frac(scaled_f16_flushes(unscaled_grad, scale), nonzero),
+            f16_underflow_frac_scaled: frac(scaled_flushes, nonzero),
             nonfinite: g.nonfinite(),
             param_max_abs_after: if p.has_inf() {
                 f64::INFINITY

@@ -217,6 +217,27 @@ impl Recorder {
         Ok(())
     }
 
+    /// Drops every op record after the first `n` (ops that turned out not to have happened:
+    /// a device queues the optimizer's update before it knows the step is skipped). Their
+    /// statistics never took part in origin tracking past the ops kept.
+    pub fn truncate(&mut self, n: usize) {
+        if n >= self.ops.len() {
+            return;
+        }
+        self.ops.truncate(n);
+        self.handles.truncate(n);
+        self.preds.truncate(n);
+        self.input_flags.truncate(n);
+        self.producer.retain(|_, &mut i| i < n);
+        self.tracked = self.tracked.min(n);
+        if self.first_inf.is_some_and(|i| i >= n) {
+            self.first_inf = None;
+        }
+        if self.first_nan.is_some_and(|i| i >= n) {
+            self.first_nan = None;
+        }
+    }
+
     /// Ops whose statistics still wait for the device's arena read.
     pub fn pending(&self) -> usize {
         self.handles[self.tracked.min(self.handles.len())..]

@@ -13,11 +13,12 @@ use crate::optim::clip::{ClipOutcome, NormType};
 use crate::optim::{build_optimizer, Optimizer, OptimizerConfig};
 use crate::probe::recorder::Recorder;
 use crate::tensor::Tensor;
-use crate::trace::record::StepRecord;
+use crate::trace::record::{ParamRecord, StepRecord};
 use grads::{ParamRef, StepGrads};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+mod device;
 mod grads;
 
 /// When full op records are kept for a step.
@@ -128,6 +129,8 @@ pub struct Trainer {
     outputs: Vec<StepOutput>,
     injections: Vec<Injection>,
     told: Told,
+    /// The device side when the step runs on a CUDA device.
+    device: Option<device::DeviceSide>,
 }
 
 /// Scale states already told in a step's events (each is told once per run).
@@ -216,12 +219,6 @@ impl Trainer {
         if cfg.accumulate == 0 {
             return Err(Error::config("accumulate", "must be at least 1"));
         }
-        if cfg.backend != BackendKind::Cpu && !crate::backend::CUDA_STEP_SUPPORTED {
-            return Err(Error::Device(format!(
-                "the training step does not run on the {} backend yet; use --backend cpu",
-                cfg.backend
-            )));
-        }
         let kept = |p: &crate::models::Param| {
             cfg.keep_fp32
                 .iter()
@@ -230,6 +227,16 @@ impl Trainer {
         params.convert(cfg.precision.param_dtype(), kept)?;
         let optimizer = build_optimizer(&cfg.optimizer)?;
         let scaler = GradScaler::new(cfg.scaler.clone())?;
+        let device = match cfg.backend {
+            BackendKind::Cpu => None,
+            BackendKind::Cuda => {
+                let dev = crate::backend::open_device(0, false)?;
+                for p in &mut params.params {
+                    p.value = p.value.to_device(&dev)?.as_leaf(true);
+                }
+                Some(device::DeviceSide::new(dev, &scaler, &cfg.optimizer)?)
+            }
+        };
         let mut engine = Engine::new();
         engine.set_seed(cfg.seed);
         engine.set_keep_fp32(cfg.keep_fp32.clone());
@@ -256,6 +263,7 @@ impl Trainer {
             outputs: Vec::new(),
             injections: Vec::new(),
             told: Told::default(),
+            device,
         })
     }
 
@@ -348,6 +356,9 @@ impl Trainer {
     /// micro-batch forward, loss, scale and backward; then unscale, clip, the optimizer step
     /// and the scale update, each a phase of its own.
     pub fn step(&mut self, step: u64) -> Result<StepRecord> {
+        if self.device.is_some() {
+            return self.device_step(step);
+        }
         let mut st = self.begin(step);
         for micro in 0..self.cfg.accumulate {
             let out = self.forward(&mut st, micro)?;
@@ -399,6 +410,10 @@ impl Trainer {
         if let Some(inputs) = &mut st.inputs {
             inputs.batches.push(batch.clone());
         }
+        let batch = match self.device {
+            Some(_) => self.batch_to_device(&batch)?,
+            None => batch,
+        };
         let access = ParamAccess::new(&self.params, self.cfg.precision);
         self.model.forward(&mut self.engine, &access, &batch)
     }
@@ -552,17 +567,34 @@ impl Trainer {
         decision: StepDecision,
         upd: UpdateOutcome,
     ) -> Result<StepRecord> {
-        let mut params_rec = Vec::new();
-        let mut sum_sq = 0f64;
-        let mut any_grad = false;
+        let mut records = Vec::with_capacity(self.params.params.len());
         for (i, p) in self.params.params.iter().enumerate() {
             let r = ParamRef {
                 name: &p.name,
                 value: &p.value,
             };
-            let Some(rec) = grads.record(i, &r, st.scale_before)? else {
-                continue;
-            };
+            let rec = grads.record(i, &r, st.scale_before)?;
+            if rec.is_some() {
+                self.last_grads[i] = grads.tensor(i, p.value.shape())?;
+            }
+            records.push(rec);
+        }
+        self.record_step(st, records, decision, upd)
+    }
+
+    /// The step's record from its parameter records (None: no gradient), the op records
+    /// the sampling keeps and the origins.
+    fn record_step(
+        &mut self,
+        st: StepState,
+        records: Vec<Option<ParamRecord>>,
+        decision: StepDecision,
+        upd: UpdateOutcome,
+    ) -> Result<StepRecord> {
+        let mut params_rec = Vec::new();
+        let mut sum_sq = 0f64;
+        let mut any_grad = false;
+        for rec in records.into_iter().flatten() {
             any_grad = true;
             sum_sq += if rec.nonfinite > 0 {
                 f64::INFINITY
@@ -570,7 +602,6 @@ impl Trainer {
                 rec.grad_l2 * rec.grad_l2
             };
             params_rec.push(rec);
-            self.last_grads[i] = grads.tensor(i, p.value.shape())?;
         }
         let grad_norm = match st.clip {
             Some(c) => Some(c.total_norm as f64),

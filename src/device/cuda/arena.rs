@@ -142,7 +142,14 @@ impl StatsArena {
     /// Device address of a slot's two rounding counters (overflow, underflow), for a
     /// kernel that rounds.
     pub fn round_counts_ptr(&self, dev: &CudaDevice, slot: u32) -> u64 {
-        self.words.device_ptr(dev.stream()).0 + ((slot as usize * SLOT_WORDS + ROUND_AT) * 8) as u64
+        self.word_ptr(dev, slot, ROUND_AT)
+    }
+
+    /// Device address of word `word` of `slot`: where a kernel leaves a value for the
+    /// step's one read (in a slot no probe writes, or a word no probe uses).
+    pub fn word_ptr(&self, dev: &CudaDevice, slot: u32, word: usize) -> u64 {
+        debug_assert!(word < SLOT_WORDS);
+        self.words.device_ptr(dev.stream()).0 + ((slot as usize * SLOT_WORDS + word) * 8) as u64
     }
 
     /// Queues the statistics of `buf` (elements of `dtype`) into `slot`. Large tensors get
@@ -226,9 +233,15 @@ impl StatsArena {
     /// Finishes the step's statistics and copies every used slot to the host: the one
     /// device-to-host read of a step.
     pub fn read(&mut self, dev: &CudaDevice) -> Result<Vec<SlotStats>> {
+        Ok(self.read_words(dev)?.stats())
+    }
+
+    /// [`StatsArena::read`], keeping every word of every slot (values kernels left in
+    /// slot words besides the statistics).
+    pub fn read_words(&mut self, dev: &CudaDevice) -> Result<ArenaWords> {
         self.flush(dev)?;
         if self.used == 0 {
-            return Ok(Vec::new());
+            return Ok(ArenaWords { words: Vec::new() });
         }
         let s = dev.stream();
         let slots = self.used as u32;
@@ -247,7 +260,39 @@ impl StatsArena {
             .clone_dtoh(&self.words.slice(..self.used * SLOT_WORDS))
             .map_err(|e| dev_err("arena read")(&e))?;
         self.keep.clear();
-        Ok(host.chunks_exact(SLOT_WORDS).map(parse_slot).collect())
+        Ok(ArenaWords { words: host })
+    }
+}
+
+/// Every word of the used slots, as one read returned them.
+#[derive(Debug, Clone, Default)]
+pub struct ArenaWords {
+    words: Vec<u64>,
+}
+
+impl ArenaWords {
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.words.len() / SLOT_WORDS
+    }
+
+    /// The words of slot `slot`, or an error naming it when the read did not hold it.
+    pub fn slot(&self, slot: u32) -> Result<&[u64]> {
+        let at = slot as usize * SLOT_WORDS;
+        self.words.get(at..at + SLOT_WORDS).ok_or_else(|| {
+            Error::Device(format!(
+                "arena read holds {} slots; slot {slot} was asked for",
+                self.slots()
+            ))
+        })
+    }
+
+    /// The statistics of every slot.
+    pub fn stats(&self) -> Vec<SlotStats> {
+        self.words
+            .chunks_exact(SLOT_WORDS)
+            .map(parse_slot)
+            .collect()
     }
 }
 

@@ -11,6 +11,16 @@ use crate::tensor::Tensor;
 /// n×k with `trans_b`): 2-D × 2-D, 3-D × 3-D (same batch) or 3-D × 2-D (shared b).
 pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, counts: u64) -> Result<Tensor> {
     let dt = same_dtype("matmul", &[a, b])?;
+    let acc = matmul_acc(a, b, trans_a, trans_b)?;
+    if dt == DType::F32 {
+        return Ok(acc);
+    }
+    crate::ops::cast::cuda::cast(&acc, dt, counts)
+}
+
+/// [`matmul`]'s f32 accumulation, before any rounding to the operands' dtype.
+pub fn matmul_acc(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+    same_dtype("matmul", &[a, b])?;
     let dev = device_of("matmul", &[a, b])?;
     let (sa, sb) = (a.shape(), b.shape());
     let mat = |s: &[usize], t: bool| -> Result<(usize, usize, usize)> {
@@ -53,8 +63,54 @@ pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, counts: u64)
         (arg(a, "matmul")?, arg(b, "matmul")?, arg(&acc, "matmul")?);
     // SAFETY: a, b and acc are live device buffers of exactly the sizes `g` implies.
     unsafe { dev.blas().gemm_f32_out(g, kind, ap, bp, cp)? };
+    Ok(acc)
+}
+
+/// `x·wᵀ + b` for x [m, k], w [n, k], b [n]: the bias added to the f32 accumulation in
+/// f32 and the sum rounded once to x's dtype (as the emulator's linear).
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, counts: u64) -> Result<Tensor> {
+    let dt = same_dtype("linear", &[x, w])?;
+    let mut acc = matmul_acc(x, w, false, true)?;
+    if let Some(b) = b {
+        let b32 = crate::ops::cast::cuda::cast(b, DType::F32, 0)?;
+        acc = crate::ops::elementwise::cuda::binary(
+            crate::ops::elementwise::Binary::Add,
+            &acc,
+            &b32,
+            0,
+        )?;
+    }
     if dt == DType::F32 {
+        // f32 results are final as computed (the emulator counts no f32 rounding either).
         return Ok(acc);
     }
     crate::ops::cast::cuda::cast(&acc, dt, counts)
+}
+
+/// Gradients of [`linear`] from the output gradient `g` [m, n]: dx = g·w, dw = gᵀ·x (each
+/// rounded once) and db = Σ g over rows (in f64 in row order, rounded once).
+pub fn linear_backward(
+    x: &Tensor,
+    w: &Tensor,
+    g: &Tensor,
+    has_b: bool,
+    counts: [u64; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    let gx = matmul(g, w, false, false, counts[0])?;
+    let gw = matmul(g, x, true, false, counts[1])?;
+    let gb = if has_b {
+        let n = w.shape()[0];
+        let like = output(&device_of("linear", &[g])?, &[n], g.dtype())?;
+        Some(crate::ops::elementwise::cuda::binary_grad(
+            crate::ops::elementwise::Binary::Add,
+            g,
+            &like,
+            g,
+            true,
+            counts[2],
+        )?)
+    } else {
+        None
+    };
+    Ok([Some(gx), Some(gw), gb])
 }

@@ -147,6 +147,9 @@ impl Engine {
         let mut out_shape = x.shape().to_vec();
         *out_shape.last_mut().expect("rank >= 1") = n;
         let dtype = x.dtype();
+        if x.storage().is_device() {
+            return self.device_linear(x, w, b, m, k, out_shape, &ins);
+        }
         let out = match (
             super::fdata(x, "linear")?,
             super::fdata(w, "linear")?,
@@ -181,6 +184,43 @@ impl Engine {
                 }
                 _ => Err(Error::shape("linear", "gradient dtype differs from inputs")),
             }
+        });
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        self.record("linear", &refs, &["input", "weight", "bias"], out, Some(bw))
+    }
+
+    /// [`Engine::linear`] on the device: cuBLAS, the bias added in f32, one rounding.
+    #[allow(clippy::too_many_arguments)]
+    fn device_linear(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        m: usize,
+        k: usize,
+        out_shape: Vec<usize>,
+        ins: &[Tensor],
+    ) -> Result<Tensor> {
+        let x2 = x.view_as(&[m, k])?;
+        let (slot, counts) = super::device_counts(x)?;
+        let y = cuda::linear(&x2, w, b, counts)?.view_as(&out_shape)?;
+        let out = Computed::pending(y, slot);
+        let (xt, wt, has_b, n) = (x2, w.clone(), b.is_some(), w.shape()[0]);
+        let x_shape = x.shape().to_vec();
+        let bw = Box::new(move |g: &Tensor| {
+            let g2 = g.view_as(&[m, n])?;
+            let mut slots = [0u32; 3];
+            let mut counts = [0u64; 3];
+            for i in 0..if has_b { 3 } else { 2 } {
+                (slots[i], counts[i]) = super::device_counts(&xt)?;
+            }
+            let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, &g2, has_b, counts)?;
+            let gx = gx.map(|t| t.view_as(&x_shape)).transpose()?;
+            Ok([gx, gw, gb]
+                .into_iter()
+                .zip(slots)
+                .map(|(t, s)| t.and_then(|t| grad(Computed::pending(t, s))))
+                .collect())
         });
         let refs: Vec<&Tensor> = ins.iter().collect();
         self.record("linear", &refs, &["input", "weight", "bias"], out, Some(bw))

@@ -1,0 +1,535 @@
+//! The optimizer phase of a step on the device (`optim.cu`): the scaler's state and its
+//! unscale / inf check / scale update, gradient clipping, SGD and Adam/AdamW, and the
+//! step's scalars for the one arena read.
+//!
+//! Nothing here waits for the device. The scaler's scale and trackers live in device
+//! memory and the kernels read them there; the host learns the step's found_inf, scale and
+//! clip norm from the arena read at the end of the step and checks its own mirror of the
+//! scaler against them ([`StepScalars`]). Optimizer state (momentum, moments) stays on the
+//! device; the per-parameter update counts the host needs for the next step's scalars are
+//! committed once the read says whether the step was skipped ([`DeviceOptimizer::commit`]).
+
+use crate::amp::scaler::{ScalerConfig, ScalerKind};
+use crate::device::cuda::{dev_err, CudaDevice};
+use crate::dtype::{DType, RoundCounts};
+use crate::error::{Error, Result};
+use crate::ops::cuda::{arg, device_of, launch, output};
+use crate::optim::clip::NormType;
+use crate::optim::{AdamConfig, OptimizerConfig, SgdConfig};
+use crate::tensor::Tensor;
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The CUDA source of the optimizer-phase kernels.
+pub const SOURCE: &str = include_str!("optim.cu");
+
+/// The kernels of [`SOURCE`].
+pub const KERNELS: &[&str] = &[
+    "amp_unscale",
+    "amp_grad_norm",
+    "amp_clip_coef",
+    "amp_clip_apply",
+    "amp_sgd",
+    "amp_adam",
+    "amp_update_scale",
+    "amp_step_summary",
+    "amp_scalar_to_word",
+    "amp_scaled_flushes",
+];
+
+/// u32 words of the scaler's device state (`AMP_STATE_WORDS`).
+const STATE_WORDS: usize = 8;
+const AMP_GROWTH: usize = 1;
+const AMP_HYST: usize = 2;
+
+/// Arena words of the step's scalars slot (`SS_*` in optim.cu).
+pub mod word {
+    /// Nonzero when a gradient held inf/NaN.
+    pub const FOUND_INF: usize = 16;
+    /// The scale after the update (f32 bits).
+    pub const SCALE: usize = 17;
+    /// The growth tracker after the update.
+    pub const GROWTH: usize = 18;
+    /// The hysteresis tracker after the update.
+    pub const HYST: usize = 19;
+    /// 1 when an overflow met the floor with `error_at_floor`.
+    pub const ERROR: usize = 20;
+    /// Unscale overflow count.
+    pub const UNSCALE_OVER: usize = 21;
+    /// Unscale underflow count.
+    pub const UNSCALE_UNDER: usize = 22;
+    /// The clip's total norm (f32 bits).
+    pub const TOTAL_NORM: usize = 23;
+    /// The clip coefficient (f32 bits).
+    pub const CLIP_COEF: usize = 24;
+    /// In a gradient's statistics slot: its scaled fp16 flushes (a word no probe writes).
+    pub const SCALED_FLUSHES: usize = 293;
+    /// In a loss slot: the value as f64 bits.
+    pub const LOSS: usize = 16;
+}
+
+/// SGD's scalars (`SgdArgs` in optim.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct SgdArgs {
+    neg_lr: f32,
+    wd: f32,
+    momentum_alpha: f32,
+    momentum: f32,
+    one_minus_damp: f32,
+    od: i32,
+    use_wd: i32,
+    use_momentum: i32,
+    first: i32,
+    nesterov: i32,
+    maximize: i32,
+    pad: i32,
+}
+
+/// Adam's scalars of one step (`AdamArgs`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct AdamArgs {
+    decay_factor: f32,
+    lerp_weight: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    eps: f32,
+    wd: f32,
+    bc2_sqrt: f32,
+    neg_step_size: f32,
+    od: i32,
+    use_wd: i32,
+    decoupled: i32,
+    amsgrad: i32,
+    maximize: i32,
+    pad: i32,
+}
+
+/// The scale policy's parameters (`ScalerArgs`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct ScalerArgs {
+    growth_factor: f64,
+    backoff_factor: f64,
+    max_scale: f32,
+    min_scale: f32,
+    kind: i32,
+    growth_interval: i32,
+    hysteresis: i32,
+    error_at_floor: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernels' structs.
+unsafe impl DeviceRepr for SgdArgs {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AdamArgs {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for ScalerArgs {}
+
+/// Storage kind code of a dtype (the rounding target of an optimizer's intermediate ops).
+fn kind(dtype: DType) -> Result<i32> {
+    crate::device::cuda::buffer::kind_code(dtype)
+}
+
+fn ptr<T>(dev: &CudaDevice, s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(dev.stream()).0
+}
+
+/// The loss scaler's state in device memory: the scale as a one-element f32 tensor (the
+/// loss is multiplied by it where it lies) and the trackers and per-step words.
+pub struct DeviceScaler {
+    dev: Arc<CudaDevice>,
+    scale: Tensor,
+    state: CudaSlice<u32>,
+}
+
+impl DeviceScaler {
+    /// The device copy of a scaler's state (`scale`, growth and hysteresis trackers).
+    pub fn new(dev: &Arc<CudaDevice>, scale: f32, growth: i32, hysteresis: i32) -> Result<Self> {
+        let s = dev.stream();
+        let mut words = [0u32; STATE_WORDS];
+        words[AMP_GROWTH] = growth as u32;
+        words[AMP_HYST] = hysteresis as u32;
+        let state = s
+            .clone_htod(&words[..])
+            .map_err(|e| dev_err("scaler state upload")(&e))?;
+        let scale = Tensor::from_exact(vec![scale], &[1], DType::F32)?.to_device(dev)?;
+        Ok(DeviceScaler {
+            dev: dev.clone(),
+            scale,
+            state,
+        })
+    }
+
+    /// The scale as a device tensor of shape [1].
+    pub fn scale(&self) -> &Tensor {
+        &self.scale
+    }
+
+    fn state_ptr(&self) -> u64 {
+        ptr(&self.dev, &self.state)
+    }
+
+    fn scale_ptr(&self) -> Result<u64> {
+        Ok(arg(&self.scale, "scaler")?.0)
+    }
+
+    /// Queues `_amp_foreach_non_finite_check_and_unscale_` over `grads` (in place).
+    pub fn unscale(&self, grads: &[&Tensor]) -> Result<()> {
+        let (sp, st) = (self.scale_ptr()?, self.state_ptr());
+        for g in grads {
+            let (gp, k) = arg(g, "unscale")?;
+            let n = g.numel() as u64;
+            launch!(self.dev, "amp_unscale", n, &gp, &k, &n, &sp, &st);
+        }
+        Ok(())
+    }
+
+    /// Queues the scale update of `cfg`'s policy from this step's inf checks.
+    pub fn update(&self, cfg: &ScalerConfig) -> Result<()> {
+        let mut a = ScalerArgs {
+            growth_factor: cfg.growth_factor,
+            backoff_factor: cfg.backoff_factor,
+            growth_interval: cfg.growth_interval.min(i32::MAX as u32) as i32,
+            kind: 3,
+            ..Default::default()
+        };
+        match cfg.kind {
+            ScalerKind::Default => a.kind = 0,
+            ScalerKind::MaxClip { max_scale } => {
+                a.kind = 1;
+                a.max_scale = max_scale;
+            }
+            ScalerKind::Hysteresis {
+                hysteresis,
+                min_scale,
+                error_at_floor,
+            } => {
+                a.kind = 2;
+                a.hysteresis = hysteresis.min(i32::MAX as u32) as i32;
+                a.min_scale = min_scale;
+                a.error_at_floor = error_at_floor as i32;
+            }
+            ScalerKind::Fixed | ScalerKind::None => {}
+        }
+        let (sp, st) = (self.scale_ptr()?, self.state_ptr());
+        launch!(self.dev, "amp_update_scale", 1, &sp, &st, &a);
+        Ok(())
+    }
+
+    /// Queues the copy of the scaler's words into the step's scalars slot at `slot_ptr`
+    /// (and clears the per-step words).
+    pub fn summary(&self, slot_ptr: u64) -> Result<()> {
+        let (sp, st) = (self.scale_ptr()?, self.state_ptr());
+        launch!(self.dev, "amp_step_summary", 1, &sp, &st, &slot_ptr);
+        Ok(())
+    }
+
+    /// Queues the clipping of `grads` (in place) to a total `norm_type` norm of at most
+    /// `max_norm`, as `clip_grad_norm_` on the CPU (optim/clip.rs); the total norm and the
+    /// coefficient land in the scaler's words.
+    pub fn clip(&self, grads: &[&Tensor], max_norm: f32, norm_type: NormType) -> Result<()> {
+        if max_norm.is_nan() || max_norm < 0.0 {
+            return Err(Error::Invalid(format!(
+                "clip_grad_norm: max_norm must be a non-negative number, got {max_norm}"
+            )));
+        }
+        let inf = matches!(norm_type, NormType::Inf) as i32;
+        let count = grads.len() as u64;
+        let norms = output(&self.dev, &[grads.len().max(1)], DType::F32)?;
+        let (np, _) = arg(&norms, "clip_grad_norm")?;
+        let mut norm_dtype = None;
+        for (i, g) in grads.iter().enumerate() {
+            if inf == 1 && g.numel() == 0 {
+                return Err(Error::tensor(
+                    "clip_grad_norm",
+                    "the inf norm of an empty gradient is undefined",
+                ));
+            }
+            let (gp, k) = arg(g, "clip_grad_norm")?;
+            let n = g.numel() as u64;
+            let at = np + 4 * i as u64;
+            launch!(self.dev, "amp_grad_norm", 1, &gp, &k, &n, &inf, &at);
+            norm_dtype = Some(norm_dtype.map_or(g.dtype(), |d| DType::promote(d, g.dtype())));
+        }
+        let Some(nd) = norm_dtype else {
+            return Ok(());
+        };
+        let nk = kind(nd)?;
+        let st = self.state_ptr();
+        launch!(
+            self.dev,
+            "amp_clip_coef",
+            1,
+            &np,
+            &count,
+            &nk,
+            &inf,
+            &max_norm,
+            &st
+        );
+        for g in grads {
+            let (gp, k) = arg(g, "clip_grad_norm")?;
+            let n = g.numel() as u64;
+            launch!(self.dev, "amp_clip_apply", n, &gp, &k, &n, &st);
+        }
+        // `norms` is freed on return; the stream orders that after the kernels above.
+        Ok(())
+    }
+
+    /// Queues the optimizer update of `params` (name, value, gradient): new values in
+    /// fresh buffers, the old ones copied on a skipped step.
+    pub fn optimizer_step(
+        &self,
+        opt: &mut DeviceOptimizer,
+        lr: f64,
+        params: &[(&str, &Tensor, Option<&Tensor>)],
+    ) -> Result<Vec<Tensor>> {
+        let st = self.state_ptr();
+        params
+            .iter()
+            .map(|&(name, p, g)| match g {
+                Some(g) => opt.update(&self.dev, lr, name, p, g, st),
+                None => Ok(p.clone()),
+            })
+            .collect()
+    }
+}
+
+/// What the step's scalars slot says after the read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepScalars {
+    /// A gradient held inf/NaN (the step was skipped when scaling is on).
+    pub found_inf: bool,
+    /// The scale after the update.
+    pub scale: f32,
+    /// The growth tracker after the update.
+    pub growth_tracker: i32,
+    /// The hysteresis tracker after the update.
+    pub hysteresis_tracker: i32,
+    /// An overflow met the floor with `error_at_floor` (the update did not happen).
+    pub floor_error: bool,
+    /// Over/underflow of the unscale.
+    pub unscale_rounding: RoundCounts,
+    /// The clip's total norm.
+    pub total_norm: f32,
+    /// The clip coefficient.
+    pub clip_coef: f32,
+}
+
+impl StepScalars {
+    /// Decodes the scalars slot's words.
+    pub fn parse(w: &[u64]) -> StepScalars {
+        let f = |i: usize| f32::from_bits(w[i] as u32);
+        StepScalars {
+            found_inf: w[word::FOUND_INF] != 0,
+            scale: f(word::SCALE),
+            growth_tracker: w[word::GROWTH] as u32 as i32,
+            hysteresis_tracker: w[word::HYST] as u32 as i32,
+            floor_error: w[word::ERROR] != 0,
+            unscale_rounding: RoundCounts {
+                overflow: w[word::UNSCALE_OVER],
+                underflow: w[word::UNSCALE_UNDER],
+            },
+            total_norm: f(word::TOTAL_NORM),
+            clip_coef: f(word::CLIP_COEF),
+        }
+    }
+}
+
+/// Queues element 0 of `x` (as f64 bits) into the arena word at `word_ptr`.
+pub fn scalar_to_word(x: &Tensor, word_ptr: u64) -> Result<()> {
+    let dev = device_of("loss", &[x])?;
+    let (xp, k) = arg(x, "loss")?;
+    launch!(dev, "amp_scalar_to_word", 1, &xp, &k, &word_ptr);
+    Ok(())
+}
+
+/// Queues the count of `g`'s finite nonzero values that `g * scale` flushes to zero in
+/// fp16 into the arena word at `word_ptr`.
+pub fn scaled_flushes(g: &Tensor, scale: f32, word_ptr: u64) -> Result<()> {
+    let dev = device_of("param record", &[g])?;
+    let (gp, k) = arg(g, "param record")?;
+    let n = g.numel() as u64;
+    launch!(dev, "amp_scaled_flushes", n, &gp, &k, &n, &scale, &word_ptr);
+    Ok(())
+}
+
+/// One parameter's optimizer state on the device.
+#[derive(Default)]
+struct ParamState {
+    /// SGD's momentum buffer, or Adam's first moment.
+    a: Option<CudaSlice<f32>>,
+    /// Adam's second moment.
+    b: Option<CudaSlice<f32>>,
+    /// AMSGrad's running maximum.
+    c: Option<CudaSlice<f32>>,
+    /// Updates applied (committed after the step's read).
+    updates: f32,
+    /// Updated in the step now in flight (not yet committed).
+    pending: bool,
+}
+
+/// SGD or Adam/AdamW with its state on the device, numerically the CPU optimizers.
+pub struct DeviceOptimizer {
+    cfg: OptimizerConfig,
+    states: HashMap<String, ParamState>,
+}
+
+impl DeviceOptimizer {
+    /// An optimizer of `cfg` (hyper-parameters already validated by the host optimizer).
+    pub fn new(cfg: &OptimizerConfig) -> DeviceOptimizer {
+        DeviceOptimizer {
+            cfg: cfg.clone(),
+            states: HashMap::new(),
+        }
+    }
+
+    /// Updates applied to a parameter so far (after the last commit).
+    pub fn updates(&self, name: &str) -> f32 {
+        self.states.get(name).map_or(0.0, |s| s.updates)
+    }
+
+    /// Ends a step once its read is in: counts the update of every parameter stepped, or
+    /// none when the step was skipped (the kernels then left state untouched).
+    pub fn commit(&mut self, stepped: bool) {
+        for s in self.states.values_mut() {
+            if std::mem::take(&mut s.pending) && stepped {
+                s.updates += 1.0;
+            }
+        }
+    }
+
+    fn update(
+        &mut self,
+        dev: &Arc<CudaDevice>,
+        lr: f64,
+        name: &str,
+        p: &Tensor,
+        g: &Tensor,
+        state: u64,
+    ) -> Result<Tensor> {
+        if p.shape() != g.shape() || p.dtype() != g.dtype() {
+            return Err(Error::tensor(
+                name,
+                format!(
+                    "gradient {} {:?} does not match the parameter {} {:?}",
+                    g.dtype(),
+                    g.shape(),
+                    p.dtype(),
+                    p.shape()
+                ),
+            ));
+        }
+        let n = p.numel();
+        let out = output(dev, p.shape(), p.dtype())?;
+        let st = self.states.entry(name.to_string()).or_default();
+        st.pending = true;
+        let zeros = |n: usize| -> Result<CudaSlice<f32>> {
+            dev.stream()
+                .alloc_zeros(n.max(1))
+                .map_err(|e| dev_err("optimizer state")(&e))
+        };
+        let ((pp, k), (op, _), (gp, _)) = (arg(p, name)?, arg(&out, name)?, arg(g, name)?);
+        let n64 = n as u64;
+        match &self.cfg {
+            OptimizerConfig::Sgd(c) => {
+                let a = sgd_args(c, lr, p.dtype(), st.updates == 0.0)?;
+                if a.use_momentum == 1 && st.a.is_none() {
+                    st.a = Some(zeros(n)?);
+                }
+                let bp = st.a.as_ref().map_or(0, |b| ptr(dev, b));
+                launch!(dev, "amp_sgd", n64, &pp, &op, &gp, &k, &bp, &n64, &a, &state);
+            }
+            OptimizerConfig::Adam(c) => {
+                self::adam(dev, c, lr, st, p.dtype(), n, (pp, op, gp, k), state)?
+            }
+            OptimizerConfig::AdamW(c) => {
+                let c = AdamConfig::from(c.clone());
+                self::adam(dev, &c, lr, st, p.dtype(), n, (pp, op, gp, k), state)?
+            }
+        }
+        Ok(out.as_leaf(true))
+    }
+}
+
+// The kernel's operands and the parameter's state are passed apart from its scalars.
+#[allow(clippy::too_many_arguments)]
+fn adam(
+    dev: &Arc<CudaDevice>,
+    c: &AdamConfig,
+    lr: f64,
+    st: &mut ParamState,
+    dtype: DType,
+    n: usize,
+    (pp, op, gp, k): (u64, u64, u64, i32),
+    state: u64,
+) -> Result<()> {
+    let zeros = |n: usize| -> Result<CudaSlice<f32>> {
+        dev.stream()
+            .alloc_zeros(n.max(1))
+            .map_err(|e| dev_err("optimizer state")(&e))
+    };
+    if st.a.is_none() {
+        st.a = Some(zeros(n)?);
+        st.b = Some(zeros(n)?);
+    }
+    if c.amsgrad && st.c.is_none() {
+        st.c = Some(zeros(n)?);
+    }
+    let a = adam_args(c, lr, dtype, st.updates + 1.0)?;
+    let ea = st.a.as_ref().map_or(0, |b| ptr(dev, b));
+    let eb = st.b.as_ref().map_or(0, |b| ptr(dev, b));
+    let ec = st.c.as_ref().map_or(0, |b| ptr(dev, b));
+    let n64 = n as u64;
+    launch!(dev, "amp_adam", n64, &pp, &op, &gp, &k, &ea, &eb, &ec, &n64, &a, &state);
+    Ok(())
+}
+
+/// SGD's scalars, rounded as sgd.rs rounds them.
+fn sgd_args(c: &SgdConfig, lr: f64, dtype: DType, first: bool) -> Result<SgdArgs> {
+    let od = c.state_precision.op_dtype(dtype);
+    let r = |x: f32| crate::dtype::round_to(od, x);
+    Ok(SgdArgs {
+        neg_lr: r((-lr) as f32),
+        wd: r(c.weight_decay as f32),
+        momentum_alpha: r(c.momentum as f32),
+        momentum: c.momentum as f32,
+        one_minus_damp: r((1.0 - c.dampening) as f32),
+        od: kind(od)?,
+        use_wd: (c.weight_decay != 0.0) as i32,
+        use_momentum: (c.momentum != 0.0) as i32,
+        first: first as i32,
+        nesterov: c.nesterov as i32,
+        maximize: c.maximize as i32,
+        pad: 0,
+    })
+}
+
+/// Adam's scalars for update number `t` (1-based), as adam.rs computes them.
+fn adam_args(c: &AdamConfig, lr: f64, dtype: DType, t: f32) -> Result<AdamArgs> {
+    let (beta1, beta2) = c.betas;
+    let od = c.state_precision.op_dtype(dtype);
+    let t = f64::from(t);
+    let bias_correction1 = 1.0 - beta1.powf(t);
+    let bias_correction2 = 1.0 - beta2.powf(t);
+    let step_size = lr / bias_correction1;
+    Ok(AdamArgs {
+        decay_factor: (1.0 - lr * c.weight_decay) as f32,
+        lerp_weight: (1.0 - beta1) as f32,
+        beta2: beta2 as f32,
+        one_minus_beta2: (1.0 - beta2) as f32,
+        eps: c.eps as f32,
+        wd: crate::dtype::round_to(od, c.weight_decay as f32),
+        bc2_sqrt: bias_correction2.powf(0.5) as f32,
+        neg_step_size: (-step_size) as f32,
+        od: kind(od)?,
+        use_wd: (c.weight_decay != 0.0) as i32,
+        decoupled: c.decoupled as i32,
+        amsgrad: c.amsgrad as i32,
+        maximize: c.maximize as i32,
+        pad: 0,
+    })
+}

@@ -1,0 +1,347 @@
+// The optimizer phase of an AMP step on the device: unscale with the inf check
+// (ATen's _amp_foreach_non_finite_check_and_unscale_), gradient-norm clipping, the SGD and
+// Adam/AdamW updates, the loss-scale update (ATen's _amp_update_scale_ and the Megatron-style
+// hysteresis variant) and the step's scalars copied into the probe arena for the one read.
+//
+// Every formula is the CPU emulator's (src/optim, src/amp/scaler.rs), operation by operation:
+// where the CPU writes `a.mul_add(b, c)` (PyTorch's CPU optimizers fuse there) the kernel
+// calls fmaf, and nowhere else; `--fmad=false` keeps the compiler from contracting the rest.
+// Sums that decide bits (the norms) run sequentially in f64 in the CPU's order, so the
+// device's results are the emulator's bit for bit; on a real GPU those few one-thread
+// kernels are the slow spots of the phase.
+
+// The scaler's state on the device, in u32 words (AMP_* indices).
+#define AMP_FOUND_INF 0   // nonzero once a gradient held inf/NaN this step
+#define AMP_GROWTH 1      // growth tracker (i32)
+#define AMP_HYST 2        // hysteresis tracker (i32)
+#define AMP_ERROR 3       // 1: overflow at the floor with error_at_floor
+#define AMP_UNSCALE_OVER 4
+#define AMP_UNSCALE_UNDER 5
+#define AMP_TOTAL_NORM 6  // f32 bits
+#define AMP_CLIP_COEF 7   // f32 bits
+#define AMP_STATE_WORDS 8
+
+// Scaler kinds (amprobe's ScalerKind).
+#define SK_DEFAULT 0
+#define SK_MAXCLIP 1
+#define SK_HYSTERESIS 2
+#define SK_FIXED 3
+
+__device__ __forceinline__ float round_kind(int kind, float x) {
+    if (kind == KIND_F16) return f16_bits_to_f32(f32_to_f16_bits(x));
+    if (kind == KIND_BF16) return bf16_bits_to_f32(f32_to_bf16_bits(x));
+    return x;
+}
+
+__device__ __forceinline__ bool first_thread() {
+    return blockIdx.x == 0 && threadIdx.x == 0;
+}
+
+// g = round(g * (1/scale)) in place, the reciprocal in f64 rounded to f32 as PyTorch's
+// `scale.double().reciprocal().float()`; any inf/NaN element sets found_inf. Over- and
+// underflow are counted for finite elements only, as the scaler reports them.
+extern "C" __global__ void amp_unscale(void* g, int kind, u64 n, const float* scale,
+                                       u32* state) {
+    float inv = (float)(1.0 / (double)scale[0]);
+    u32 found = 0, over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float x = load_f32(g, kind, i);
+        bool finite = isfinite(x);
+        found |= finite ? 0u : 1u;
+        float y = round_kind(kind, x * inv);
+        if (kind == KIND_F32) ((float*)g)[i] = y;
+        else ((u16*)g)[i] = kind == KIND_F16 ? f32_to_f16_bits(y) : f32_to_bf16_bits(y);
+        if (finite) {
+            over += isinf(y) ? 1u : 0u;
+            under += (x != 0.0f && y == 0.0f) ? 1u : 0u;
+        }
+    }
+    if (found) atomicOr(&state[AMP_FOUND_INF], 1u);
+    if (over) atomicAdd(&state[AMP_UNSCALE_OVER], over);
+    if (under) atomicAdd(&state[AMP_UNSCALE_UNDER], under);
+}
+
+// The norm of one gradient as clip.rs computes it: L2 with squares summed in f64 (inf when
+// the sum leaves the f32 range), or the largest |x| with NaN propagating; rounded to the
+// gradient's dtype. One thread, in element order.
+extern "C" __global__ void amp_grad_norm(const void* g, int kind, u64 n, int inf_norm,
+                                         float* out) {
+    if (!first_thread()) return;
+    float r;
+    if (inf_norm) {
+        float m = 0.0f;
+        bool nan = false;
+        for (u64 i = 0; i < n && !nan; ++i) {
+            float x = load_f32(g, kind, i);
+            if (isnan(x)) nan = true;
+            else m = fmaxf(m, fabsf(x));
+        }
+        r = nan ? __int_as_float(0x7fc00000) : m;
+    } else {
+        double s = 0.0;
+        for (u64 i = 0; i < n; ++i) {
+            double x = (double)load_f32(g, kind, i);
+            s = s + x * x;
+        }
+        r = isinf((float)s) ? __int_as_float(0x7f800000) : (float)sqrt(s);
+    }
+    out[0] = round_kind(kind, r);
+}
+
+// The total norm of `count` per-gradient norms, in `norm_kind` (the promoted dtype), and
+// the clip coefficient min((total + 1e-6)^-1 * max_norm, 1), each op rounded to norm_kind.
+extern "C" __global__ void amp_clip_coef(const float* norms, u64 count, int norm_kind,
+                                         int inf_norm, float max_norm, u32* state) {
+    if (!first_thread()) return;
+    float t;
+    if (inf_norm) {
+        float m = 0.0f;
+        bool nan = false;
+        for (u64 i = 0; i < count && !nan; ++i) {
+            if (isnan(norms[i])) nan = true;
+            else m = fmaxf(m, fabsf(norms[i]));
+        }
+        t = nan ? __int_as_float(0x7fc00000) : m;
+    } else {
+        double s = 0.0;
+        for (u64 i = 0; i < count; ++i) {
+            double x = (double)norms[i];
+            s = s + x * x;
+        }
+        t = isinf((float)s) ? __int_as_float(0x7f800000) : (float)sqrt(s);
+    }
+    float total = round_kind(norm_kind, t);
+    float shifted = round_kind(norm_kind, total + 1e-6f);
+    float recip = round_kind(norm_kind, 1.0f / shifted);
+    float coef = round_kind(norm_kind, recip * max_norm);
+    float clamped = coef > 1.0f ? 1.0f : coef;
+    state[AMP_TOTAL_NORM] = __float_as_uint(total);
+    state[AMP_CLIP_COEF] = __float_as_uint(clamped);
+}
+
+// g = round(g * coef) in place (every gradient, even when coef is 1, as PyTorch does).
+extern "C" __global__ void amp_clip_apply(void* g, int kind, u64 n, const u32* state) {
+    float coef = __uint_as_float(state[AMP_CLIP_COEF]);
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float y = round_kind(kind, load_f32(g, kind, i) * coef);
+        if (kind == KIND_F32) ((float*)g)[i] = y;
+        else ((u16*)g)[i] = kind == KIND_F16 ? f32_to_f16_bits(y) : f32_to_bf16_bits(y);
+    }
+}
+
+// SGD hyper-parameters, rounded on the host exactly as sgd.rs rounds them.
+struct SgdArgs {
+    float neg_lr;
+    float wd;
+    float momentum_alpha;
+    float momentum;
+    float one_minus_damp;
+    int od;          // the kind each intermediate op rounds to
+    int use_wd;
+    int use_momentum;
+    int first;       // the momentum buffer is fresh: it takes the gradient
+    int nesterov;
+    int maximize;
+    int pad;
+};
+
+// One SGD update of one parameter (sgd.rs): reads p, writes p_out (skipped steps copy p).
+extern "C" __global__ void amp_sgd(const void* p, void* p_out, const void* g, int kind,
+                                   float* buf, u64 n, SgdArgs a, const u32* state) {
+    bool skip = state[AMP_FOUND_INF] != 0;
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+         j += (u64)gridDim.x * blockDim.x) {
+        float pv = load_f32(p, kind, j);
+        if (!skip) {
+            float g0 = load_f32(g, kind, j);
+            float gv = a.maximize ? -g0 : g0;
+            if (a.use_wd) gv = round_kind(a.od, fmaf(pv, a.wd, gv));
+            if (a.use_momentum) {
+                float b = a.first ? gv
+                                  : round_kind(a.od, fmaf(gv, a.one_minus_damp,
+                                                          round_kind(a.od, buf[j] * a.momentum)));
+                buf[j] = b;
+                gv = a.nesterov ? round_kind(a.od, fmaf(b, a.momentum_alpha, gv)) : b;
+            }
+            pv = fmaf(gv, a.neg_lr, pv);
+        }
+        u32 o = 0, u = 0;
+        store_round(p_out, kind, j, pv, &o, &u);
+    }
+}
+
+// Adam/AdamW hyper-parameters of this step, computed on the host as adam.rs does.
+struct AdamArgs {
+    float decay_factor;
+    float lerp_weight;
+    float beta2;
+    float one_minus_beta2;
+    float eps;
+    float wd;
+    float bc2_sqrt;
+    float neg_step_size;
+    int od;
+    int use_wd;
+    int decoupled;
+    int amsgrad;
+    int maximize;
+    int pad;
+};
+
+__device__ __forceinline__ float amp_lerp(float start, float end, float weight) {
+    float diff = end - start;
+    return fabsf(weight) < 0.5f ? fmaf(weight, diff, start) : fmaf(weight - 1.0f, diff, end);
+}
+
+__device__ __forceinline__ float amp_maximum(float a, float b) {
+    if (isnan(a) || isnan(b)) return __int_as_float(0x7fc00000);
+    return a >= b ? a : b;
+}
+
+// One Adam/AdamW update of one parameter (adam.rs): reads p, writes p_out; the state
+// buffers are updated in place (not at all on a skipped step).
+extern "C" __global__ void amp_adam(const void* p, void* p_out, const void* g, int kind,
+                                    float* exp_avg, float* exp_avg_sq, float* max_sq, u64 n,
+                                    AdamArgs a, const u32* state) {
+    bool skip = state[AMP_FOUND_INF] != 0;
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+         j += (u64)gridDim.x * blockDim.x) {
+        float pv = load_f32(p, kind, j);
+        if (!skip) {
+            float g0 = load_f32(g, kind, j);
+            float gv = a.maximize ? -g0 : g0;
+            if (a.use_wd) {
+                if (a.decoupled) pv = round_kind(a.od, pv * a.decay_factor);
+                else gv = round_kind(a.od, fmaf(pv, a.wd, gv));
+            }
+            float m = round_kind(a.od, amp_lerp(exp_avg[j], gv, a.lerp_weight));
+            exp_avg[j] = m;
+            float v = round_kind(a.od, fmaf(a.one_minus_beta2 * gv, gv,
+                                            round_kind(a.od, exp_avg_sq[j] * a.beta2)));
+            exp_avg_sq[j] = v;
+            float second = v;
+            if (a.amsgrad) {
+                max_sq[j] = amp_maximum(max_sq[j], v);
+                second = max_sq[j];
+            }
+            float denom = round_kind(a.od, round_kind(a.od, round_kind(a.od, sqrtf(second)) /
+                                                                a.bc2_sqrt) + a.eps);
+            pv = pv + (a.neg_step_size * m) / denom;
+        }
+        u32 o = 0, u = 0;
+        store_round(p_out, kind, j, pv, &o, &u);
+    }
+}
+
+// Scale-update parameters (amprobe's ScalerConfig).
+struct ScalerArgs {
+    double growth_factor;
+    double backoff_factor;
+    float max_scale;   // kind maxclip
+    float min_scale;   // kind hysteresis
+    int kind;
+    int growth_interval;
+    int hysteresis;
+    int error_at_floor;
+};
+
+// The scale update after a step's inf checks (scaler.rs `apply_policy`): ATen's
+// _amp_update_scale_ for the default kind (scale times an f64 factor, rounded once; growth
+// only when the grown scale is finite), a cap for maxclip, Megatron's hysteresis with a
+// floor. One thread.
+extern "C" __global__ void amp_update_scale(float* scale, u32* state, ScalerArgs a) {
+    if (!first_thread()) return;
+    bool found = state[AMP_FOUND_INF] != 0;
+    int* growth = (int*)&state[AMP_GROWTH];
+    int* hyst = (int*)&state[AMP_HYST];
+    float s = scale[0];
+    if (a.kind == SK_DEFAULT || a.kind == SK_MAXCLIP) {
+        float cap = a.kind == SK_MAXCLIP ? a.max_scale : __int_as_float(0x7f800000);
+        if (found) {
+            s = (float)((double)s * a.backoff_factor);
+            *growth = 0;
+        } else if (*growth + 1 == a.growth_interval) {
+            float grown = (float)((double)s * a.growth_factor);
+            if (isfinite(grown)) s = grown < cap ? grown : cap;
+            *growth = 0;
+        } else {
+            *growth += 1;
+        }
+    } else if (a.kind == SK_HYSTERESIS) {
+        if (found) {
+            int h = *hyst - 1;
+            if (h <= 0) {
+                if (a.error_at_floor && s <= a.min_scale) {
+                    state[AMP_ERROR] = 1;
+                    return;
+                }
+                float b = s * (float)a.backoff_factor;
+                s = b > a.min_scale ? b : a.min_scale;
+            }
+            *hyst = h;
+            *growth = 0;
+        } else {
+            *growth += 1;
+            if (*growth == a.growth_interval) {
+                *growth = 0;
+                *hyst = a.hysteresis;
+                float grown = s * (float)a.growth_factor;
+                if (isfinite(grown)) s = grown;
+            }
+        }
+    }
+    scale[0] = s;
+}
+
+// Arena words of the step's scalars slot (a slot no probe writes; words from 16 on).
+#define SS_FOUND_INF 16
+#define SS_SCALE 17
+#define SS_GROWTH 18
+#define SS_HYST 19
+#define SS_ERROR 20
+#define SS_UNSCALE_OVER 21
+#define SS_UNSCALE_UNDER 22
+#define SS_TOTAL_NORM 23
+#define SS_CLIP_COEF 24
+
+// Copies the scaler's state into the step's scalars slot and clears the per-step words
+// for the next step. One thread.
+extern "C" __global__ void amp_step_summary(const float* scale, u32* state, u64* slot) {
+    if (!first_thread()) return;
+    slot[SS_FOUND_INF] = state[AMP_FOUND_INF];
+    slot[SS_SCALE] = __float_as_uint(scale[0]);
+    slot[SS_GROWTH] = (u64)(unsigned)state[AMP_GROWTH];
+    slot[SS_HYST] = (u64)(unsigned)state[AMP_HYST];
+    slot[SS_ERROR] = state[AMP_ERROR];
+    slot[SS_UNSCALE_OVER] = state[AMP_UNSCALE_OVER];
+    slot[SS_UNSCALE_UNDER] = state[AMP_UNSCALE_UNDER];
+    slot[SS_TOTAL_NORM] = state[AMP_TOTAL_NORM];
+    slot[SS_CLIP_COEF] = state[AMP_CLIP_COEF];
+    state[AMP_FOUND_INF] = 0;
+    state[AMP_ERROR] = 0;
+    state[AMP_UNSCALE_OVER] = 0;
+    state[AMP_UNSCALE_UNDER] = 0;
+}
+
+// Element 0 of a tensor as f64 bits into an arena word (a loss for the step's one read).
+extern "C" __global__ void amp_scalar_to_word(const void* x, int kind, u64* word) {
+    if (!first_thread()) return;
+    word[0] = (u64)__double_as_longlong((double)load_f32(x, kind, 0));
+}
+
+// Finite nonzero g whose g * scale (f32) is at most 2^-25, i.e. zero in fp16 (params.rs
+// `scaled_f16_flushes`), added to an arena word.
+extern "C" __global__ void amp_scaled_flushes(const void* g, int kind, u64 n, float scale,
+                                              u64* word) {
+    u32 c = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float x = load_f32(g, kind, i);
+        u32 a = __float_as_uint(x) & 0x7fffffffu;
+        u32 s = __float_as_uint(x * scale) & 0x7fffffffu;
+        c += (a != 0 && a < 0x7f800000u && s <= 0x33000000u) ? 1u : 0u;
+    }
+    if (c) atomicAdd(word, (u64)c);
+}
