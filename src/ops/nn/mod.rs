@@ -9,6 +9,7 @@ use crate::rng::Rng;
 use crate::tensor::{Real, Tensor};
 
 mod cpu;
+pub mod cuda;
 use cpu::*;
 
 /// 64-bit FNV-1a hash.
