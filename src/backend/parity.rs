@@ -18,7 +18,8 @@
 //! - the other families, run through the engine on host and device leaves (forward,
 //!   backward through `backward_with`, and every recorded op's rounding counts, device
 //!   counts read from the arena): shape ops, sums, means, max, gradient accumulation and
-//!   T5's RMSNorm chain identical; softmax and log-softmax (an exp or log inside, f32
+//!   T5's RMSNorm chain, layer norm, embedding and dropout (the CPU's mask) identical;
+//!   softmax and log-softmax (an exp or log inside, f32
 //!   libm on the CPU) within 4 ulp of the output dtype or |Δ| ≤ 2⁻¹⁸·max(1, |cpu|), their
 //!   rounding counts identical.
 
@@ -702,6 +703,64 @@ fn family_checks(
             Some(&gy),
             Transcendental,
             &move |e, t| e.log_softmax(&t[0], dim),
+        )?;
+    }
+    // nn: layer norm (with and without affine), embedding (device ids), dropout.
+    let xs = random_tensor(rng, &[6, 16], dt, 4)?;
+    let (w, b) = (
+        finite_tensor(rng, &[16], dt)?,
+        finite_tensor(rng, &[16], dt)?,
+    );
+    let gy = g(rng, &[6, 16])?;
+    engine_parity(
+        out,
+        dev,
+        "layer_norm affine",
+        dt,
+        &[xs.clone(), w, b],
+        &[true, true, true],
+        Some(&gy),
+        Exact,
+        &|e, t| e.layer_norm(&t[0], 16, Some(&t[1]), Some(&t[2]), 1e-5),
+    )?;
+    engine_parity(
+        out,
+        dev,
+        "layer_norm plain",
+        dt,
+        &[xs],
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| e.layer_norm(&t[0], 16, None, None, 1e-5),
+    )?;
+    let w = random_tensor(rng, &[7, 5], dt, 6)?;
+    let ids = Tensor::from_i64(vec![3, 0, 6, 3, 3, 1, 6, 2], &[2, 4])?;
+    let gy = g(rng, &[2, 4, 5])?;
+    engine_parity(
+        out,
+        dev,
+        "embedding",
+        dt,
+        &[w, ids],
+        &[true, false],
+        Some(&gy),
+        Exact,
+        &|e, t| e.embedding(&t[0], &t[1]),
+    )?;
+    let xs = random_tensor(rng, &[8, 33], dt, 10)?;
+    let gy = g(rng, &[8, 33])?;
+    for p in [0.1, 0.5, 1.0] {
+        engine_parity(
+            out,
+            dev,
+            &format!("dropout p={p}"),
+            dt,
+            std::slice::from_ref(&xs),
+            &one,
+            Some(&gy),
+            Exact,
+            &move |e, t| e.scope("enc.block.0", |e| e.dropout(&t[0], p, true, 2)),
         )?;
     }
     // RMSNorm as T5 builds it: pow, mean, add_scalar, rsqrt, mul.
