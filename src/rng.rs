@@ -25,6 +25,12 @@ impl Rng {
         r
     }
 
+    /// The generator's state: draw k (from 1) is the SplitMix64 mix of
+    /// `state + k·0x9E3779B97F4A7C15`, so a device kernel can draw element k directly.
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);

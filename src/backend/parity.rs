@@ -14,11 +14,19 @@
 //!   order is within γ_k·Σ|a||b| of it (γ_k = k·2⁻²⁴ / (1 - k·2⁻²⁴)), plus one ulp of the
 //!   output dtype for the final rounding;
 //! - probe statistics: every count, extreme and histogram bin identical; the f64 sum of
-//!   squares within 2·n·2⁻⁵³ relative (two summation orders of n non-negative terms).
+//!   squares within 2·n·2⁻⁵³ relative (two summation orders of n non-negative terms);
+//! - the other families, run through the engine on host and device leaves (forward,
+//!   backward through `backward_with`, and every recorded op's rounding counts, device
+//!   counts read from the arena): shape ops, sums, means, max, gradient accumulation and
+//!   T5's RMSNorm chain, layer norm, embedding and dropout (the CPU's mask) identical;
+//!   softmax and log-softmax (an exp or log inside, f32
+//!   libm on the CPU) within 4 ulp of the output dtype or |Δ| ≤ 2⁻¹⁸·max(1, |cpu|), their
+//!   rounding counts identical.
 
 use crate::device::cuda::arena::{self, StatsArena};
 use crate::device::cuda::CudaDevice;
-use crate::dtype::DType;
+use crate::dtype::{DType, RoundCounts};
+use crate::engine::observer::{Observer, OpEvent};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::ops::elementwise::{Binary, Unary};
@@ -26,7 +34,7 @@ use crate::ops::{cast::cuda as cast_dev, elementwise::cuda as ew_dev, linalg::cu
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use crate::trace::stats::TensorStats;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The outcome of one parity check.
 #[derive(Debug, Clone)]
@@ -330,6 +338,8 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
             out.push(check);
         }
 
+        family_checks(&mut out, dev, &mut rng, dt)?;
+
         // Probe statistics, small (batched launch) and large (own launch).
         for len in [1000usize, 3 * arena::SMALL + 7] {
             let x = random_tensor(&mut rng, &[len], dt, 60)?;
@@ -348,6 +358,434 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
         }
     }
     Ok(out)
+}
+
+/// How closely an engine-level device result must follow the CPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// Bit-identical (NaN equals NaN).
+    Exact,
+    /// Within 4 ulp of the output dtype, or |Δ| ≤ 2⁻¹⁸·max(1, |cpu|) (an exp/log inside).
+    Transcendental,
+}
+
+impl Bound {
+    fn ok(self, u: u64, d: f32, c: f32) -> bool {
+        match self {
+            Bound::Exact => u == 0,
+            Bound::Transcendental => {
+                u <= 4 || {
+                    let lim = 2f64.powi(-18) * f64::from(c.abs()).max(1.0);
+                    (f64::from(d) - f64::from(c)).abs() <= lim
+                }
+            }
+        }
+    }
+}
+
+/// The rounding counts of every op an engine records, in order, with their arena slots.
+type Rounds = Arc<Mutex<Vec<(String, RoundCounts, Option<u32>)>>>;
+
+struct RoundsSeen(Rounds);
+
+impl Observer for RoundsSeen {
+    fn on_op(&mut self, ev: &OpEvent<'_>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push((ev.op.to_string(), ev.rounding, ev.slot));
+        }
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// One engine run: the output, the gradient of each input (None where not asked or not
+/// reached), and each recorded op's rounding counts, all on the host.
+struct EngineRun {
+    y: Tensor,
+    grads: Vec<Option<Tensor>>,
+    rounds: Vec<(String, RoundCounts)>,
+}
+
+/// An engine forward + backward of `f` over `inputs` (leaves requiring a gradient where
+/// `want` says), on the host or on `dev`, with output gradient `g`.
+fn engine_run(
+    dev: Option<&Arc<CudaDevice>>,
+    inputs: &[Tensor],
+    want: &[bool],
+    g: Option<&Tensor>,
+    f: &dyn Fn(&mut Engine, &[Tensor]) -> Result<Tensor>,
+) -> Result<EngineRun> {
+    let put = |t: &Tensor| match dev {
+        Some(d) => t.to_device(d),
+        None => Ok(t.clone()),
+    };
+    if let Some(d) = dev {
+        d.with_arena(|a| a.reset(d))?;
+    }
+    let leaves = inputs
+        .iter()
+        .zip(want)
+        .map(|(t, &w)| Ok(put(t)?.as_leaf(w)))
+        .collect::<Result<Vec<_>>>()?;
+    let seen: Rounds = Arc::default();
+    let mut eng = Engine::new();
+    eng.set_seed(11);
+    eng.begin_step(3);
+    eng.add_observer(Box::new(RoundsSeen(seen.clone())));
+    let y = f(&mut eng, &leaves)?;
+    let grads = match g {
+        Some(g) => {
+            let gm = eng.backward_with(&y, put(g)?)?;
+            leaves
+                .iter()
+                .map(|l| gm.get(&l.id()).map(Tensor::to_host).transpose())
+                .collect::<Result<Vec<_>>>()?
+        }
+        None => vec![None; leaves.len()],
+    };
+    let y = y.to_host()?;
+    let slots = match dev {
+        Some(d) => d.with_arena(|a| a.read(d))?,
+        None => Vec::new(),
+    };
+    let list = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    let rounds = list
+        .into_iter()
+        .map(|(op, r, slot)| {
+            let r = match slot {
+                Some(s) => slots.get(s as usize).map_or(r, |x| x.rounding),
+                None => r,
+            };
+            (op, r)
+        })
+        .collect();
+    Ok(EngineRun { y, grads, rounds })
+}
+
+fn values(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(match t.dtype() {
+        DType::I64 => t.i64s()?.iter().map(|&v| v as f32).collect(),
+        _ => t.f32s()?.to_vec(),
+    })
+}
+
+/// Runs `f` on the host and on `dev` and compares the outputs, the gradients and the
+/// rounding counts of every op (forward and backward), pushing one check for each.
+#[allow(clippy::too_many_arguments)]
+fn engine_parity(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    name: &str,
+    dt: DType,
+    inputs: &[Tensor],
+    want: &[bool],
+    g: Option<&Tensor>,
+    bound: Bound,
+    f: &dyn Fn(&mut Engine, &[Tensor]) -> Result<Tensor>,
+) -> Result<()> {
+    let cpu = engine_run(None, inputs, want, g, f)?;
+    let gpu = engine_run(Some(dev), inputs, want, g, f)?;
+    let (dy, cy) = (values(&gpu.y)?, values(&cpu.y)?);
+    let mut c = compare(&format!("{name} forward"), dt, &dy, &cy, |i, u| {
+        bound.ok(u, dy[i], cy[i])
+    });
+    if gpu.y.shape() != cpu.y.shape() || gpu.y.dtype() != cpu.y.dtype() {
+        c.failures += 1;
+        c.first = Some(format!(
+            "output {:?} {} on the device, {:?} {} on the cpu",
+            gpu.y.shape(),
+            gpu.y.dtype(),
+            cpu.y.shape(),
+            cpu.y.dtype()
+        ));
+    }
+    out.push(c);
+    for (k, (dg, cg)) in gpu.grads.iter().zip(&cpu.grads).enumerate() {
+        let label = format!("{name} grad {k}");
+        match (dg, cg) {
+            (Some(dg), Some(cg)) => {
+                let (dv, cv) = (values(dg)?, values(cg)?);
+                out.push(compare(&label, dt, &dv, &cv, |i, u| {
+                    bound.ok(u, dv[i], cv[i])
+                }));
+            }
+            (None, None) => {}
+            _ => out.push(Check {
+                name: label,
+                dtype: dt,
+                n: 0,
+                failures: 1,
+                max_ulp: 0,
+                first: Some("a gradient exists on one side only".into()),
+            }),
+        }
+    }
+    let mut c = Check {
+        name: format!("{name} rounding counts"),
+        dtype: dt,
+        n: cpu.rounds.len(),
+        failures: 0,
+        max_ulp: 0,
+        first: None,
+    };
+    if gpu.rounds != cpu.rounds {
+        c.failures = 1;
+        c.first = Some(format!("device {:?}\ncpu {:?}", gpu.rounds, cpu.rounds));
+    }
+    out.push(c);
+    Ok(())
+}
+
+/// The engine-level checks of the families with device kernels beyond the elementwise
+/// ones: shape, reduce, select, loss, nn and gradient accumulation.
+fn family_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
+    use Bound::{Exact, Transcendental};
+    let x = random_tensor(rng, &[3, 4, 5], dt, 8)?;
+    let g = |rng: &mut Rng, s: &[usize]| finite_tensor(rng, s, dt);
+    let one = [true];
+    // Shape ops.
+    let gy = g(rng, &[5, 3, 4])?;
+    engine_parity(
+        out,
+        dev,
+        "permute [3,4,5]->[5,3,4]",
+        dt,
+        std::slice::from_ref(&x),
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| e.permute(&t[0], &[2, 0, 1]),
+    )?;
+    let gy = g(rng, &[3, 5, 4])?;
+    engine_parity(
+        out,
+        dev,
+        "transpose 1 2",
+        dt,
+        std::slice::from_ref(&x),
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| e.transpose(&t[0], 1, 2),
+    )?;
+    let gy = g(rng, &[3, 2, 5])?;
+    engine_parity(
+        out,
+        dev,
+        "slice dim 1 1..3",
+        dt,
+        std::slice::from_ref(&x),
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| e.slice(&t[0], 1, 1, 3),
+    )?;
+    let gy = g(rng, &[3, 4, 10])?;
+    let x2 = random_tensor(rng, &[3, 4, 5], dt, 8)?;
+    engine_parity(
+        out,
+        dev,
+        "cat dim -1",
+        dt,
+        &[x.clone(), x2.clone()],
+        &[true, true],
+        Some(&gy),
+        Exact,
+        &|e, t| e.cat(&[&t[0], &t[1]], -1),
+    )?;
+    let gy = g(rng, &[12, 5])?;
+    engine_parity(
+        out,
+        dev,
+        "reshape + unsqueeze + squeeze",
+        dt,
+        std::slice::from_ref(&x),
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| {
+            let u = e.unsqueeze(&t[0], 0)?;
+            let s = e.squeeze(&u, 0)?;
+            e.reshape(&s, &[12, 5])
+        },
+    )?;
+    // Gradient accumulation: x used twice.
+    let gy = g(rng, &[3, 4, 5])?;
+    engine_parity(
+        out,
+        dev,
+        "accumulate_grad (x·x via two uses)",
+        dt,
+        std::slice::from_ref(&x),
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| e.mul(&t[0], &t[0]),
+    )?;
+    // Reductions.
+    for (dims, keep) in [
+        (vec![], false),
+        (vec![1], true),
+        (vec![0, 2], false),
+        (vec![2], false),
+        (vec![0], true),
+    ] {
+        let xs = random_tensor(rng, &[3, 4, 5], dt, 6)?;
+        let mut e = Engine::new();
+        let shape = e.sum(&xs, &dims, keep)?.shape().to_vec();
+        let gy = g(rng, &shape)?;
+        let d2 = dims.clone();
+        engine_parity(
+            out,
+            dev,
+            &format!("sum {dims:?} keepdim {keep}"),
+            dt,
+            std::slice::from_ref(&xs),
+            &one,
+            Some(&gy),
+            Exact,
+            &move |e, t| e.sum(&t[0], &d2, keep),
+        )?;
+        let d2 = dims.clone();
+        engine_parity(
+            out,
+            dev,
+            &format!("mean {dims:?} keepdim {keep}"),
+            dt,
+            &[xs],
+            &one,
+            Some(&gy),
+            Exact,
+            &move |e, t| e.mean(&t[0], &d2, keep),
+        )?;
+    }
+    for (dim, keep, shape) in [(1isize, false, vec![3, 5]), (-1, true, vec![3, 4, 1])] {
+        let gy = g(rng, &shape)?;
+        engine_parity(
+            out,
+            dev,
+            &format!("max dim {dim} keepdim {keep}"),
+            dt,
+            std::slice::from_ref(&x),
+            &one,
+            Some(&gy),
+            Exact,
+            &move |e, t| e.max(&t[0], dim, keep),
+        )?;
+    }
+    for dim in [-1isize, 1] {
+        let xs = random_tensor(rng, &[3, 4, 5], dt, 3)?;
+        let gy = g(rng, &[3, 4, 5])?;
+        engine_parity(
+            out,
+            dev,
+            &format!("softmax dim {dim}"),
+            dt,
+            std::slice::from_ref(&xs),
+            &one,
+            Some(&gy),
+            Transcendental,
+            &move |e, t| e.softmax(&t[0], dim),
+        )?;
+        engine_parity(
+            out,
+            dev,
+            &format!("log_softmax dim {dim}"),
+            dt,
+            &[xs],
+            &one,
+            Some(&gy),
+            Transcendental,
+            &move |e, t| e.log_softmax(&t[0], dim),
+        )?;
+    }
+    // nn: layer norm (with and without affine), embedding (device ids), dropout.
+    let xs = random_tensor(rng, &[6, 16], dt, 4)?;
+    let (w, b) = (
+        finite_tensor(rng, &[16], dt)?,
+        finite_tensor(rng, &[16], dt)?,
+    );
+    let gy = g(rng, &[6, 16])?;
+    engine_parity(
+        out,
+        dev,
+        "layer_norm affine",
+        dt,
+        &[xs.clone(), w, b],
+        &[true, true, true],
+        Some(&gy),
+        Exact,
+        &|e, t| e.layer_norm(&t[0], 16, Some(&t[1]), Some(&t[2]), 1e-5),
+    )?;
+    engine_parity(
+        out,
+        dev,
+        "layer_norm plain",
+        dt,
+        &[xs],
+        &one,
+        Some(&gy),
+        Exact,
+        &|e, t| e.layer_norm(&t[0], 16, None, None, 1e-5),
+    )?;
+    let w = random_tensor(rng, &[7, 5], dt, 6)?;
+    let ids = Tensor::from_i64(vec![3, 0, 6, 3, 3, 1, 6, 2], &[2, 4])?;
+    let gy = g(rng, &[2, 4, 5])?;
+    engine_parity(
+        out,
+        dev,
+        "embedding",
+        dt,
+        &[w, ids],
+        &[true, false],
+        Some(&gy),
+        Exact,
+        &|e, t| e.embedding(&t[0], &t[1]),
+    )?;
+    let xs = random_tensor(rng, &[8, 33], dt, 10)?;
+    let gy = g(rng, &[8, 33])?;
+    for p in [0.1, 0.5, 1.0] {
+        engine_parity(
+            out,
+            dev,
+            &format!("dropout p={p}"),
+            dt,
+            std::slice::from_ref(&xs),
+            &one,
+            Some(&gy),
+            Exact,
+            &move |e, t| e.scope("enc.block.0", |e| e.dropout(&t[0], p, true, 2)),
+        )?;
+    }
+    // RMSNorm as T5 builds it: pow, mean, add_scalar, rsqrt, mul.
+    let xs = finite_tensor(rng, &[4, 8], dt)?;
+    let w = finite_tensor(rng, &[8], dt)?;
+    let gy = g(rng, &[4, 8])?;
+    engine_parity(
+        out,
+        dev,
+        "rms_norm (pow mean add rsqrt mul)",
+        dt,
+        &[xs, w],
+        &[true, true],
+        Some(&gy),
+        Exact,
+        &|e, t| {
+            let v = e.pow(&t[0], 2.0)?;
+            let m = e.mean(&v, &[-1], true)?;
+            let a = e.add_scalar(&m, 1e-6)?;
+            let r = e.rsqrt(&a)?;
+            let h = e.mul(&t[0], &r)?;
+            e.mul(&t[1], &h)
+        },
+    )?;
+    Ok(())
 }
 
 fn within_abs(a: f32, b: f32, x: f32) -> bool {

@@ -567,8 +567,11 @@ impl Engine {
         module: &str,
         forward_op: u64,
     ) -> Result<Tensor> {
-        let (tensor, rounding) = a.add_same(b, "accumulate_grad")?;
-        let sum = Computed::new(tensor, rounding);
+        let (tensor, rounding, slot) = a.add_same(b, "accumulate_grad")?;
+        let sum = Computed {
+            slot,
+            ..Computed::new(tensor, rounding)
+        };
         let index = self.op_index;
         self.op_index += 1;
         if !self.observers.is_empty() {

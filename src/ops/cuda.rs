@@ -131,3 +131,9 @@ pub(crate) fn output(dev: &Arc<CudaDevice>, shape: &[usize], dtype: DType) -> Re
         dtype,
     )
 }
+
+/// A device operand's buffer address, whatever its dtype (int64 included).
+pub(crate) fn arg_ptr(t: &Tensor, op: &str) -> Result<u64> {
+    let c = t.cuda(op)?;
+    Ok(c.buf.ptr(&c.dev))
+}

@@ -4,7 +4,7 @@
 //! storage, each exactly representable in its dtype, so that kernels compute in `f32` and
 //! round once; on a device they are kept as their 16-bit patterns.
 
-mod accumulate;
+pub mod accumulate;
 
 use crate::device::cuda::{CudaDevice, DeviceBuffer};
 use crate::dtype::DType;

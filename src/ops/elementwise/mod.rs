@@ -216,8 +216,11 @@ impl Binary {
 
 /// Adds two tensors of the same shape and dtype (gradient accumulation), rounding once.
 pub fn add_same(a: &Tensor, b: &Tensor) -> Result<Computed> {
-    let (t, rounding) = a.add_same(b, "accumulate_grad")?;
-    Ok(Computed::new(t, rounding))
+    let (t, rounding, slot) = a.add_same(b, "accumulate_grad")?;
+    Ok(Computed {
+        slot,
+        ..Computed::new(t, rounding)
+    })
 }
 
 impl Engine {

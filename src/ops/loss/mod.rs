@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{Real, Tensor};
 
 mod cpu;
+pub mod cuda;
 use cpu::*;
 
 /// Class count, labels and number of non-ignored labels, after checking shapes and range.

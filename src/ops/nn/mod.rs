@@ -9,6 +9,7 @@ use crate::rng::Rng;
 use crate::tensor::{Real, Tensor};
 
 mod cpu;
+pub mod cuda;
 use cpu::*;
 
 /// 64-bit FNV-1a hash.
@@ -16,6 +17,15 @@ fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+/// The stream of a dropout call's mask (element `i` uses its `i+1`-th draw).
+fn dropout_rng(seed: u64, step: u64, micro: u32, module: &str, shape: &[usize], salt: u64) -> Rng {
+    let shape_key = fnv1a(shape.iter().flat_map(|&s| (s as u64).to_le_bytes()));
+    Rng::derive(
+        seed,
+        &[step, micro as u64, fnv1a(module.bytes()), shape_key, salt],
+    )
 }
 
 /// The keep mask of a dropout call: element `i` is kept with probability `1 - p`, from a
@@ -29,11 +39,7 @@ fn dropout_mask(
     salt: u64,
     p: f64,
 ) -> Vec<bool> {
-    let shape_key = fnv1a(shape.iter().flat_map(|&s| (s as u64).to_le_bytes()));
-    let mut rng = Rng::derive(
-        seed,
-        &[step, micro as u64, fnv1a(module.bytes()), shape_key, salt],
-    );
+    let mut rng = dropout_rng(seed, step, micro, module, shape, salt);
     let keep = 1.0 - p;
     (0..shape.iter().product::<usize>())
         .map(|_| rng.uniform() < keep)
@@ -86,14 +92,22 @@ impl Engine {
         let w = weight.map(|_| ins[1].clone());
         let b = bias.map(|_| ins[ins.len() - 1].clone());
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let (out, stats) = match super::fdata(x, OP)? {
-            FData::F32(xd) => {
+        let device = x.storage().is_device();
+        let (out, stats) = match super::fdata(x, OP) {
+            _ if device => {
+                let (m, r) = cuda::ln_stats(x, d, eps)?;
+                let (slot, counts) = super::device_counts(x)?;
+                let y = cuda::ln_forward(x, w.as_ref(), b.as_ref(), (&m, &r), counts)?;
+                (Computed::pending(y, slot), Stats::Device(m, r))
+            }
+            Err(e) => return Err(e),
+            Ok(FData::F32(xd)) => {
                 let (wd, bd) = (opt_f32(w.as_ref())?, opt_f32(b.as_ref())?);
                 let (m, r) = row_stats(xd, d, eps);
                 let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), &shape, dtype)?;
                 (out, Stats::F32(m, r))
             }
-            FData::F64(xd) => {
+            Ok(FData::F64(xd)) => {
                 let (wd, bd) = (opt_f64(w.as_ref())?, opt_f64(b.as_ref())?);
                 let (m, r) = row_stats(xd, d, eps);
                 let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), &shape, dtype)?;
@@ -103,6 +117,22 @@ impl Engine {
         let (xt, wt, has_b) = (x.clone(), w.clone(), b.is_some());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
+            if let Stats::Device(m, r) = &stats {
+                let (slot, counts) = super::device_counts(g)?;
+                let dx = cuda::ln_backward_x(&xt, wt.as_ref(), g, (m, r), counts)?;
+                let mut out = vec![grad(Computed::pending(dx, slot))];
+                let sw = wt.as_ref().map(|_| super::device_counts(g)).transpose()?;
+                let sb = has_b.then(|| super::device_counts(g)).transpose()?;
+                let (gw, gb) =
+                    cuda::ln_backward_wb(&xt, g, (m, r), sw.map(|s| s.1), sb.map(|s| s.1))?;
+                if let (Some(t), Some((slot, _))) = (gw, sw) {
+                    out.push(grad(Computed::pending(t, slot)));
+                }
+                if let (Some(t), Some((slot, _))) = (gb, sb) {
+                    out.push(grad(Computed::pending(t, slot)));
+                }
+                return Ok(out);
+            }
             match (super::fdata(&xt, OP)?, super::fdata(g, OP)?, &stats) {
                 (FData::F32(x), FData::F32(g), Stats::F32(m, r)) => {
                     let w = opt_f32(wt.as_ref())?;
@@ -137,33 +167,52 @@ impl Engine {
                 format!("weight must be [vocab, dim], got {:?}", weight.shape()),
             ));
         }
-        let idv = ids.i64s().map_err(|_| {
-            Error::tensor(
+        if ids.dtype() != crate::DType::I64 {
+            return Err(Error::tensor(
                 "input_ids",
                 format!("expected int64 ids, got {}", ids.dtype()),
-            )
-        })?;
+            ));
+        }
         let (v, d) = (weight.shape()[0], weight.shape()[1]);
-        for (p, &id) in idv.iter().enumerate() {
-            if id < 0 || id as usize >= v {
-                return Err(Error::tensor(
-                    "input_ids",
-                    format!(
-                        "embedding id {id} at position {p} is out of range for a vocabulary \
-                         of {v} (expected 0..{v})"
-                    ),
-                ));
+        // Host ids are checked here; device ids cannot be without a read back (an id out
+        // of range gives a NaN row and no gradient there).
+        if let Ok(idv) = ids.i64s() {
+            for (p, &id) in idv.iter().enumerate() {
+                if id < 0 || id as usize >= v {
+                    return Err(Error::tensor(
+                        "input_ids",
+                        format!(
+                            "embedding id {id} at position {p} is out of range for a \
+                             vocabulary of {v} (expected 0..{v})"
+                        ),
+                    ));
+                }
             }
         }
         let ins = self.prepare(OP, &[weight, ids])?;
         let (w, ids) = (&ins[0], &ins[1]);
+        let mut out_shape = ids.shape().to_vec();
+        out_shape.push(d);
+        if w.storage().is_device() {
+            let dev = super::cuda::device_of(OP, &[w])?;
+            let idd = ids.to_device(&dev)?;
+            let out = Computed::new(
+                cuda::embedding(w, &idd, &out_shape)?,
+                RoundCounts::default(),
+            );
+            let bw = Box::new(move |g: &Tensor| {
+                check_grad(g, &out_shape, OP)?;
+                let (slot, counts) = super::device_counts(g)?;
+                let dw = cuda::embedding_backward(g, &idd, v, d, counts)?;
+                Ok(vec![grad(Computed::pending(dw, slot)), None])
+            });
+            return self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw));
+        }
         let idv = ids.i64s()?;
         let src: Vec<usize> = idv
             .iter()
             .flat_map(|&id| (id as usize * d)..(id as usize + 1) * d)
             .collect();
-        let mut out_shape = ids.shape().to_vec();
-        out_shape.push(d);
         let out = Tensor::from_storage(
             gather(w.storage(), &src, "embedding")?,
             &out_shape,
@@ -201,6 +250,30 @@ impl Engine {
         }
         let ins = self.prepare(OP, &[x])?;
         let x = &ins[0];
+        // p == 1 keeps nothing: PyTorch multiplies by zero instead of scaling by 1/0.
+        let scale = if p == 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
+        if x.storage().is_device() {
+            let state = dropout_rng(
+                self.seed(),
+                self.step(),
+                self.micro(),
+                &self.module_path(),
+                x.shape(),
+                salt,
+            )
+            .state();
+            let keep = 1.0 - p;
+            let (slot, counts) = super::device_counts(x)?;
+            let out = Computed::pending(cuda::dropout(x, state, keep, scale, counts)?, slot);
+            let shape = x.shape().to_vec();
+            let bw = Box::new(move |g: &Tensor| {
+                check_grad(g, &shape, OP)?;
+                let (slot, counts) = super::device_counts(g)?;
+                let dx = cuda::dropout(g, state, keep, scale, counts)?;
+                Ok(vec![grad(Computed::pending(dx, slot))])
+            });
+            return self.record(OP, &[x], &["input"], out, Some(bw));
+        }
         let mask = dropout_mask(
             self.seed(),
             self.step(),
@@ -211,8 +284,6 @@ impl Engine {
             p,
         );
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        // p == 1 keeps nothing: PyTorch multiplies by zero instead of scaling by 1/0.
-        let scale = if p == 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
         let out = super::with_float!(x, OP, |d| dropout_apply(d, &mask, scale, &shape, dtype))?;
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
@@ -245,6 +316,8 @@ fn opt_f64(t: Option<&Tensor>) -> Result<Option<&[f64]>> {
 enum Stats {
     F32(Vec<f32>, Vec<f32>),
     F64(Vec<f64>, Vec<f64>),
+    /// f32 device tensors.
+    Device(Tensor, Tensor),
 }
 
 #[cfg(test)]

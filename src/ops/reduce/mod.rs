@@ -12,7 +12,14 @@ use crate::error::{Error, Result};
 use crate::tensor::{norm_dim, numel, Real, Tensor};
 
 mod cpu;
+pub mod cuda;
 use cpu::*;
+
+/// Where the gradient of max goes: flat offsets on the host, or an int64 device tensor.
+enum MaxIdx {
+    Host(Vec<usize>),
+    Device(Tensor),
+}
 
 /// Which dims of `shape` a reduction over `dims` removes (empty `dims`: all of them).
 fn reduced_dims(shape: &[usize], dims: &[isize], op: &str) -> Result<Vec<bool>> {
@@ -100,17 +107,28 @@ impl Engine {
             .product::<f64>();
         let dtype = x.dtype();
         let div = mean.then_some(count);
-        let out = super::with_float!(x, op, |d| sum_fwd(
-            d,
-            x.shape(),
-            &kept,
-            div,
-            &out_shape,
-            dtype
-        ))?;
+        let out = if x.storage().is_device() {
+            let (slot, counts) = super::device_counts(x)?;
+            Computed::pending(cuda::sum(op, x, &kept, div, &out_shape, counts)?, slot)
+        } else {
+            super::with_float!(x, op, |d| sum_fwd(
+                d,
+                x.shape(),
+                &kept,
+                div,
+                &out_shape,
+                dtype
+            ))?
+        };
         let full = x.shape().to_vec();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, op)?;
+            if g.storage().is_device() {
+                let (slot, counts) = super::device_counts(g)?;
+                let gk = g.view_as(&kept)?;
+                let dx = cuda::expand(op, &gk, &kept, &full, div, counts)?;
+                return Ok(vec![grad(Computed::pending(dx, slot))]);
+            }
             let r = super::with_float!(g, op, |gd| expand_grad(gd, &kept, &full, div, dtype))?;
             Ok(vec![grad(r)])
         });
@@ -154,14 +172,27 @@ impl Engine {
                 out_shape.remove(d);
             }
         }
-        let idx = super::with_float!(x, "max", |d| argmax_lines(d, outer, n, inner));
-        let out = Tensor::from_storage(gather(x.storage(), &idx, "max")?, &out_shape, x.dtype())?;
+        let lines = (outer, n, inner);
+        let (out, idx) = if x.storage().is_device() {
+            let (y, idx) = cuda::argmax(x, lines, &out_shape)?;
+            (y, MaxIdx::Device(idx))
+        } else {
+            let idx = super::with_float!(x, "max", |d| argmax_lines(d, outer, n, inner));
+            let y = Tensor::from_storage(gather(x.storage(), &idx, "max")?, &out_shape, x.dtype())?;
+            (y, MaxIdx::Host(idx))
+        };
         let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, "max")?;
-            let s = scatter(&[(g.storage(), &idx)], numel(&in_shape), "max")?;
+            let tensor = match &idx {
+                MaxIdx::Device(i) => cuda::argmax_backward(g, i, lines, &in_shape)?,
+                MaxIdx::Host(i) => {
+                    let s = scatter(&[(g.storage(), i)], numel(&in_shape), "max")?;
+                    Tensor::from_storage(s, &in_shape, dtype)?
+                }
+            };
             Ok(vec![Some(Grad {
-                tensor: Tensor::from_storage(s, &in_shape, dtype)?,
+                tensor,
                 rounding: RoundCounts::default(),
                 slot: None,
             })])
@@ -182,10 +213,20 @@ impl Engine {
         let x = &ins[0];
         let lines = line_dim(x, dim, op)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let out = super::with_float!(x, op, |d| softmax_fwd(d, lines, log, &shape, dtype))?;
+        let out = if x.storage().is_device() {
+            let (slot, counts) = super::device_counts(x)?;
+            Computed::pending(cuda::softmax(op, x, lines, log, counts)?, slot)
+        } else {
+            super::with_float!(x, op, |d| softmax_fwd(d, lines, log, &shape, dtype))?
+        };
         let y = out.tensor.clone();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, op)?;
+            if y.storage().is_device() {
+                let (slot, counts) = super::device_counts(&y)?;
+                let dx = cuda::softmax_backward(op, &y, g, lines, log, counts)?;
+                return Ok(vec![grad(Computed::pending(dx, slot))]);
+            }
             let r = match (super::fdata(&y, op)?, super::fdata(g, op)?) {
                 (FData::F32(y), FData::F32(g)) => softmax_bwd(y, g, lines, log, &shape, dtype)?,
                 (FData::F64(y), FData::F64(g)) => softmax_bwd(y, g, lines, log, &shape, dtype)?,

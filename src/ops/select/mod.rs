@@ -10,6 +10,7 @@ use crate::tensor::{numel, strides, Storage, Tensor};
 use std::sync::Arc;
 
 mod cpu;
+pub mod cuda;
 use cpu::*;
 
 /// Truth values of a condition or mask: nonzero (NaN included) is true.

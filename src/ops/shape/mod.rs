@@ -3,6 +3,11 @@
 //! They move values without arithmetic, so they never round (their rounding counts are
 //! zero); a gradient is routed back to where each value came from. They also take int64
 //! tensors (ids, labels), which get no gradient.
+//!
+//! On a device, reshapes share the input's memory and the other ops are strided copies
+//! (`cuda.rs` + `shape.cu`) described by shape and strides, never by index arrays.
+
+pub mod cuda;
 
 use super::for_each_offset;
 use crate::dtype::RoundCounts;
@@ -98,6 +103,15 @@ pub(crate) fn check_grad(g: &Tensor, out: &[usize], op: &str) -> Result<()> {
     Ok(())
 }
 
+/// Where a routing op's output element at index i (row-major over the output shape) comes
+/// from: input element `base + Σ i·strides`.
+struct Route {
+    strides: Vec<usize>,
+    base: usize,
+    /// Every input element is read (a permutation): the gradient needs no zero fill.
+    onto: bool,
+}
+
 /// Resolves a target shape with at most one -1 for a tensor of `n` elements.
 fn resolve_shape(n: usize, shape: &[isize], from: &[usize], op: &str) -> Result<Vec<usize>> {
     let mut infer = None;
@@ -143,30 +157,45 @@ fn resolve_shape(n: usize, shape: &[isize], from: &[usize], op: &str) -> Result<
 }
 
 impl Engine {
-    /// Records a one-input routing op whose output element `i` is input element
-    /// `src[i]` (`None`: the same order, a reshape). Int64 inputs get no backward.
+    /// Records a one-input routing op whose output follows `route` (`None`: the same
+    /// order, a reshape). Int64 inputs get no backward.
     fn record_routed(
         &mut self,
         op: &'static str,
         x: &Tensor,
         out_shape: Vec<usize>,
-        src: Option<Vec<usize>>,
+        route: Option<Route>,
     ) -> Result<Tensor> {
-        let storage = match &src {
-            Some(idx) => gather(x.storage(), idx, op)?,
-            None => x.storage().clone(),
+        let device = x.storage().is_device();
+        let src = match &route {
+            Some(r) if !device => Some(strided_offsets(&out_shape, &r.strides, r.base)),
+            _ => None,
         };
-        let out = Tensor::from_storage(storage, &out_shape, x.dtype())?;
+        let out = match (&route, &src) {
+            (Some(r), _) if device => cuda::gather_strided(op, x, &out_shape, &r.strides, r.base)?,
+            (_, Some(idx)) => {
+                Tensor::from_storage(gather(x.storage(), idx, op)?, &out_shape, x.dtype())?
+            }
+            _ => Tensor::from_storage(x.storage().clone(), &out_shape, x.dtype())?,
+        };
         let backward: Option<BackwardFn> = if x.dtype().is_float() {
             let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
             Some(Box::new(move |g: &Tensor| {
                 check_grad(g, &out_shape, op)?;
-                let s = match &src {
-                    Some(idx) => scatter(&[(g.storage(), idx)], numel(&in_shape), op)?,
-                    None => g.storage().clone(),
+                let tensor = match (&route, &src) {
+                    (Some(r), _) if g.storage().is_device() => {
+                        cuda::scatter_strided(op, g, &in_shape, &r.strides, r.base, !r.onto)?
+                    }
+                    (_, Some(idx)) => Tensor::from_storage(
+                        scatter(&[(g.storage(), idx)], numel(&in_shape), op)?,
+                        &in_shape,
+                        dtype,
+                    )?,
+                    (Some(_), None) => return Err(super::no_device_kernel(op)),
+                    (None, _) => Tensor::from_storage(g.storage().clone(), &in_shape, dtype)?,
                 };
                 Ok(vec![Some(Grad {
-                    tensor: Tensor::from_storage(s, &in_shape, dtype)?,
+                    tensor,
                     rounding: RoundCounts::default(),
                     slot: None,
                 })])
@@ -227,8 +256,12 @@ impl Engine {
         let own = strides(x.shape());
         let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
         let out_strides: Vec<usize> = perm.iter().map(|&p| own[p]).collect();
-        let src = strided_offsets(&out_shape, &out_strides, 0);
-        self.record_routed(op, x, out_shape, Some(src))
+        let route = Route {
+            strides: out_strides,
+            base: 0,
+            onto: true,
+        };
+        self.record_routed(op, x, out_shape, Some(route))
     }
 
     /// `x.transpose(d0, d1)`: swaps two dimensions (the values are moved into a new
@@ -293,8 +326,12 @@ impl Engine {
         let own = strides(x.shape());
         let mut out_shape = x.shape().to_vec();
         out_shape[d] = e - s;
-        let src = strided_offsets(&out_shape, &own, s * own[d]);
-        self.record_routed("slice", x, out_shape, Some(src))
+        let route = Route {
+            base: s * own[d],
+            strides: own,
+            onto: e - s == n as usize,
+        };
+        self.record_routed("slice", x, out_shape, Some(route))
     }
 
     /// `torch.cat(tensors, dim)`: joins tensors of equal shape except in `dim`. Goes
@@ -346,33 +383,63 @@ impl Engine {
         let mut out_shape = first.shape().to_vec();
         out_shape[d] = ins.iter().map(|t| t.shape()[d]).sum();
         let os = strides(&out_shape);
-        let mut idx = Vec::with_capacity(ins.len());
-        let mut off = 0;
-        for t in &ins {
-            idx.push(strided_offsets(t.shape(), &os, off * os[d]));
-            off += t.shape()[d];
-        }
-        let parts: Vec<(&Storage, &[usize])> = ins
+        let offs: Vec<usize> = ins
             .iter()
-            .zip(&idx)
-            .map(|(t, i)| (t.storage(), i.as_slice()))
+            .scan(0, |off, t| {
+                let o = *off;
+                *off += t.shape()[d];
+                Some(o * os[d])
+            })
             .collect();
-        let storage = scatter(&parts, numel(&out_shape), "cat")?;
-        let out = Tensor::from_storage(storage, &out_shape, ins[0].dtype())?;
+        let device = ins[0].storage().is_device();
+        let idx: Vec<Vec<usize>> = if device {
+            Vec::new()
+        } else {
+            ins.iter()
+                .zip(&offs)
+                .map(|(t, &o)| strided_offsets(t.shape(), &os, o))
+                .collect()
+        };
+        let out = if device {
+            let dev = super::cuda::device_of("cat", &ins.iter().collect::<Vec<_>>())?;
+            let out = super::cuda::output(&dev, &out_shape, ins[0].dtype())?;
+            for (t, &o) in ins.iter().zip(&offs) {
+                cuda::copy(
+                    "cat",
+                    t,
+                    &out,
+                    t.shape(),
+                    (&strides(t.shape()), 0),
+                    (&os, o),
+                )?;
+            }
+            out
+        } else {
+            let parts: Vec<(&Storage, &[usize])> = ins
+                .iter()
+                .zip(&idx)
+                .map(|(t, i)| (t.storage(), i.as_slice()))
+                .collect();
+            let storage = scatter(&parts, numel(&out_shape), "cat")?;
+            Tensor::from_storage(storage, &out_shape, ins[0].dtype())?
+        };
         let backward: Option<BackwardFn> = if ins[0].dtype().is_float() {
             let shapes: Vec<Vec<usize>> = ins.iter().map(|t| t.shape().to_vec()).collect();
             let (dtype, out_shape) = (ins[0].dtype(), out_shape.clone());
             Some(Box::new(move |g: &Tensor| {
                 check_grad(g, &out_shape, "cat")?;
-                idx.iter()
-                    .zip(&shapes)
-                    .map(|(i, s)| {
+                shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, s)| {
+                        let tensor = if g.storage().is_device() {
+                            cuda::gather_strided("cat", g, s, &os, offs[k])?
+                        } else {
+                            let i = idx.get(k).ok_or_else(|| super::no_device_kernel("cat"))?;
+                            Tensor::from_storage(gather(g.storage(), i, "backward")?, s, dtype)?
+                        };
                         Ok(Some(Grad {
-                            tensor: Tensor::from_storage(
-                                gather(g.storage(), i, "backward")?,
-                                s,
-                                dtype,
-                            )?,
+                            tensor,
                             rounding: RoundCounts::default(),
                             slot: None,
                         }))

@@ -1,0 +1,243 @@
+//! Layer norm, embedding and dropout on the device (`nn.cu`), with the CPU emulator's
+//! order of operations; dropout draws the CPU's very mask from the same SplitMix64 stream.
+
+use crate::device::cuda::DeviceBuffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::cuda::{arg, arg_ptr, device_of, launch, output};
+use crate::tensor::Tensor;
+
+/// The kernels of `nn.cu`.
+pub const KERNELS: &[&str] = &[
+    "amp_ln_stats",
+    "amp_ln_forward",
+    "amp_ln_backward_x",
+    "amp_ln_backward_wb",
+    "amp_embedding",
+    "amp_embedding_backward",
+    "amp_round_f64",
+    "amp_dropout",
+];
+
+/// Dropout of `x` (or its gradient) with the keep mask of the stream whose state after
+/// derivation is `state`: kept elements scaled by `scale`, dropped ones multiplied by 0.
+pub fn dropout(x: &Tensor, state: u64, keep: f64, scale: f64, counts: u64) -> Result<Tensor> {
+    let dev = device_of("dropout", &[x])?;
+    let y = output(&dev, x.shape(), x.dtype())?;
+    let ((xp, k), (yp, _)) = (arg(x, "dropout")?, arg(&y, "dropout")?);
+    let n = x.numel() as u64;
+    launch!(
+        dev,
+        "amp_dropout",
+        n,
+        &xp,
+        &yp,
+        &k,
+        &n,
+        &state,
+        &keep,
+        &scale,
+        &counts
+    );
+    Ok(y)
+}
+
+/// Row statistics of layer norm over rows of `d`: mean and 1/√(var + eps) as f32 device
+/// tensors.
+pub fn ln_stats(x: &Tensor, d: usize, eps: f64) -> Result<(Tensor, Tensor)> {
+    let dev = device_of("layer_norm", &[x])?;
+    let rows = x.numel() / d;
+    let mean = output(&dev, &[rows], DType::F32)?;
+    let rstd = output(&dev, &[rows], DType::F32)?;
+    let (xp, k) = arg(x, "layer_norm")?;
+    let (mp, rp) = (arg_ptr(&mean, "layer_norm")?, arg_ptr(&rstd, "layer_norm")?);
+    let (r, dd) = (rows as u64, d as u64);
+    let init = crate::ops::reduce::cuda::sum_identity();
+    launch!(
+        dev,
+        "amp_ln_stats",
+        r,
+        &xp,
+        &k,
+        &r,
+        &dd,
+        &eps,
+        &init,
+        &mp,
+        &rp
+    );
+    Ok((mean, rstd))
+}
+
+fn opt(t: Option<&Tensor>) -> Result<u64> {
+    t.map_or(Ok(0), |t| arg_ptr(t, "layer_norm"))
+}
+
+/// Layer norm forward from the row statistics.
+pub fn ln_forward(
+    x: &Tensor,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    (mean, rstd): (&Tensor, &Tensor),
+    counts: u64,
+) -> Result<Tensor> {
+    let dev = device_of("layer_norm", &[x])?;
+    let d = x.shape()[x.rank() - 1] as u64;
+    let y = output(&dev, x.shape(), x.dtype())?;
+    let ((xp, k), (yp, _)) = (arg(x, "layer_norm")?, arg(&y, "layer_norm")?);
+    let (wp, bp) = (opt(w)?, opt(b)?);
+    let (mp, rp) = (arg_ptr(mean, "layer_norm")?, arg_ptr(rstd, "layer_norm")?);
+    let n = x.numel() as u64;
+    launch!(
+        dev,
+        "amp_ln_forward",
+        n,
+        &xp,
+        &wp,
+        &bp,
+        &yp,
+        &k,
+        &n,
+        &d,
+        &mp,
+        &rp,
+        &counts
+    );
+    Ok(y)
+}
+
+/// Layer norm input gradient.
+pub fn ln_backward_x(
+    x: &Tensor,
+    w: Option<&Tensor>,
+    g: &Tensor,
+    (mean, rstd): (&Tensor, &Tensor),
+    counts: u64,
+) -> Result<Tensor> {
+    let dev = device_of("layer_norm", &[x, g])?;
+    let d = x.shape()[x.rank() - 1];
+    let dx = output(&dev, x.shape(), x.dtype())?;
+    let ((xp, k), (gp, _), (dp, _)) = (
+        arg(x, "layer_norm")?,
+        arg(g, "layer_norm")?,
+        arg(&dx, "layer_norm")?,
+    );
+    let wp = opt(w)?;
+    let (mp, rp) = (arg_ptr(mean, "layer_norm")?, arg_ptr(rstd, "layer_norm")?);
+    let (rows, dd) = ((x.numel() / d) as u64, d as u64);
+    launch!(
+        dev,
+        "amp_ln_backward_x",
+        rows,
+        &xp,
+        &wp,
+        &gp,
+        &dp,
+        &k,
+        &rows,
+        &dd,
+        &mp,
+        &rp,
+        &counts
+    );
+    Ok(dx)
+}
+
+/// Layer norm weight and bias gradients (each when asked), with their count addresses.
+pub fn ln_backward_wb(
+    x: &Tensor,
+    g: &Tensor,
+    (mean, rstd): (&Tensor, &Tensor),
+    want_w: Option<u64>,
+    want_b: Option<u64>,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let dev = device_of("layer_norm", &[x, g])?;
+    let d = x.shape()[x.rank() - 1];
+    let gw = want_w.map(|_| output(&dev, &[d], x.dtype())).transpose()?;
+    let gb = want_b.map(|_| output(&dev, &[d], x.dtype())).transpose()?;
+    let ((xp, k), (gp, _)) = (arg(x, "layer_norm")?, arg(g, "layer_norm")?);
+    let (wp, bp) = (opt(gw.as_ref())?, opt(gb.as_ref())?);
+    let (mp, rp) = (arg_ptr(mean, "layer_norm")?, arg_ptr(rstd, "layer_norm")?);
+    let (rows, dd) = ((x.numel() / d) as u64, d as u64);
+    let (cw, cb) = (want_w.unwrap_or(0), want_b.unwrap_or(0));
+    launch!(
+        dev,
+        "amp_ln_backward_wb",
+        dd,
+        &xp,
+        &gp,
+        &wp,
+        &bp,
+        &k,
+        &rows,
+        &dd,
+        &mp,
+        &rp,
+        &cw,
+        &cb
+    );
+    Ok((gw, gb))
+}
+
+/// Embedding rows of `w` [V, D] at int64 device `ids`, as `out_shape`.
+pub fn embedding(w: &Tensor, ids: &Tensor, out_shape: &[usize]) -> Result<Tensor> {
+    let dev = device_of("embedding", &[w, ids])?;
+    if ids.dtype() != DType::I64 {
+        return Err(Error::tensor(
+            "input_ids",
+            format!("expected int64 ids, got {}", ids.dtype()),
+        ));
+    }
+    let (v, d) = (w.shape()[0] as u64, w.shape()[1] as u64);
+    let y = output(&dev, out_shape, w.dtype())?;
+    let ((wp, k), ip, (yp, _)) = (
+        arg(w, "embedding")?,
+        arg_ptr(ids, "embedding")?,
+        arg(&y, "embedding")?,
+    );
+    let n = y.numel() as u64;
+    launch!(dev, "amp_embedding", n, &wp, &ip, &yp, &k, &n, &d, &v);
+    Ok(y)
+}
+
+/// The embedding weight gradient: rows of `g` added at `ids` in f64 in position order,
+/// rounded once to `[v, d]`.
+pub fn embedding_backward(
+    g: &Tensor,
+    ids: &Tensor,
+    v: usize,
+    d: usize,
+    counts: u64,
+) -> Result<Tensor> {
+    let dev = device_of("embedding", &[g, ids])?;
+    // f64 accumulators in an 8-byte-element buffer, zeroed.
+    let acc = Tensor::on_device(
+        &dev,
+        DeviceBuffer::alloc(&dev, v * d, DType::I64, true)?,
+        &[v * d],
+        DType::I64,
+    )?;
+    let ((gp, k), ip, ap) = (
+        arg(g, "embedding")?,
+        arg_ptr(ids, "embedding")?,
+        arg_ptr(&acc, "embedding")?,
+    );
+    let (n_ids, dd, vv) = (ids.numel() as u64, d as u64, v as u64);
+    launch!(
+        dev,
+        "amp_embedding_backward",
+        dd,
+        &gp,
+        &ip,
+        &ap,
+        &k,
+        &n_ids,
+        &dd,
+        &vv
+    );
+    let out = output(&dev, &[v, d], g.dtype())?;
+    let op_ = arg_ptr(&out, "embedding")?;
+    let n = (v * d) as u64;
+    launch!(dev, "amp_round_f64", n, &ap, &op_, &k, &n, &counts);
+    Ok(out)
+}

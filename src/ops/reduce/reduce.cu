@@ -1,0 +1,171 @@
+// Sums, means, max along a dim, softmax and log-softmax with the CPU emulator's order of
+// operations: one thread per output element (or per line) walks its inputs sequentially
+// in the CPU's order, accumulating in f64. That is slow for long rows on a real GPU (no
+// parallel reduction), but a tree reduction would change the f64 rounding; correctness
+// first.
+
+#ifndef MAX_DIMS
+#define MAX_DIMS 6
+#endif
+
+__device__ __forceinline__ float red_exp(float x) { return (float)exp((double)x); }
+
+// A reduction's full (input) shape, the input's strides over it, and which dims are
+// summed; output element t enumerates the kept dims in row-major order.
+struct SumGeometry {
+    u64 shape[MAX_DIMS];
+    u64 sx[MAX_DIMS];
+    u32 reduced[MAX_DIMS];
+};
+
+// init: the f64 the CPU's accumulation starts from (0.0, or -0.0 where it sums through
+// Rust's `Sum`, whose identity is -0.0, or copies without adding).
+extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
+                                   SumGeometry g, u64 n_reduced, double init, double div,
+                                   int has_div, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
+         t += (u64)gridDim.x * blockDim.x) {
+        u64 base = 0, rest = t;
+        for (int d = MAX_DIMS - 1; d >= 0; --d) {
+            if (g.reduced[d]) continue;
+            u64 c = rest % g.shape[d];
+            rest /= g.shape[d];
+            base += c * g.sx[d];
+        }
+        double acc = init;
+        for (u64 r = 0; r < n_reduced; ++r) {
+            u64 ix = base, rr = r;
+            for (int d = MAX_DIMS - 1; d >= 0; --d) {
+                if (!g.reduced[d]) continue;
+                u64 c = rr % g.shape[d];
+                rr /= g.shape[d];
+                ix += c * g.sx[d];
+            }
+            acc += (double)load_f32(x, kind, ix);
+        }
+        if (has_div) acc = acc / div;
+        store_round_f64(y, kind, t, acc, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+// The gradient of a sum or mean: g (strides sg over the full shape, 0 where summed)
+// broadcast back, divided by the count (in f32) for a mean.
+struct ExpandGeometry {
+    u64 shape[MAX_DIMS];
+    u64 sg[MAX_DIMS];
+};
+
+extern "C" __global__ void amp_expand(const void* g, void* y, int kind, u64 n, ExpandGeometry geo,
+                                      float div, int has_div, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 rest = i, j = 0;
+        for (int d = MAX_DIMS - 1; d >= 0; --d) {
+            u64 c = rest % geo.shape[d];
+            rest /= geo.shape[d];
+            j += c * geo.sg[d];
+        }
+        float v = load_f32(g, kind, j);
+        if (has_div) v = v / div;
+        store_round(y, kind, i, v, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+// Line l of an (outer, n, inner) split starts at (l / inner) * n * inner + l % inner and
+// steps by inner.
+__device__ __forceinline__ u64 line_base(u64 l, u64 n, u64 inner) {
+    return (l / inner) * n * inner + l % inner;
+}
+
+// The first maximal element of each line (a NaN is maximal), its value and flat offset.
+extern "C" __global__ void amp_argmax(const void* x, void* y, long long* idx, int kind,
+                                      u64 lines, u64 n, u64 inner) {
+    u32 over = 0, under = 0;
+    for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
+         l += (u64)gridDim.x * blockDim.x) {
+        u64 base = line_base(l, n, inner), best = base;
+        for (u64 i = 1; i < n; ++i) {
+            float v = load_f32(x, kind, base + i * inner), b = load_f32(x, kind, best);
+            if (isnan(b)) break;
+            if (v > b || isnan(v)) best = base + i * inner;
+        }
+        idx[l] = (long long)best;
+        store_round(y, kind, l, load_f32(x, kind, best), &over, &under);
+    }
+}
+
+// The gradient of max: g at each line's maximal element, zero elsewhere.
+extern "C" __global__ void amp_argmax_backward(const void* g, const long long* idx, void* dx,
+                                               int kind, u64 total, u64 n, u64 inner) {
+    u32 over = 0, under = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        u64 l = (i / (n * inner)) * inner + i % inner;
+        float v = idx[l] == (long long)i ? load_f32(g, kind, l) : 0.0f;
+        store_round(dx, kind, i, v, &over, &under);
+    }
+}
+
+// Softmax (log = 0) or log-softmax (log = 1) along lines: the max in f32, exponentials in
+// f32 (through f64), their sum in f64, one rounding per output.
+extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lines, u64 n,
+                                       u64 inner, int log_, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
+         l += (u64)gridDim.x * blockDim.x) {
+        u64 base = line_base(l, n, inner);
+        float m = __int_as_float(0xff800000);
+        for (u64 i = 0; i < n; ++i) {
+            float v = load_f32(x, kind, base + i * inner);
+            m = v > m ? v : m;
+        }
+        double s = 0.0;
+        for (u64 i = 0; i < n; ++i) {
+            s += (double)red_exp(load_f32(x, kind, base + i * inner) - m);
+        }
+        if (log_) {
+            float lg = (float)log(s);
+            for (u64 i = 0; i < n; ++i) {
+                u64 k = base + i * inner;
+                store_round(y, kind, k, load_f32(x, kind, k) - m - lg, &over, &under);
+            }
+        } else {
+            float sf = (float)s;
+            for (u64 i = 0; i < n; ++i) {
+                u64 k = base + i * inner;
+                store_round(y, kind, k, red_exp(load_f32(x, kind, k) - m) / sf, &over, &under);
+            }
+        }
+    }
+    block_add_counts(over, under, counts);
+}
+
+// Softmax backward y·(g − Σ g·y), log-softmax backward g − exp(y)·Σ g, line sums in f64
+// from `init` (the identity of Rust's `Sum`, as on the CPU).
+extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, void* dx, int kind,
+                                                u64 lines, u64 n, u64 inner, int log_,
+                                                double init, u64* counts) {
+    u32 over = 0, under = 0;
+    for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
+         l += (u64)gridDim.x * blockDim.x) {
+        u64 base = line_base(l, n, inner);
+        double s = init;
+        for (u64 i = 0; i < n; ++i) {
+            u64 k = base + i * inner;
+            float gv = load_f32(g, kind, k);
+            s += log_ ? (double)gv : (double)(gv * load_f32(y, kind, k));
+        }
+        float sf = (float)s;
+        for (u64 i = 0; i < n; ++i) {
+            u64 k = base + i * inner;
+            float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
+            float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
+            store_round(dx, kind, k, v, &over, &under);
+        }
+    }
+    block_add_counts(over, under, counts);
+}

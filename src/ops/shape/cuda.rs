@@ -1,0 +1,108 @@
+//! Strided copies on the device (`shape.cu`): the value moves of transpose, permute,
+//! slice and cat and of their gradients, as raw element bits. The geometry travels as one
+//! kernel argument; no index array is uploaded.
+
+use crate::device::cuda::DeviceBuffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::cuda::{arg_ptr, device_of, launch, output, pad_shape, pad_strides, MAX_DIMS};
+use crate::tensor::{strides, Tensor};
+use cudarc::driver::DeviceRepr;
+
+/// The kernels of `shape.cu`.
+pub const KERNELS: &[&str] = &["amp_strided_copy"];
+
+/// A strided copy's geometry (`Strided` in shape.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Strided {
+    pub shape: [u64; MAX_DIMS],
+    pub src: [u64; MAX_DIMS],
+    pub dst: [u64; MAX_DIMS],
+    pub src_base: u64,
+    pub dst_base: u64,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for Strided {}
+
+/// Bytes per stored element of a device dtype.
+pub(crate) fn elem_bytes(dtype: DType, op: &str) -> Result<i32> {
+    match dtype {
+        DType::F16 | DType::BF16 => Ok(2),
+        DType::F32 => Ok(4),
+        DType::I64 => Ok(8),
+        DType::F64 => Err(Error::shape(op, "f64 tensors stay on the host")),
+    }
+}
+
+/// Copies, for every index of `shape`, `x[src_base + Σ i·src]` to
+/// `y[dst_base + Σ i·dst]`.
+pub(crate) fn copy(
+    op: &str,
+    x: &Tensor,
+    y: &Tensor,
+    shape: &[usize],
+    (src, src_base): (&[usize], usize),
+    (dst, dst_base): (&[usize], usize),
+) -> Result<()> {
+    let dev = device_of(op, &[x, y])?;
+    let n = shape.iter().product::<usize>() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    if x.dtype() != y.dtype() {
+        return Err(Error::shape(
+            op,
+            format!("cannot copy {} into {}", x.dtype(), y.dtype()),
+        ));
+    }
+    let geo = Strided {
+        shape: pad_shape(shape)?,
+        src: pad_strides(src),
+        dst: pad_strides(dst),
+        src_base: src_base as u64,
+        dst_base: dst_base as u64,
+    };
+    let bytes = elem_bytes(x.dtype(), op)?;
+    let (xp, yp) = (arg_ptr(x, op)?, arg_ptr(y, op)?);
+    launch!(dev, "amp_strided_copy", n, &xp, &yp, &bytes, &n, &geo);
+    Ok(())
+}
+
+/// A new contiguous tensor of `out_shape` whose element at index i is
+/// `x[base + Σ i·src]`.
+pub fn gather_strided(
+    op: &str,
+    x: &Tensor,
+    out_shape: &[usize],
+    src: &[usize],
+    base: usize,
+) -> Result<Tensor> {
+    let dev = device_of(op, &[x])?;
+    let y = output(&dev, out_shape, x.dtype())?;
+    copy(op, x, &y, out_shape, (src, base), (&strides(out_shape), 0))?;
+    Ok(y)
+}
+
+/// A tensor of `full` holding contiguous `g` (shape `part`) at `base + Σ i·dst`; zero
+/// elsewhere when `zero` (the copy does not cover `full`).
+pub fn scatter_strided(
+    op: &str,
+    g: &Tensor,
+    full: &[usize],
+    dst: &[usize],
+    base: usize,
+    zero: bool,
+) -> Result<Tensor> {
+    let dev = device_of(op, &[g])?;
+    let n = full.iter().product();
+    let y = Tensor::on_device(
+        &dev,
+        DeviceBuffer::alloc(&dev, n, g.dtype(), zero)?,
+        full,
+        g.dtype(),
+    )?;
+    copy(op, g, &y, g.shape(), (&strides(g.shape()), 0), (dst, base))?;
+    Ok(y)
+}
