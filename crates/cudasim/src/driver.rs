@@ -65,10 +65,12 @@ pub struct Counters {
     /// pointers stored in device memory rather than passed as arguments is not seen. Reads
     /// and writes are told apart on x86-64 Linux; elsewhere every first touch counts as a
     /// read.
+    /// (Measured only while traffic measurement is on: `CUDASIM_TRAFFIC=1` or
+    /// `cudasim_measure_traffic`; 0 otherwise.)
     pub kernel_read_bytes: u64,
     /// Bytes kernels changed in their argument allocations, measured exactly by comparing
     /// each allocation before and after the launch: a write of the value a byte already
-    /// held is not seen.
+    /// held is not seen. (Measured only while traffic measurement is on.)
     pub kernel_written_bytes: u64,
 }
 
@@ -203,6 +205,13 @@ pub extern "C" fn cudasim_counters(stream: usize, all: bool) -> Counters {
 #[no_mangle]
 pub extern "C" fn cudasim_live_allocations() -> usize {
     state().as_ref().map_or(0, |s| s.memory.live_count())
+}
+
+/// Turns the measurement of the bytes kernels read and write on (nonzero) or off (it is
+/// off unless `CUDASIM_TRAFFIC=1`: it copies every argument allocation per launch).
+#[no_mangle]
+pub extern "C" fn cudasim_measure_traffic(on: i32) {
+    traffic::set_enabled(on != 0);
 }
 
 /// Zeroes every stream's counters.
@@ -1125,8 +1134,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
         Ok(p) => p,
         Err(c) => return c,
     };
+    let measure = traffic::enabled();
     // SAFETY: live allocations (checked under the lock); launches run one at a time.
-    let watch = Watch::start(&args);
+    let watch = Watch::start(if measure { &args } else { &[] });
     CURRENT_KERNEL.with(|k| *k.borrow_mut() = name.clone());
     let mut dynamic = vec![0u8; shared as usize + 16];
     let grid = [gx, gy, gz];
@@ -1149,6 +1159,12 @@ pub unsafe extern "C" fn cuLaunchKernel(
         for t in &traffic {
             c.kernel_read_bytes += t.read;
             c.kernel_written_bytes += t.written;
+        }
+        if !measure {
+            // Unmeasured, any allocation the kernel was given may have been written.
+            for a in &args {
+                s.memory.set_writer(a.start, writer.clone());
+            }
         }
         for (a, t) in args.iter().zip(&traffic) {
             if t.wrote {

@@ -37,6 +37,28 @@ pub struct Traffic {
     pub wrote: bool,
 }
 
+/// Whether launches measure their traffic: it copies and closes every argument allocation
+/// for each launch, which costs time in proportion to their size, so it is off unless
+/// `CUDASIM_TRAFFIC=1` or [`set_enabled`] asks for it.
+static ENABLED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
+
+/// True when launches measure their traffic.
+pub fn enabled() -> bool {
+    match ENABLED.load(Ordering::Relaxed) {
+        2 => {
+            let on = std::env::var("CUDASIM_TRAFFIC").is_ok_and(|v| v == "1");
+            ENABLED.store(on as u8, Ordering::Relaxed);
+            on
+        }
+        v => v == 1,
+    }
+}
+
+/// Turns the measurement on or off for the following launches.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on as u8, Ordering::Relaxed);
+}
+
 /// Launches run one at a time: a page closed for one launch must not be opened by another
 /// launch's end, and the handler's table of watched allocations has one writer.
 static LAUNCH: Mutex<()> = Mutex::new(());

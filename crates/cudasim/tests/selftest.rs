@@ -358,6 +358,8 @@ fn written_by_sim_copy(
 #[test]
 fn kernel_reads_and_writes_are_measured() {
     let Some((s, m)) = setup() else { return };
+    // SAFETY: the stand-in's own switch, called with its signature.
+    unsafe { sim_fn::<unsafe extern "C" fn(i32)>(b"cudasim_measure_traffic")(1) };
     // A stream of its own, so other tests' work on the default stream is not counted.
     let s2 = s.context().new_stream().unwrap();
     // Not a whole number of pages: reads are clipped to the allocation's size.

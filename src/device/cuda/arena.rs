@@ -59,6 +59,7 @@ pub struct StatsArena {
     used: usize,
     pending: Vec<ProbeDesc>,
     keep: Vec<Arc<DeviceBuffer>>,
+    descs: Option<CudaSlice<ProbeDesc>>,
 }
 
 /// The smallest normal of `dtype` as an f32 bit pattern (0: nothing is subnormal).
@@ -86,6 +87,7 @@ impl StatsArena {
             used: 0,
             pending: Vec::new(),
             keep: Vec::new(),
+            descs: None,
         })
     }
 
@@ -206,10 +208,23 @@ impl StatsArena {
             return Ok(());
         }
         let s = dev.stream();
-        for chunk in self.pending.chunks(65_535) {
-            let descs = s
-                .clone_htod(chunk)
-                .map_err(|e| dev_err("probe batch upload")(&e))?;
+        // One descriptor buffer, kept and grown, so that a step allocates nothing; the copy
+        // into it is ordered after the launches that read its previous contents.
+        let n = self.pending.len();
+        if self.descs.as_ref().is_none_or(|d| d.len() < n) {
+            let cap = n.next_power_of_two().max(256);
+            // SAFETY: every descriptor a launch reads is written by the copy below first.
+            self.descs = Some(
+                unsafe { s.alloc::<ProbeDesc>(cap) }
+                    .map_err(|e| dev_err("probe batch alloc")(&e))?,
+            );
+        }
+        let all = self.descs.as_mut().expect("allocated above");
+        s.memcpy_htod(&self.pending[..], &mut all.slice_mut(..n))
+            .map_err(|e| dev_err("probe batch upload")(&e))?;
+        for (c, chunk) in self.pending.chunks(65_535).enumerate() {
+            let at = c * 65_535;
+            let descs = all.slice(at..at + chunk.len());
             let count = chunk.len() as u32;
             dev.check_args("amp_stats_batch", 4)?;
             let f = dev.func("amp_stats_batch")?;

@@ -5,6 +5,7 @@ use super::{dev_err, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, DevicePtr};
+use std::mem::ManuallyDrop;
 
 /// Storage kind codes shared with the kernels (`KIND_*` in common.cuh).
 pub fn kind_code(dtype: DType) -> Result<i32> {
@@ -19,35 +20,135 @@ pub fn kind_code(dtype: DType) -> Result<i32> {
 }
 
 /// Device memory of one tensor, typed by how its elements are stored.
+///
+/// Dropping a buffer hands its memory to a cache for the next buffer of the same kind and
+/// length ([`pool`]), so that a training step allocates nothing on the device after its
+/// first: every tensor of a step has a twin of the same size in the step before. All work
+/// is on one stream, so memory handed on is never used by two kernels at once.
 #[derive(Debug)]
 pub enum DeviceBuffer {
     /// f32 values.
-    F32(CudaSlice<f32>),
+    F32(ManuallyDrop<CudaSlice<f32>>),
     /// fp16 or bf16 bit patterns.
-    Half(CudaSlice<u16>),
+    Half(ManuallyDrop<CudaSlice<u16>>),
     /// int64 values.
-    I64(CudaSlice<i64>),
+    I64(ManuallyDrop<CudaSlice<i64>>),
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: each slice is taken exactly once, here, and never used again.
+        unsafe {
+            match self {
+                DeviceBuffer::F32(d) => pool::put(ManuallyDrop::take(d)),
+                DeviceBuffer::Half(d) => pool::put(ManuallyDrop::take(d)),
+                DeviceBuffer::I64(d) => pool::put(ManuallyDrop::take(d)),
+            }
+        }
+    }
+}
+
+/// The cache of freed device memory, by element type and length.
+pub mod pool {
+    use cudarc::driver::CudaSlice;
+    use std::any::{Any, TypeId};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Element type, context and length.
+    type Key = (TypeId, usize, usize);
+    /// Freed slices of one key (each a `CudaSlice` of the key's element type).
+    type Shelf = Vec<Box<dyn Any + Send>>;
+    static CACHE: Mutex<Option<HashMap<Key, Shelf>>> = Mutex::new(None);
+
+    fn key<T: 'static>(s: &CudaSlice<T>) -> Key {
+        (
+            TypeId::of::<T>(),
+            std::sync::Arc::as_ptr(s.context()) as usize,
+            s.len(),
+        )
+    }
+
+    /// Keeps `s` for a later [`take`] of its type and length on its context.
+    pub fn put<T: Send + 'static>(s: CudaSlice<T>) {
+        let k = key(&s);
+        let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        g.get_or_insert_with(HashMap::new)
+            .entry(k)
+            .or_default()
+            .push(Box::new(s));
+    }
+
+    /// A cached slice of `len` elements of `T` on `ctx`, if one was freed.
+    pub fn take<T: Send + 'static>(
+        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+        len: usize,
+    ) -> Option<CudaSlice<T>> {
+        let k = (TypeId::of::<T>(), std::sync::Arc::as_ptr(ctx) as usize, len);
+        let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        let b = g.as_mut()?.get_mut(&k)?.pop()?;
+        b.downcast::<CudaSlice<T>>().ok().map(|b| *b)
+    }
+
+    /// Returns every cached slice to the device (frees them).
+    pub fn trim() {
+        let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        *g = None;
+    }
+}
+
+/// Device memory for `n` elements of `T`: a cached slice, else a fresh one; zero-filled
+/// (queued) when `zero`.
+fn get<T>(dev: &CudaDevice, n: usize, zero: bool) -> Result<CudaSlice<T>>
+where
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Send + 'static,
+{
+    let s = dev.stream();
+    if let Some(mut c) = pool::take::<T>(dev.context(), n) {
+        if zero {
+            s.memset_zeros(&mut c).map_err(|e| dev_err("memset")(&e))?;
+        }
+        return Ok(c);
+    }
+    let r = if zero {
+        s.alloc_zeros(n)
+    } else {
+        // SAFETY: unzeroed memory is only handed to kernels that write every element
+        // before anything reads it (the caller's contract).
+        unsafe { s.alloc(n) }
+    };
+    r.map_err(|e| dev_err("alloc")(&e))
+}
+
+/// `v` copied into device memory (a cached slice when there is one).
+fn put_host<T>(dev: &CudaDevice, v: &[T]) -> Result<CudaSlice<T>>
+where
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Send + 'static,
+{
+    let mut d = get::<T>(dev, v.len(), false)?;
+    dev.stream()
+        .memcpy_htod(v, &mut d)
+        .map_err(|e| dev_err("upload")(&e))?;
+    Ok(d)
 }
 
 impl DeviceBuffer {
     /// Copies f32-stored values of `dtype` (f32, f16 or bf16, each exactly representable)
     /// to the device in `dtype`'s storage format.
     pub fn upload_f32(dev: &CudaDevice, v: &[f32], dtype: DType) -> Result<DeviceBuffer> {
-        let s = dev.stream();
-        let up = dev_err("upload");
         Ok(match dtype {
-            DType::F32 => DeviceBuffer::F32(s.clone_htod(v).map_err(|e| up(&e))?),
+            DType::F32 => DeviceBuffer::F32(ManuallyDrop::new(put_host(dev, v)?)),
             DType::F16 => {
                 let bits: Vec<u16> = v
                     .iter()
                     .map(|&x| half::f16::from_f32(x).to_bits())
                     .collect();
-                DeviceBuffer::Half(s.clone_htod(&bits).map_err(|e| up(&e))?)
+                DeviceBuffer::Half(ManuallyDrop::new(put_host(dev, &bits)?))
             }
             DType::BF16 => {
                 // bf16 values in f32 storage are exact: their low 16 bits are zero.
                 let bits: Vec<u16> = v.iter().map(|&x| (x.to_bits() >> 16) as u16).collect();
-                DeviceBuffer::Half(s.clone_htod(&bits).map_err(|e| up(&e))?)
+                DeviceBuffer::Half(ManuallyDrop::new(put_host(dev, &bits)?))
             }
             other => {
                 return Err(Error::Device(format!(
@@ -59,34 +160,16 @@ impl DeviceBuffer {
 
     /// Copies int64 values to the device.
     pub fn upload_i64(dev: &CudaDevice, v: &[i64]) -> Result<DeviceBuffer> {
-        let s = dev.stream();
-        Ok(DeviceBuffer::I64(
-            s.clone_htod(v).map_err(|e| dev_err("upload")(&e))?,
-        ))
+        Ok(DeviceBuffer::I64(ManuallyDrop::new(put_host(dev, v)?)))
     }
 
     /// Device memory for `n` elements of `dtype`, zero-filled when `zero` (otherwise the
     /// caller's kernel must write every element before anything reads it).
     pub fn alloc(dev: &CudaDevice, n: usize, dtype: DType, zero: bool) -> Result<DeviceBuffer> {
-        fn get<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-            s: &std::sync::Arc<cudarc::driver::CudaStream>,
-            n: usize,
-            zero: bool,
-        ) -> Result<CudaSlice<T>> {
-            let r = if zero {
-                s.alloc_zeros(n)
-            } else {
-                // SAFETY: unzeroed memory is only handed to kernels that write every
-                // element before anything reads it (the caller's contract).
-                unsafe { s.alloc(n) }
-            };
-            r.map_err(|e| dev_err("alloc")(&e))
-        }
-        let s = dev.stream();
         Ok(match dtype {
-            DType::F32 => DeviceBuffer::F32(get(s, n, zero)?),
-            DType::F16 | DType::BF16 => DeviceBuffer::Half(get(s, n, zero)?),
-            DType::I64 => DeviceBuffer::I64(get(s, n, zero)?),
+            DType::F32 => DeviceBuffer::F32(ManuallyDrop::new(get(dev, n, zero)?)),
+            DType::F16 | DType::BF16 => DeviceBuffer::Half(ManuallyDrop::new(get(dev, n, zero)?)),
+            DType::I64 => DeviceBuffer::I64(ManuallyDrop::new(get(dev, n, zero)?)),
             DType::F64 => return Err(Error::Device("f64 tensors stay on the host".into())),
         })
     }
@@ -96,9 +179,9 @@ impl DeviceBuffer {
         let s = dev.stream();
         let down = dev_err("download");
         match self {
-            DeviceBuffer::F32(d) => s.clone_dtoh(d).map_err(|e| down(&e)),
+            DeviceBuffer::F32(d) => s.clone_dtoh(&**d).map_err(|e| down(&e)),
             DeviceBuffer::Half(d) => {
-                let bits = s.clone_dtoh(d).map_err(|e| down(&e))?;
+                let bits = s.clone_dtoh(&**d).map_err(|e| down(&e))?;
                 Ok(if dtype == DType::F16 {
                     bits.iter()
                         .map(|&b| half::f16::from_bits(b).to_f32())
@@ -120,7 +203,7 @@ impl DeviceBuffer {
         match self {
             DeviceBuffer::I64(d) => dev
                 .stream()
-                .clone_dtoh(d)
+                .clone_dtoh(&**d)
                 .map_err(|e| dev_err("download")(&e)),
             _ => Err(Error::Device(
                 "download: a float buffer holds no int64 values".into(),

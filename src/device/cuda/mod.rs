@@ -8,6 +8,7 @@
 pub mod arena;
 pub mod blas;
 pub mod buffer;
+pub mod counters;
 pub mod program;
 
 pub use buffer::DeviceBuffer;
@@ -69,10 +70,10 @@ impl CudaDevice {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let (major, minor) = info.compute_capability;
-        let ptx = program.compile(Some(program::arch_name(major, minor)))?;
-        let arity = program::entry_arity(&ptx.to_src());
+        let src = program.compile_cached(program::arch_name(major, minor))?;
+        let arity = program::entry_arity(&src);
         let module = ctx
-            .load_module(ptx)
+            .load_module(cudarc::nvrtc::Ptx::from_src(src))
             .map_err(|e| dev_err("load kernel module")(&e))?;
         let mut funcs = HashMap::new();
         for &name in &program.kernels {

@@ -50,6 +50,33 @@ impl Program {
     }
 }
 
+impl Program {
+    /// [`Program::compile`]'s PTX text for `arch`, compiled once per process for each
+    /// program source and architecture (NVRTC takes seconds; every device opened after the
+    /// first loads the same PTX).
+    pub fn compile_cached(&self, arch: &'static str) -> Result<String> {
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+        static CACHE: Mutex<Option<HashMap<(String, &'static str), String>>> = Mutex::new(None);
+        let key = (self.source(), arch);
+        if let Some(p) = CACHE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(&key))
+        {
+            return Ok(p.clone());
+        }
+        let ptx = self.compile(Some(arch))?.to_src();
+        CACHE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(key, ptx.clone());
+        Ok(ptx)
+    }
+}
+
 /// NVRTC options: exact IEEE arithmetic for `arch` (e.g. `sm_90`; None: NVRTC's default).
 pub fn compile_options(arch: Option<&'static str>) -> cudarc::nvrtc::CompileOptions {
     cudarc::nvrtc::CompileOptions {
