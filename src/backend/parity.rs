@@ -910,6 +910,20 @@ fn loss_checks(
         Bitwise,
         &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
     )?;
+    engine_parity(
+        out,
+        dev,
+        "cross_entropy, no rows (NaN)",
+        dt,
+        &[
+            Tensor::from_f32(vec![], &[0, 5], dt)?,
+            Tensor::from_i64(vec![], &[0])?,
+        ],
+        &want,
+        Some(&g),
+        Bitwise,
+        &|e, t| e.cross_entropy(&t[0], &t[1], IGNORE),
+    )?;
     // Spread 8: squares reach 2^16 and beyond, so fp16's mean can overflow.
     let a = spread_tensor(rng, &[4, 7], dt, 8)?;
     let b = spread_tensor(rng, &[4, 7], dt, 8)?;

@@ -51,7 +51,8 @@ fn loss_mean(
     let dev = device_of(op, &[x, t])?;
     expect_labels(t)?;
     let rows = t.numel() as u64;
-    let terms = output(&dev, &[t.numel()], DType::F32)?;
+    // One element at least: no rows still gives a (NaN) mean, and no allocation is empty.
+    let terms = output(&dev, &[t.numel().max(1)], DType::F32)?;
     let valid = output(&dev, &[1], DType::I64)?;
     let y = output(&dev, &[], x.dtype())?;
     let ((xp, k), tp, sp) = (arg(x, op)?, arg_ptr(t, op)?, arg_ptr(&terms, op)?);
