@@ -6,11 +6,18 @@
 #[path = "device_step/common.rs"]
 mod common;
 use amprobe::amp::mode::Precision;
+use amprobe::amp::policy::DeviceType;
 use amprobe::amp::scaler::{ScalerConfig, ScalerKind};
 use amprobe::backend::BackendKind;
+use amprobe::config::RunConfig;
+use amprobe::dtype::DType;
+use amprobe::engine::Engine;
 use amprobe::optim::clip::NormType;
 use amprobe::optim::{AdamWConfig, OptimizerConfig};
+use amprobe::tensor::Tensor;
 use amprobe::trace::record::Phase;
+use amprobe::trace::record::StepRecord;
+use amprobe::train::Trainer;
 use common::*;
 
 #[test]
@@ -145,4 +152,123 @@ fn the_step_records_the_same_ops_with_the_same_statistics() {
         }
         assert!(dops.iter().any(|o| o.phase == Phase::Optimizer));
     }
+}
+
+/// The seed MLP sample (Linear → ReLU → Linear, cross-entropy with ignore_index) built
+/// as the runner builds it, for `backend`.
+fn seed_mlp(
+    precision: Precision,
+    policy: DeviceType,
+    backend: BackendKind,
+    steps: u64,
+) -> Vec<StepRecord> {
+    let cfg = RunConfig::load(std::path::Path::new("samples/mlp.toml")).unwrap();
+    let mut train = cfg.train_config().unwrap();
+    train.precision = precision;
+    train.policy = policy;
+    train.backend = backend;
+    train.sampling.every = 1;
+    let (m, p, d) = amprobe::runner::build(&cfg, &train).unwrap();
+    let mut t = Trainer::new(train, m, p, d)
+        .unwrap_or_else(|e| panic!("seed mlp trainer on {backend}: {e}"));
+    (0..steps)
+        .map(|s| {
+            t.step(s)
+                .unwrap_or_else(|e| panic!("seed mlp step {s} on {backend}: {e}"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_seed_mlp_with_its_cross_entropy_runs_on_the_device_as_on_the_emulator() {
+    if !device_or_skip() {
+        return;
+    }
+    for precision in [Precision::Fp32, Precision::Fp16, Precision::Bf16] {
+        // CPU autocast keeps cross_entropy fused in fp32; CUDA autocast decomposes it
+        // into log_softmax and nll_loss.
+        for policy in [DeviceType::Cpu, DeviceType::Cuda] {
+            let cpu = seed_mlp(precision, policy, BackendKind::Cpu, 3);
+            let dev = seed_mlp(precision, policy, BackendKind::Cuda, 3);
+            let what = format!("seed mlp {precision:?} policy {policy:?}");
+            same_steps(&cpu, &dev, 1e-5, &what);
+            for (c, d) in cpu.iter().zip(&dev) {
+                let (co, dops) = (c.ops.as_ref().unwrap(), d.ops.as_ref().unwrap());
+                let names = |o: &[amprobe::trace::record::OpRecord]| {
+                    o.iter()
+                        .map(|o| (o.index, o.phase, o.op.clone(), o.module.clone()))
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(names(co), names(dops), "{what} step {}: op records", c.step);
+                let decomposed = policy == DeviceType::Cuda && precision != Precision::Fp32;
+                let loss_op = if decomposed {
+                    "nll_loss"
+                } else {
+                    "cross_entropy_loss"
+                };
+                assert!(
+                    dops.iter().any(|o| o.op == loss_op),
+                    "{what}: the loss runs as {loss_op}"
+                );
+                for (a, b) in co.iter().zip(dops) {
+                    assert_eq!(
+                        (a.stats.numel, a.stats.nan, a.stats.pos_inf, a.stats.neg_inf),
+                        (b.stats.numel, b.stats.nan, b.stats.pos_inf, b.stats.neg_inf),
+                        "{what}: {} {} {:?}",
+                        a.op,
+                        a.module,
+                        a.phase
+                    );
+                    assert_eq!(a.rounding, b.rounding, "{what}: {} {}", a.op, a.module);
+                }
+            }
+        }
+    }
+}
+
+/// The op records of an engine with a recorder running `masked_fill(x, mask, -inf)` then
+/// a scaling of it, on the host or on `dev` (statistics resolved from the arena read).
+fn masked_records(
+    dev: Option<&std::sync::Arc<amprobe::device::cuda::CudaDevice>>,
+) -> (Vec<amprobe::trace::record::OpRecord>, bool) {
+    use amprobe::probe::recorder::Recorder;
+    let put = |t: Tensor| match dev {
+        Some(d) => t.to_device(d).unwrap(),
+        None => t,
+    };
+    if let Some(d) = dev {
+        d.with_arena(|a| a.reset(d)).unwrap();
+    }
+    let x =
+        put(Tensor::from_f32((0..12).map(|i| i as f32).collect(), &[3, 4], DType::F16).unwrap());
+    let mask = put(Tensor::from_i64(vec![0, 1, 0, 1], &[4]).unwrap());
+    let mut e = Engine::new();
+    e.add_observer(Box::new(Recorder::new()));
+    e.begin_step(0);
+    let y = e.masked_fill(&x, &mask, f64::NEG_INFINITY).unwrap();
+    e.mul_scalar(&y, 2.0).unwrap();
+    let mut obs = e.take_observers();
+    let r = obs[0].as_any_mut().downcast_mut::<Recorder>().unwrap();
+    if let Some(d) = dev {
+        let slots = d.with_arena(|a| a.read(d)).unwrap();
+        r.resolve(&slots).unwrap();
+    }
+    (r.take_ops(), r.origins().first_inf.is_some())
+}
+
+#[test]
+fn a_device_masks_neg_inf_is_counted_on_the_device_and_is_no_origin() {
+    if !device_or_skip() {
+        return;
+    }
+    let dev = amprobe::backend::open_device(0, false).unwrap();
+    let (cpu, cpu_inf) = masked_records(None);
+    let (gpu, gpu_inf) = masked_records(Some(&dev));
+    assert_eq!(cpu[0].masked_neg_inf, 6);
+    assert_eq!(
+        gpu[0].masked_neg_inf, 6,
+        "resolved from the op's arena slot"
+    );
+    assert_eq!(gpu[0].stats.neg_inf, 6);
+    assert!(!cpu_inf && !gpu_inf, "a mask's -inf is not an Inf origin");
 }

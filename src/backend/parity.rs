@@ -21,7 +21,11 @@
 //!   T5's RMSNorm chain, layer norm, embedding and dropout (the CPU's mask) identical;
 //!   softmax and log-softmax (an exp or log inside, f32
 //!   libm on the CPU) within 4 ulp of the output dtype or |Δ| ≤ 2⁻¹⁸·max(1, |cpu|), their
-//!   rounding counts identical.
+//!   rounding counts identical; mean squared error, NLL (ignored rows included), `where`
+//!   (both branches' gradients summed in f64 in the CPU's order) and `masked_fill` (with
+//!   its masked -inf count, from the op's arena slot for a device mask) identical;
+//!   cross-entropy, fused and as CUDA autocast decomposes it (log-softmax, then NLL),
+//!   within the softmax bound.
 
 use crate::device::cuda::arena::{self, StatsArena};
 use crate::device::cuda::CudaDevice;
@@ -363,8 +367,10 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
 /// How closely an engine-level device result must follow the CPU's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Bound {
-    /// Bit-identical (NaN equals NaN).
+    /// Identical values (NaN equals NaN, +0 equals -0).
     Exact,
+    /// Bit-identical, signed zeros included (NaN equals NaN).
+    Bitwise,
     /// Within 4 ulp of the output dtype, or |Δ| ≤ 2⁻¹⁸·max(1, |cpu|) (an exp/log inside).
     Transcendental,
 }
@@ -373,6 +379,8 @@ impl Bound {
     fn ok(self, u: u64, d: f32, c: f32) -> bool {
         match self {
             Bound::Exact => u == 0,
+            // The ulp distance of ±0 is 0: compare the bits.
+            Bound::Bitwise => u == 0 && (d.is_nan() || d.to_bits() == c.to_bits()),
             Bound::Transcendental => {
                 u <= 4 || {
                     let lim = 2f64.powi(-18) * f64::from(c.abs()).max(1.0);
@@ -383,15 +391,16 @@ impl Bound {
     }
 }
 
-/// The rounding counts of every op an engine records, in order, with their arena slots.
-type Rounds = Arc<Mutex<Vec<(String, RoundCounts, Option<u32>)>>>;
+/// The rounding counts and masked -inf counts of every op an engine records, in order,
+/// with their arena slots.
+type Rounds = Arc<Mutex<Vec<(String, RoundCounts, u64, Option<u32>)>>>;
 
 struct RoundsSeen(Rounds);
 
 impl Observer for RoundsSeen {
     fn on_op(&mut self, ev: &OpEvent<'_>) {
         if let Ok(mut v) = self.0.lock() {
-            v.push((ev.op.to_string(), ev.rounding, ev.slot));
+            v.push((ev.op.to_string(), ev.rounding, ev.masked_neg_inf, ev.slot));
         }
     }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
@@ -400,11 +409,12 @@ impl Observer for RoundsSeen {
 }
 
 /// One engine run: the output, the gradient of each input (None where not asked or not
-/// reached), and each recorded op's rounding counts, all on the host.
+/// reached), and each recorded op's rounding counts and masked -inf count, all on the
+/// host.
 struct EngineRun {
     y: Tensor,
     grads: Vec<Option<Tensor>>,
-    rounds: Vec<(String, RoundCounts)>,
+    rounds: Vec<(String, RoundCounts, u64)>,
 }
 
 /// An engine forward + backward of `f` over `inputs` (leaves requiring a gradient where
@@ -452,13 +462,13 @@ fn engine_run(
     let list = seen.lock().map(|v| v.clone()).unwrap_or_default();
     let rounds = list
         .into_iter()
-        .map(|(op, r, slot)| {
-            let r = match slot {
-                Some(s) => slots.get(s as usize).map_or(r, |x| x.rounding),
-                None => r,
-            };
-            (op, r)
-        })
+        .map(
+            |(op, r, masked, slot)| match slot.and_then(|s| slots.get(s as usize)) {
+                // A device mask's -inf count arrives with the slot, a host mask's with the op.
+                Some(x) => (op, x.rounding, masked + x.masked_neg_inf),
+                None => (op, r, masked),
+            },
+        )
         .collect();
     Ok(EngineRun { y, grads, rounds })
 }
@@ -785,6 +795,255 @@ fn family_checks(
             e.mul(&t[1], &h)
         },
     )?;
+    loss_checks(out, dev, rng, dt)?;
+    select_checks(out, dev, rng, dt)
+}
+
+/// Finite values of `dtype`: normal draws scaled by 2^e for e in -spread..=spread.
+fn spread_tensor(rng: &mut Rng, shape: &[usize], dtype: DType, spread: i32) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            let e = rng.below((2 * spread + 1) as u64) as i32 - spread;
+            (rng.normal() as f32) * 2f32.powi(e)
+        })
+        .collect();
+    Tensor::from_f32(v, shape, dtype)
+}
+
+/// Cross-entropy (fused, and the decomposition CUDA autocast takes), NLL with ignored
+/// rows and mean squared error, with device labels and with host labels.
+fn loss_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
+    use crate::amp::policy::{DeviceType, PolicyTable};
+    use crate::engine::Autocast;
+    use Bound::{Bitwise, Transcendental};
+    const IGNORE: Option<i64> = Some(-100);
+    let x = spread_tensor(rng, &[2, 3, 5], dt, 3)?;
+    let labels = Tensor::from_i64(vec![4, -100, 0, 2, 2, -100], &[2, 3])?;
+    let g = finite_tensor(rng, &[], dt)?;
+    let g32 = finite_tensor(rng, &[], DType::F32)?;
+    let xl = [x.clone(), labels.clone()];
+    let want = [true, false];
+    engine_parity(
+        out,
+        dev,
+        "cross_entropy fused, ignore_index",
+        dt,
+        &xl,
+        &want,
+        Some(&g),
+        Transcendental,
+        &|e, t| e.cross_entropy(&t[0], &t[1], IGNORE),
+    )?;
+    let host_labels = labels.clone();
+    engine_parity(
+        out,
+        dev,
+        "cross_entropy fused, host labels",
+        dt,
+        std::slice::from_ref(&x),
+        &[true],
+        Some(&g),
+        Transcendental,
+        &move |e, t| e.cross_entropy(&t[0], &host_labels, IGNORE),
+    )?;
+    let low = if dt == DType::F32 { DType::F16 } else { dt };
+    for (device, g) in [(DeviceType::Cuda, &g32), (DeviceType::Cpu, &g32)] {
+        engine_parity(
+            out,
+            dev,
+            &format!("cross_entropy under {device:?} autocast ({low})"),
+            dt,
+            &xl,
+            &want,
+            Some(g),
+            Transcendental,
+            &move |e, t| {
+                e.set_autocast(Some(Autocast {
+                    dtype: low,
+                    table: PolicyTable::for_device(device),
+                }));
+                e.cross_entropy(&t[0], &t[1], IGNORE)
+            },
+        )?;
+    }
+    let lp = spread_tensor(rng, &[6, 5], dt, 4)?;
+    let rows = Tensor::from_i64(vec![3, -100, 0, 4, -100, 1], &[6])?;
+    engine_parity(
+        out,
+        dev,
+        "nll_loss, ignore_index rows",
+        dt,
+        &[lp.clone(), rows],
+        &want,
+        Some(&g),
+        Bitwise,
+        &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
+    )?;
+    // One row counts, its log-probability +0: the CPU's sum from -0.0 gives -0.0.
+    let zero = Tensor::from_f32(vec![0.0, 1.0], &[1, 2], dt)?;
+    engine_parity(
+        out,
+        dev,
+        "nll_loss, one row at +0",
+        dt,
+        &[zero, Tensor::from_i64(vec![0], &[1])?],
+        &want,
+        Some(&g),
+        Bitwise,
+        &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
+    )?;
+    let all_ignored = Tensor::from_i64(vec![-100; 6], &[6])?;
+    engine_parity(
+        out,
+        dev,
+        "nll_loss, every row ignored (NaN)",
+        dt,
+        &[lp, all_ignored],
+        &want,
+        Some(&g),
+        Bitwise,
+        &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
+    )?;
+    engine_parity(
+        out,
+        dev,
+        "cross_entropy, no rows (NaN)",
+        dt,
+        &[
+            Tensor::from_f32(vec![], &[0, 5], dt)?,
+            Tensor::from_i64(vec![], &[0])?,
+        ],
+        &want,
+        Some(&g),
+        Bitwise,
+        &|e, t| e.cross_entropy(&t[0], &t[1], IGNORE),
+    )?;
+    // Spread 8: squares reach 2^16 and beyond, so fp16's mean can overflow.
+    let a = spread_tensor(rng, &[4, 7], dt, 8)?;
+    let b = spread_tensor(rng, &[4, 7], dt, 8)?;
+    engine_parity(
+        out,
+        dev,
+        "mse_loss",
+        dt,
+        &[a, b],
+        &[true, true],
+        Some(&g),
+        Bitwise,
+        &|e, t| e.mse_loss(&t[0], &t[1]),
+    )?;
+    Ok(())
+}
+
+/// `where` (forward and both branches' gradients, broadcast conditions of each kind, int64
+/// branches) and `masked_fill` (-inf, an underflowing fill, device and host masks).
+fn select_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
+    use Bound::Bitwise;
+    let a = random_tensor(rng, &[3, 5], dt, 8)?;
+    let b = random_tensor(rng, &[1], dt, 8)?;
+    let gy = finite_tensor(rng, &[2, 3, 5], dt)?;
+    let conds = [
+        (
+            "int64 cond [2,1,5]",
+            Tensor::from_i64(
+                (0..10).map(|i| (i * 7 % 3 == 0) as i64).collect(),
+                &[2, 1, 5],
+            )?,
+        ),
+        ("float cond [2,3,5]", random_tensor(rng, &[2, 3, 5], dt, 2)?),
+    ];
+    for (what, c) in &conds {
+        engine_parity(
+            out,
+            dev,
+            &format!("where {what}, branches [3,5] and [1]"),
+            dt,
+            &[c.clone(), a.clone(), b.clone()],
+            &[false, true, true],
+            Some(&gy),
+            Bitwise,
+            &|e, t| e.where_(&t[0], &t[1], &t[2]),
+        )?;
+    }
+    // Branches of the output's shape (no sum), and a condition left on the host.
+    let af = random_tensor(rng, &[2, 3, 5], dt, 8)?;
+    let bf = random_tensor(rng, &[3, 5], dt, 8)?;
+    let host_cond = Tensor::from_f64(
+        (0..6)
+            .map(|i| if i % 2 == 0 { 1e-300 } else { 0.0 })
+            .collect(),
+        &[2, 3, 1],
+    )?;
+    engine_parity(
+        out,
+        dev,
+        "where host f64 cond [2,3,1], branches [2,3,5] and [3,5]",
+        dt,
+        &[af, bf],
+        &[true, true],
+        Some(&gy),
+        Bitwise,
+        &move |e, t| e.where_(&host_cond, &t[0], &t[1]),
+    )?;
+    let (ia, ib) = (
+        Tensor::from_i64(vec![5, 6, 7, 8, 9], &[5])?,
+        Tensor::from_i64(vec![-100], &[1])?,
+    );
+    engine_parity(
+        out,
+        dev,
+        "where int64 branches",
+        dt,
+        &[conds[0].1.clone(), ia, ib],
+        &[false, false, false],
+        None,
+        Bitwise,
+        &|e, t| e.where_(&t[0], &t[1], &t[2]),
+    )?;
+    // masked_fill: the -inf count (device mask: from the slot; host mask: on the host),
+    // and a fill that underflows fp16 (each masked element counts).
+    let x = random_tensor(rng, &[4, 6], dt, 8)?;
+    let gx = finite_tensor(rng, &[4, 6], dt)?;
+    let m6 = Tensor::from_i64(vec![0, 1, 1, 0, 0, 1], &[6])?;
+    let m41 = random_tensor(rng, &[4, 1], dt, 2)?;
+    for value in [f64::NEG_INFINITY, -1e-9, 3.0] {
+        for (what, m) in [("int64 mask [6]", &m6), ("float mask [4,1]", &m41)] {
+            engine_parity(
+                out,
+                dev,
+                &format!("masked_fill {value} {what}"),
+                dt,
+                &[x.clone(), m.clone()],
+                &[true, false],
+                Some(&gx),
+                Bitwise,
+                &move |e, t| e.masked_fill(&t[0], &t[1], value),
+            )?;
+        }
+        let host_mask = m6.clone();
+        engine_parity(
+            out,
+            dev,
+            &format!("masked_fill {value} host mask"),
+            dt,
+            std::slice::from_ref(&x),
+            &[true],
+            Some(&gx),
+            Bitwise,
+            &move |e, t| e.masked_fill(&t[0], &host_mask, value),
+        )?;
+    }
     Ok(())
 }
 

@@ -211,6 +211,9 @@ impl Recorder {
             })?;
             op.stats = got.stats.clone();
             op.rounding = got.rounding;
+            // A device mask's -inf count is known only now (a host mask's was counted
+            // when the op ran; the slot's word is then 0).
+            op.masked_neg_inf += got.masked_neg_inf;
             *h = StatsHandle::Ready;
         }
         self.advance();

@@ -21,6 +21,10 @@ pub const HIST_BINS: usize = 277;
 pub const SMALL: usize = 1 << 16;
 const HIST_AT: usize = 16;
 const ROUND_AT: usize = 9;
+/// In an op's slot: the -inf values its kernel wrote on purpose (a mask's fill), for
+/// [`SlotStats::masked_neg_inf`]. No probe writes it (stats.cu stops at word 292; word 293
+/// holds a gradient's scaled fp16 flushes).
+pub const MASKED_NEG_INF: usize = 294;
 
 /// The CUDA source of the statistics kernels (`probes/stats.cu`).
 pub const SOURCE: &str = include_str!("../../../probes/stats.cu");
@@ -49,6 +53,8 @@ pub struct SlotStats {
     pub stats: TensorStats,
     /// Over/underflow counted by the kernel that rounded the tensor.
     pub rounding: RoundCounts,
+    /// -inf values the op's kernel wrote on purpose (word [`MASKED_NEG_INF`]).
+    pub masked_neg_inf: u64,
 }
 
 /// Slots of statistics on the device for one step.
@@ -340,6 +346,7 @@ pub fn parse_slot(w: &[u64]) -> SlotStats {
             overflow: w[ROUND_AT],
             underflow: w[ROUND_AT + 1],
         },
+        masked_neg_inf: w[MASKED_NEG_INF],
     }
 }
 
@@ -359,6 +366,7 @@ mod tests {
         w[HIST_AT + 149 + 1] = 3; // exponent 1: |x| in [2, 4)
         w[HIST_AT + 149 - 2] = 1; // exponent -2: 0.25
         w[ROUND_AT] = 7;
+        w[MASKED_NEG_INF] = 4;
         let s = parse_slot(&w);
         assert_eq!(s.stats.numel, 10);
         assert_eq!(s.stats.nan, 2);
@@ -369,6 +377,7 @@ mod tests {
         assert_eq!(s.stats.exp_hist.min_exp(), Some(-2));
         assert_eq!(s.stats.exp_hist.get(1), 3);
         assert_eq!(s.rounding.overflow, 7);
+        assert_eq!(s.masked_neg_inf, 4);
         w[12] = 0;
         assert_eq!(parse_slot(&w).stats.min_abs_nonzero, None);
     }
@@ -388,5 +397,8 @@ mod tests {
             let needle = format!("#define {name} {v}");
             assert!(src.contains(&needle), "stats.cu lacks `{needle}`");
         }
+        // The mask word lies past the histogram and apart from the trainer's word.
+        const { assert!(MASKED_NEG_INF >= HIST_AT + HIST_BINS && MASKED_NEG_INF < SLOT_WORDS) };
+        assert_ne!(MASKED_NEG_INF, crate::optim::cuda::word::SCALED_FLUSHES);
     }
 }

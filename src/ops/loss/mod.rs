@@ -10,23 +10,18 @@ mod cpu;
 pub mod cuda;
 use cpu::*;
 
-/// Class count, labels and number of non-ignored labels, after checking shapes and range.
-fn class_targets<'a>(
-    op: &str,
-    x: &Tensor,
-    t: &'a Tensor,
-    ignore: Option<i64>,
-) -> Result<(usize, &'a [i64], usize)> {
-    let ti = t.i64s().map_err(|_| {
-        Error::tensor(
+/// The class count of `x` [..., C] after checking that `t` is int64 labels of shape
+/// [...].
+fn class_count(op: &str, x: &Tensor, t: &Tensor) -> Result<usize> {
+    if t.dtype() != crate::DType::I64 {
+        return Err(Error::tensor(
             "labels",
             format!("expected int64 labels, got {}", t.dtype()),
-        )
-    })?;
+        ));
+    }
     if x.rank() == 0 {
         return Err(Error::shape(op, "input must have a class dimension"));
     }
-    let c = x.shape()[x.rank() - 1];
     if x.shape()[..x.rank() - 1] != *t.shape() {
         return Err(Error::shape(
             op,
@@ -37,7 +32,36 @@ fn class_targets<'a>(
             ),
         ));
     }
+    Ok(x.shape()[x.rank() - 1])
+}
+
+/// Class count, labels and number of non-ignored labels, after checking shapes and range.
+fn class_targets<'a>(
+    op: &str,
+    x: &Tensor,
+    t: &'a Tensor,
+    ignore: Option<i64>,
+) -> Result<(usize, &'a [i64], usize)> {
+    let c = class_count(op, x, t)?;
+    let ti = t.i64s()?;
     Ok((c, ti, check_targets(ti, c, ignore)?))
+}
+
+/// Labels on the device of `x`: device labels as they are (a label out of range gives a
+/// NaN loss there, as they cannot be checked without a read), host labels checked as on
+/// the CPU and uploaded.
+fn device_targets(
+    op: &str,
+    x: &Tensor,
+    t: &Tensor,
+    ignore: Option<i64>,
+) -> Result<(usize, Tensor)> {
+    let c = class_count(op, x, t)?;
+    if t.storage().is_device() {
+        return Ok((c, t.clone()));
+    }
+    check_targets(t.i64s()?, c, ignore)?;
+    Ok((c, t.to_device(&x.cuda(op)?.dev)?))
 }
 
 fn check_targets(t: &[i64], c: usize, ignore: Option<i64>) -> Result<usize> {
@@ -71,6 +95,9 @@ impl Engine {
         expect_float(lp, "nll_loss", "log-probabilities")?;
         let ins = self.prepare("nll_loss", &[lp, targets])?;
         let (x, t) = (&ins[0], &ins[1]);
+        if x.storage().is_device() {
+            return self.nll_loss_device(x, t, ignore_index);
+        }
         let (c, ti, valid) = class_targets("nll_loss", x, t, ignore_index)?;
         let dtype = x.dtype();
         let out = with_float!(x, "nll_loss", |d| nll_fwd(
@@ -129,6 +156,9 @@ impl Engine {
         }
         let ins = self.prepare("cross_entropy_loss", &[logits, targets])?;
         let (x, t) = (&ins[0], &ins[1]);
+        if x.storage().is_device() {
+            return self.cross_entropy_device(x, t, ignore_index);
+        }
         let (c, ti, valid) = class_targets("cross_entropy_loss", x, t, ignore_index)?;
         let dtype = x.dtype();
         let out = with_float!(x, "cross_entropy_loss", |d| ce_fwd(
@@ -187,6 +217,9 @@ impl Engine {
             ));
         }
         let dtype = a.dtype();
+        if a.storage().is_device() || b.storage().is_device() {
+            return self.mse_loss_device(a, b);
+        }
         let out = with_float2!(a, b, "mse_loss", |x, y| mse_fwd(x, y, dtype))?;
         let (at, bt) = (a.clone(), b.clone());
         let bw = Box::new(move |g: &Tensor| {
@@ -211,5 +244,60 @@ impl Engine {
             Ok(vec![grad(ga), grad(gb)])
         });
         self.record("mse_loss", &[a, b], &["input", "target"], out, Some(bw))
+    }
+}
+
+/// The device paths: the same ops on device tensors, their counts pending in arena slots.
+impl Engine {
+    fn nll_loss_device(&mut self, x: &Tensor, t: &Tensor, ignore: Option<i64>) -> Result<Tensor> {
+        const OP: &str = "nll_loss";
+        let (c, td) = device_targets(OP, x, t, ignore)?;
+        let (slot, counts) = super::device_counts(x)?;
+        let (y, valid) = cuda::nll(x, &td, c, ignore, counts)?;
+        let out = Computed::pending(y, slot);
+        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+        let bw = Box::new(move |g: &Tensor| {
+            let (slot, counts) = super::device_counts(g)?;
+            let dx = cuda::nll_backward(&td, g, &valid, &shape, dtype, c, ignore, counts)?;
+            Ok(vec![grad(Computed::pending(dx, slot)), None])
+        });
+        self.record(OP, &[x, t], &["input", "target"], out, Some(bw))
+    }
+
+    fn cross_entropy_device(
+        &mut self,
+        x: &Tensor,
+        t: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<Tensor> {
+        const OP: &str = "cross_entropy_loss";
+        let (c, td) = device_targets(OP, x, t, ignore)?;
+        let (slot, counts) = super::device_counts(x)?;
+        let (y, valid) = cuda::cross_entropy(x, &td, c, ignore, counts)?;
+        let out = Computed::pending(y, slot);
+        let xt = x.clone();
+        let bw = Box::new(move |g: &Tensor| {
+            let (slot, counts) = super::device_counts(g)?;
+            let dx = cuda::cross_entropy_backward(&xt, &td, g, &valid, c, ignore, counts)?;
+            Ok(vec![grad(Computed::pending(dx, slot)), None])
+        });
+        self.record(OP, &[x, t], &["input", "target"], out, Some(bw))
+    }
+
+    fn mse_loss_device(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        const OP: &str = "mse_loss";
+        let (slot, counts) = super::device_counts(a)?;
+        let out = Computed::pending(cuda::mse(a, b, counts)?, slot);
+        let (at, bt) = (a.clone(), b.clone());
+        let bw = Box::new(move |g: &Tensor| {
+            let (sa, ca) = super::device_counts(g)?;
+            let (sb, cb) = super::device_counts(g)?;
+            let (ga, gb) = cuda::mse_backward(&at, &bt, g, ca, cb)?;
+            Ok(vec![
+                grad(Computed::pending(ga, sa)),
+                grad(Computed::pending(gb, sb)),
+            ])
+        });
+        self.record(OP, &[a, b], &["input", "target"], out, Some(bw))
     }
 }

@@ -23,6 +23,26 @@ fn truth(t: &Tensor, op: &str) -> Result<Vec<bool>> {
     })
 }
 
+/// Elements of `shape` where the mask (truth values `m` of shape `mask`, broadcast) is set.
+fn masked_count(m: &[bool], mask: &[usize], shape: &[usize]) -> u64 {
+    let ms = bstrides(mask, shape);
+    let mut masked = 0u64;
+    for_each_offset(shape, [&ms], |[i]| masked += m[i] as u64);
+    masked
+}
+
+/// A condition or mask on the device of `like`: itself when it is there already, else its
+/// truth values uploaded as int64 0/1 (any host dtype, f64 included, keeps its exact
+/// truth).
+fn device_truth(t: &Tensor, like: &Tensor, op: &str) -> Result<Tensor> {
+    if t.storage().is_device() {
+        return Ok(t.clone());
+    }
+    let dev = like.cuda(op)?.dev.clone();
+    let v = truth(t, op)?.into_iter().map(i64::from).collect();
+    Tensor::from_i64(v, t.shape())?.to_device(&dev)
+}
+
 impl Engine {
     /// `torch.where(cond, a, b)` with broadcasting: `a` where `cond` is nonzero, else `b`.
     /// `cond` may be int64 or floating point (a NaN counts as true) and is neither cast
@@ -48,6 +68,38 @@ impl Engine {
             b.shape(),
             OP,
         )?;
+        let dtype = a.dtype();
+        if a.storage().is_device() || b.storage().is_device() {
+            let c = device_truth(cond, a, OP)?;
+            let out = cuda::where_(&c, a, b, &out_shape)?;
+            let backward: Option<BackwardFn> = if dtype.is_float() {
+                let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
+                Some(Box::new(move |g: &Tensor| {
+                    check_grad(g, &out_shape, OP)?;
+                    let branch = |on: bool, target: &[usize]| -> Result<Computed> {
+                        let (slot, counts) = super::device_counts(g)?;
+                        let r = cuda::where_grad(&c, g, &out_shape, on, target, counts)?;
+                        Ok(Computed::pending(r, slot))
+                    };
+                    Ok(vec![
+                        None,
+                        grad(branch(true, &ta)?),
+                        grad(branch(false, &tb)?),
+                    ])
+                }))
+            } else {
+                None
+            };
+            // Values are picked, not rounded: nothing to count (the probe takes a slot).
+            let out = Computed::new(out, RoundCounts::default());
+            return self.record(
+                OP,
+                &[cond, a, b],
+                &["condition", "self", "other"],
+                out,
+                backward,
+            );
+        }
         let c = truth(cond, OP)?;
         let (sc, sa, sb) = (
             bstrides(cond.shape(), &out_shape),
@@ -61,7 +113,6 @@ impl Engine {
             (Storage::I64(x), Storage::I64(y)) => Storage::I64(pick(&c, x, y, st, &out_shape)),
             _ => return Err(Error::shape(OP, "branches have different storage")),
         };
-        let dtype = a.dtype();
         let out = Tensor::from_storage(storage, &out_shape, dtype)?;
         let backward: Option<BackwardFn> = if dtype.is_float() {
             let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
@@ -115,14 +166,41 @@ impl Engine {
                 format!("value {value} cannot be converted to {dtype} without overflow"),
             ));
         }
+        let fill_underflowed = value != 0.0 && v == 0.0;
+        if x.storage().is_device() {
+            // A host mask is counted here; a device mask's -inf count stays on the device
+            // (the kernel counts it into the op's slot, resolved with the step's read).
+            let host_masked = match mask.storage().is_device() {
+                true => None,
+                false => Some(masked_count(&truth(mask, OP)?, mask.shape(), &shape)),
+            };
+            let m = device_truth(mask, x, OP)?;
+            let (slot, counts) = super::device_counts(x)?;
+            let neg_inf = value == f64::NEG_INFINITY;
+            let word = match (neg_inf, host_masked) {
+                (true, None) => cuda::masked_neg_inf_word(x, slot)?,
+                _ => 0,
+            };
+            let y = cuda::masked_fill(x, &m, v as f32, fill_underflowed, counts, word)?;
+            let mut out = Computed::pending(y, slot);
+            if neg_inf {
+                out.masked_neg_inf = host_masked.unwrap_or(0);
+            }
+            let bw = Box::new(move |g: &Tensor| {
+                check_grad(g, &shape, OP)?;
+                let (slot, counts) = super::device_counts(g)?;
+                let r = cuda::masked_fill(g, &m, 0.0, false, counts, 0)?;
+                Ok(vec![grad(Computed::pending(r, slot)), None])
+            });
+            return self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw));
+        }
         let m = truth(mask, OP)?;
         let ms = bstrides(mask.shape(), &shape);
         let mut out = super::with_float!(x, OP, |d| fill(d, &m, &ms, v, &shape, dtype))?;
-        let mut masked = 0u64;
-        for_each_offset(&shape, [&ms], |[i]| masked += m[i] as u64);
+        let masked = masked_count(&m, mask.shape(), &shape);
         out.rounding = RoundCounts {
             overflow: 0,
-            underflow: if value != 0.0 && v == 0.0 { masked } else { 0 },
+            underflow: if fill_underflowed { masked } else { 0 },
         };
         if value == f64::NEG_INFINITY {
             out.masked_neg_inf = masked;

@@ -104,24 +104,23 @@ __device__ __forceinline__ u64 sel_mask_index(const MaskGeometry& g, u64 i) {
     return im;
 }
 
-// x with v (exact in the dtype) where the mask is true.
+// x with v (exact in the dtype) where the mask is true. The fill value was rounded on the
+// host: `fill_underflowed` says it underflowed there, and each masked element counts one
+// underflow (as the CPU counts). Masked elements filled with -inf are counted into
+// neg_inf[0] (the slot's masked -inf word) when neg_inf is not null.
 extern "C" __global__ void amp_masked_fill(const void* x, const void* m, int mkind, void* y,
-                                           int kind, u64 n, MaskGeometry g, float v) {
-    u32 over = 0, under = 0;
+                                           int kind, u64 n, MaskGeometry g, float v,
+                                           int fill_underflowed, u64* counts, u64* neg_inf) {
+    u32 over = 0, under = 0, ninf = 0;
+    int fill_neg_inf = __float_as_uint(v) == 0xff800000u;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
-        float o = sel_truth(m, mkind, sel_mask_index(g, i)) ? v : load_f32(x, kind, i);
+        int masked = sel_truth(m, mkind, sel_mask_index(g, i));
+        float o = masked ? v : load_f32(x, kind, i);
         store_round(y, kind, i, o, &over, &under);
+        under += (masked && fill_underflowed) ? 1u : 0u;
+        ninf += (masked && fill_neg_inf) ? 1u : 0u;
     }
-}
-
-// Counts the elements of the input shape where the broadcast mask is true.
-extern "C" __global__ void amp_mask_count(const void* m, int mkind, u64 n, MaskGeometry g,
-                                          u64* count) {
-    u32 k = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        k += sel_truth(m, mkind, sel_mask_index(g, i)) ? 1u : 0u;
-    }
-    block_add_counts(k, 0, count);
+    block_add_counts(over, under, counts);
+    block_add_counts(ninf, 0, neg_inf);
 }
