@@ -190,7 +190,6 @@ pub fn header(
 /// Runs the configured training and writes the trace (when a path is configured).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let choice = cfg.backend_choice()?;
-    // Only the CPU emulator runs the step so far: `resolve` says so for `cuda`.
     let resolved = crate::backend::resolve(choice)?;
     let mut train = cfg.train_config()?;
     train.backend = resolved.kind;

@@ -1,5 +1,6 @@
 //! Backend selection from the command line: `auto` falls back to the CPU without a word,
-//! `cuda` fails clearly where the step cannot run on a GPU, bad values are named, and
+//! `cuda` runs the step on the device (the simulated one in CI) or fails clearly where
+//! there is none, bad values are named, and
 //! `doctor` reports what it found. Nothing may panic or print to stderr on success.
 
 use std::process::{Command, Output};
@@ -31,7 +32,7 @@ fn auto_runs_on_the_cpu_quietly() {
 }
 
 #[test]
-fn cuda_fails_with_a_clear_message() {
+fn cuda_runs_on_the_device_or_fails_with_a_clear_message() {
     let o = amprobe(&[
         "run",
         "samples/mlp.toml",
@@ -40,15 +41,53 @@ fn cuda_fails_with_a_clear_message() {
         "--backend",
         "cuda",
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = text(&o.stderr);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
     assert!(!err.contains("panicked"), "{err}");
+    match amprobe::device::detect() {
+        amprobe::device::Detection::Unavailable { .. } => {
+            assert_eq!(o.status.code(), Some(2));
+            assert!(
+                err.contains("--backend cuda needs a usable NVIDIA GPU"),
+                "{err}"
+            );
+            assert!(err.contains("--backend cpu"), "names the way out: {err}");
+        }
+        amprobe::device::Detection::Available(info) => {
+            assert!(o.status.success(), "stderr: {err}");
+            let name = &info.devices[0].name;
+            let first = out.lines().next().unwrap_or("");
+            assert!(first.contains(&format!("on {name}")), "{out}");
+            if info.devices[0].simulated {
+                assert!(first.contains("a simulated device"), "{out}");
+            }
+        }
+    }
+}
+
+/// The T5 overflow case on the device prints the CPU's diagnosis word for word: the same
+/// first Inf and first NaN, chain, skip causes and headroom (only the first line, which
+/// names the device, differs).
+#[test]
+fn the_t5_diagnosis_on_the_device_is_the_emulators() {
+    if let amprobe::device::Detection::Unavailable { reason } = amprobe::device::detect() {
+        assert!(
+            !amprobe::device::gpu_required(),
+            "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
+        );
+        return;
+    }
+    let run = |backend: &str| {
+        let o = amprobe(&["run", "samples/t5_overflow.toml", "--backend", backend]);
+        assert!(o.status.success(), "{backend}: {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let (cpu, dev) = (run("cpu"), run("cuda"));
+    let rest = |s: &str| s.lines().skip(1).collect::<Vec<_>>().join("\n");
     assert!(
-        err.contains("--backend cuda needs a usable NVIDIA GPU")
-            || err.contains("does not run on the CUDA backend yet"),
-        "{err}"
+        cpu.contains("first Inf: step 0 forward op #209 `linear`"),
+        "{cpu}"
     );
-    assert!(err.contains("--backend cpu"), "names the way out: {err}");
+    assert_eq!(rest(&cpu), rest(&dev));
 }
 
 #[test]

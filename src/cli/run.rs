@@ -247,7 +247,16 @@ fn scale(x: f64) -> String {
 
 /// The run's summary for a person, on stdout.
 pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
-    outln!("amprobe: {} under {}", s.model, s.precision)?;
+    match &s.device {
+        Some(d) if d.contains("(simulated)") => outln!(
+            "amprobe: {} under {} on {d} — a simulated device: its results check the CUDA \
+             path, they are not a GPU's",
+            s.model,
+            s.precision
+        )?,
+        Some(d) => outln!("amprobe: {} under {} on {d}", s.model, s.precision)?,
+        None => outln!("amprobe: {} under {}", s.model, s.precision)?,
+    }
     for st in &s.steps {
         outln!(
             "  step {:>4}  loss {:>12.6}  scale {:>10} -> {:<10} {}",

@@ -414,12 +414,17 @@ impl Engine {
                 && i.step.is_none_or(|s| s == self.step)
         });
         if let Some(inj) = hit {
+            // A test hook: on a device the output makes a round trip through the host.
             let t = &out.tensor;
-            let mut data = t.f32s()?.to_vec();
+            let mut data = t.to_host()?.f32s()?.to_vec();
             if let Some(x) = data.first_mut() {
                 *x = inj.value;
             }
-            out.tensor = Tensor::from_exact(data, t.shape(), t.dtype())?;
+            let host = Tensor::from_exact(data, t.shape(), t.dtype())?;
+            out.tensor = match t.device() {
+                Some(dev) => host.to_device(dev)?,
+                None => host,
+            };
         }
         Ok(())
     }

@@ -125,6 +125,11 @@ pub trait Model: Send + Sync {
     fn forward(&self, eng: &mut Engine, params: &ParamAccess<'_>, batch: &Batch) -> Result<Output>;
     /// A copy of the model (for re-running a step under another precision recipe).
     fn clone_model(&self) -> Box<dyn Model>;
+    /// Checks a host batch before it is copied to a device, where looking at its values
+    /// would cost a read (token ids against the vocabulary, for example).
+    fn check_batch(&self, _batch: &Batch) -> Result<()> {
+        Ok(())
+    }
     /// Turns transformers' fp16 clamp on or off; false when the model has none.
     fn set_clamp(&mut self, _on: bool) -> bool {
         false

@@ -516,7 +516,9 @@ impl T5Encoder {
         if !self.clamp || x.dtype() != DType::F16 {
             return Ok(x);
         }
-        let any_inf = x.f32s()?.iter().any(|v| v.is_infinite());
+        // transformers' `torch.isinf(hidden_states).any()` decides on the host, so a device
+        // step with the clamp on reads this tensor back (one more read per block).
+        let any_inf = x.to_host()?.f32s()?.iter().any(|v| v.is_infinite());
         let v = if any_inf { 65504.0 - 1000.0 } else { 65504.0 };
         e.clamp(&x, Some(-v), Some(v))
     }
@@ -596,16 +598,10 @@ impl Model for T5Encoder {
         self.clamp
     }
 
-    fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
-        let ids = &batch.inputs;
-        if ids.dtype() != DType::I64 {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("expected int64 token ids, got {}", ids.dtype()),
-            ));
-        }
+    fn check_batch(&self, batch: &Batch) -> Result<()> {
         let v = self.cfg.vocab_size as i64;
-        if let Some((pos, &bad)) = ids
+        if let Some((pos, &bad)) = batch
+            .inputs
             .i64s()?
             .iter()
             .enumerate()
@@ -615,6 +611,21 @@ impl Model for T5Encoder {
                 "input_ids",
                 format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
             ));
+        }
+        Ok(())
+    }
+
+    fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
+        let ids = &batch.inputs;
+        if ids.dtype() != DType::I64 {
+            return Err(Error::tensor(
+                "input_ids",
+                format!("expected int64 token ids, got {}", ids.dtype()),
+            ));
+        }
+        // Device ids were checked on the host before they were copied (`check_batch`).
+        if ids.device().is_none() {
+            self.check_batch(batch)?;
         }
         let h = self.encode(e, p, ids)?;
         let shared = p.get(e, "shared.weight")?;

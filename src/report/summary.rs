@@ -556,7 +556,15 @@ fn build_doc(
         ),
         format!("scaler: `{}`", json(&h.scaler)),
         format!("optimizer: `{}`", json(&h.optimizer)),
-        format!("backend: `{}`, seed {}", h.backend, h.seed),
+        match h.device.as_deref() {
+            Some(d) if d.contains("(simulated)") => format!(
+                "backend: `{}` on {d} — a simulated device: it checks the CUDA path on a \
+                 CPU; its results are not a GPU's; seed {}",
+                h.backend, h.seed
+            ),
+            Some(d) => format!("backend: `{}` on {d}, seed {}", h.backend, h.seed),
+            None => format!("backend: `{}`, seed {}", h.backend, h.seed),
+        },
         format!("command line: `{}`", h.command_line.join(" ")),
     ]));
     d

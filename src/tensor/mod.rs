@@ -333,6 +333,16 @@ impl Tensor {
             Storage::F32(v) => DeviceBuffer::upload_f32(dev, v, self.0.dtype)?,
             Storage::I64(v) => DeviceBuffer::upload_i64(dev, v)?,
             Storage::Cuda(c) if Arc::ptr_eq(&c.dev, dev) => return Ok(self.clone()),
+            // Another handle on the same device (a re-run's trainer opens its own): both
+            // use the device's primary context and its default stream, so the memory is
+            // shared as it is, in the same order.
+            Storage::Cuda(c) if c.dev.info().ordinal == dev.info().ordinal => {
+                let storage = Storage::Cuda(CudaStorage {
+                    dev: dev.clone(),
+                    buf: c.buf.clone(),
+                });
+                return Tensor::build(self.shape().to_vec(), self.dtype(), storage);
+            }
             Storage::Cuda(_) => {
                 return Err(Error::Device(
                     "copies between two devices are not supported".into(),

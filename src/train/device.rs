@@ -145,6 +145,7 @@ impl Trainer {
     /// A micro-batch's tensors on the device.
     pub(super) fn batch_to_device(&self, b: &Batch) -> Result<Batch> {
         let dev = self.dev()?;
+        self.model.check_batch(b)?;
         Ok(Batch {
             inputs: b.inputs.to_device(&dev)?,
             labels: b.labels.to_device(&dev)?,
