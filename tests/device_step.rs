@@ -30,7 +30,9 @@ fn sgd_steps_match_the_emulator_in_every_precision_mode() {
         Precision::Fp16,
         Precision::Bf16,
         Precision::O2,
+        Precision::O2Bf16,
         Precision::Half,
+        Precision::Bf16Pure,
     ] {
         let cfg = base(p);
         let cpu = run(&cfg, BackendKind::Cpu, 4, 1.0);
