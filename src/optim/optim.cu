@@ -62,31 +62,31 @@ extern "C" __global__ void amp_unscale(void* g, int kind, u64 n, const float* sc
     if (under) atomicAdd(&state[AMP_UNSCALE_UNDER], under);
 }
 
-// The norm of one gradient as clip.rs computes it: L2 with squares summed in f64 (inf when
-// the sum leaves the f32 range), or the largest |x| with NaN propagating; rounded to the
-// gradient's dtype. One thread, in element order.
+// A norm as clip.rs computes it: L2 with squares summed in f64 (inf when the sum leaves
+// the f32 range), or the largest |x| with NaN propagating. One thread, in element order.
+__device__ float seq_norm(const void* p, int kind, u64 n, int inf_norm) {
+    if (inf_norm) {
+        float m = 0.0f;
+        for (u64 i = 0; i < n; ++i) {
+            float x = load_f32(p, kind, i);
+            if (isnan(x)) return __int_as_float(0x7fc00000);
+            m = fmaxf(m, fabsf(x));
+        }
+        return m;
+    }
+    double s = 0.0;
+    for (u64 i = 0; i < n; ++i) {
+        double x = (double)load_f32(p, kind, i);
+        s = s + x * x;
+    }
+    return isinf((float)s) ? __int_as_float(0x7f800000) : (float)sqrt(s);
+}
+
+// The norm of one gradient, rounded to the gradient's dtype.
 extern "C" __global__ void amp_grad_norm(const void* g, int kind, u64 n, int inf_norm,
                                          float* out) {
     if (!first_thread()) return;
-    float r;
-    if (inf_norm) {
-        float m = 0.0f;
-        bool nan = false;
-        for (u64 i = 0; i < n && !nan; ++i) {
-            float x = load_f32(g, kind, i);
-            if (isnan(x)) nan = true;
-            else m = fmaxf(m, fabsf(x));
-        }
-        r = nan ? __int_as_float(0x7fc00000) : m;
-    } else {
-        double s = 0.0;
-        for (u64 i = 0; i < n; ++i) {
-            double x = (double)load_f32(g, kind, i);
-            s = s + x * x;
-        }
-        r = isinf((float)s) ? __int_as_float(0x7f800000) : (float)sqrt(s);
-    }
-    out[0] = round_kind(kind, r);
+    out[0] = round_kind(kind, seq_norm(g, kind, n, inf_norm));
 }
 
 // The total norm of `count` per-gradient norms, in `norm_kind` (the promoted dtype), and
@@ -94,24 +94,7 @@ extern "C" __global__ void amp_grad_norm(const void* g, int kind, u64 n, int inf
 extern "C" __global__ void amp_clip_coef(const float* norms, u64 count, int norm_kind,
                                          int inf_norm, float max_norm, u32* state) {
     if (!first_thread()) return;
-    float t;
-    if (inf_norm) {
-        float m = 0.0f;
-        bool nan = false;
-        for (u64 i = 0; i < count && !nan; ++i) {
-            if (isnan(norms[i])) nan = true;
-            else m = fmaxf(m, fabsf(norms[i]));
-        }
-        t = nan ? __int_as_float(0x7fc00000) : m;
-    } else {
-        double s = 0.0;
-        for (u64 i = 0; i < count; ++i) {
-            double x = (double)norms[i];
-            s = s + x * x;
-        }
-        t = isinf((float)s) ? __int_as_float(0x7f800000) : (float)sqrt(s);
-    }
-    float total = round_kind(norm_kind, t);
+    float total = round_kind(norm_kind, seq_norm(norms, KIND_F32, count, inf_norm));
     float shifted = round_kind(norm_kind, total + 1e-6f);
     float recip = round_kind(norm_kind, 1.0f / shifted);
     float coef = round_kind(norm_kind, recip * max_norm);
