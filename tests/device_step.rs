@@ -274,3 +274,34 @@ fn a_device_masks_neg_inf_is_counted_on_the_device_and_is_no_origin() {
     assert_eq!(gpu[0].stats.neg_inf, 6);
     assert!(!cpu_inf && !gpu_inf, "a mask's -inf is not an Inf origin");
 }
+
+/// An op whose backward takes several arena slots before its kernels run keeps valid
+/// counter addresses when the arena grows (and moves) in between: linear's backward with a
+/// bias takes three, and the arena (256 slots) is left one short of full before it.
+#[test]
+fn an_op_taking_several_arena_slots_survives_the_arena_growing() {
+    if !device_or_skip() {
+        return;
+    }
+    let dev = amprobe::backend::open_device(0, false).unwrap();
+    for _ in 0..254 {
+        dev.counts_slot().unwrap();
+    }
+    let leaf = |n: usize, shape: &[usize]| {
+        Tensor::from_f32((0..n).map(|i| i as f32 / 8.0).collect(), shape, DType::F16)
+            .unwrap()
+            .to_device(&dev)
+            .unwrap()
+            .as_leaf(true)
+    };
+    let (x, w, b) = (leaf(12, &[3, 4]), leaf(8, &[2, 4]), leaf(2, &[2]));
+    let mut e = Engine::new();
+    let y = e.linear(&x, &w, Some(&b)).unwrap();
+    let grads = e.backward(&y).unwrap();
+    let gb = grads[&b.id()].to_host().unwrap();
+    assert_eq!(
+        gb.f32s().unwrap(),
+        &[3.0, 3.0],
+        "db sums the ones over 3 rows"
+    );
+}

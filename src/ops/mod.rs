@@ -129,6 +129,12 @@ pub(crate) fn device_counts(t: &Tensor) -> Result<(u32, u64)> {
     t.cuda("device op")?.dev.counts_slot()
 }
 
+/// `n` arena slots at once, for an op whose kernels are launched after all of them are
+/// taken (a slot taken later could move the arena under the earlier addresses).
+pub(crate) fn device_counts_n(t: &Tensor, n: usize) -> Result<Vec<(u32, u64)>> {
+    t.cuda("device op")?.dev.counts_slots(n)
+}
+
 /// Dispatches a generic computation over the float storage of one tensor.
 macro_rules! with_float {
     ($t:expr, $op:expr, |$d:ident| $body:expr) => {

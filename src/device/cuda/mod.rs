@@ -150,10 +150,22 @@ impl CudaDevice {
     }
 
     /// A fresh arena slot for one op, with the device address of its rounding counters.
+    /// The address is valid until the next slot is handed out (the arena may move when it
+    /// grows): take it right before the launch, or take several at once with
+    /// [`CudaDevice::counts_slots`].
     pub fn counts_slot(&self) -> Result<(u32, u64)> {
+        Ok(self.counts_slots(1)?[0])
+    }
+
+    /// `n` fresh arena slots with their counters' addresses, valid together: the arena
+    /// grows (and moves) before any address is taken.
+    pub fn counts_slots(&self, n: usize) -> Result<Vec<(u32, u64)>> {
         self.with_arena(|a| {
-            let slot = a.slot(self)?;
-            Ok((slot, a.round_counts_ptr(self, slot)))
+            let slots = (0..n).map(|_| a.slot(self)).collect::<Result<Vec<u32>>>()?;
+            Ok(slots
+                .into_iter()
+                .map(|s| (s, a.round_counts_ptr(self, s)))
+                .collect())
         })
     }
 

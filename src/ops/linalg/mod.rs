@@ -211,8 +211,9 @@ impl Engine {
             let g2 = g.view_as(&[m, n])?;
             let mut slots = [0u32; 3];
             let mut counts = [0u64; 3];
-            for i in 0..if has_b { 3 } else { 2 } {
-                (slots[i], counts[i]) = super::device_counts(&xt)?;
+            let taken = super::device_counts_n(&xt, if has_b { 3 } else { 2 })?;
+            for (i, (s, c)) in taken.into_iter().enumerate() {
+                (slots[i], counts[i]) = (s, c);
             }
             let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, &g2, has_b, counts)?;
             let gx = gx.map(|t| t.view_as(&x_shape)).transpose()?;

@@ -290,8 +290,8 @@ impl Engine {
         let out = Computed::pending(cuda::mse(a, b, counts)?, slot);
         let (at, bt) = (a.clone(), b.clone());
         let bw = Box::new(move |g: &Tensor| {
-            let (sa, ca) = super::device_counts(g)?;
-            let (sb, cb) = super::device_counts(g)?;
+            let taken = super::device_counts_n(g, 2)?;
+            let ((sa, ca), (sb, cb)) = (taken[0], taken[1]);
             let (ga, gb) = cuda::mse_backward(&at, &bt, g, ca, cb)?;
             Ok(vec![
                 grad(Computed::pending(ga, sa)),

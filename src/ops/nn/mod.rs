@@ -121,8 +121,10 @@ impl Engine {
                 let (slot, counts) = super::device_counts(g)?;
                 let dx = cuda::ln_backward_x(&xt, wt.as_ref(), g, (m, r), counts)?;
                 let mut out = vec![grad(Computed::pending(dx, slot))];
-                let sw = wt.as_ref().map(|_| super::device_counts(g)).transpose()?;
-                let sb = has_b.then(|| super::device_counts(g)).transpose()?;
+                let mut taken =
+                    super::device_counts_n(g, wt.is_some() as usize + has_b as usize)?.into_iter();
+                let sw = wt.as_ref().and_then(|_| taken.next());
+                let sb = if has_b { taken.next() } else { None };
                 let (gw, gb) =
                     cuda::ln_backward_wb(&xt, g, (m, r), sw.map(|s| s.1), sb.map(|s| s.1))?;
                 if let (Some(t), Some((slot, _))) = (gw, sw) {
