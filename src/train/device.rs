@@ -95,10 +95,7 @@ impl DeviceSide {
 
 impl Trainer {
     fn dev(&self) -> Result<Arc<CudaDevice>> {
-        self.device
-            .as_ref()
-            .map(|d| d.dev.clone())
-            .ok_or_else(|| Error::Device("this trainer runs on the CPU backend".into()))
+        Ok(self.device()?.dev.clone())
     }
 
     /// One step on the device (see the module docs).
@@ -109,7 +106,7 @@ impl Trainer {
         let mut ds = DeviceStep::default();
         for micro in 0..self.cfg.accumulate {
             let out = self.forward(&mut st, micro)?;
-            let loss = self.device_loss(&mut st, &mut ds, out)?;
+            let loss = self.device_loss(&mut ds, out)?;
             let root = self.device_scale(&mut ds, loss)?;
             self.backward(&mut st, &root)?;
         }
@@ -154,12 +151,7 @@ impl Trainer {
 
     /// Loss: its value left in a slot for the read, divided by the micro-batch count when
     /// accumulating.
-    fn device_loss(
-        &mut self,
-        st: &mut StepState,
-        ds: &mut DeviceStep,
-        out: crate::models::Output,
-    ) -> Result<Tensor> {
+    fn device_loss(&mut self, ds: &mut DeviceStep, out: crate::models::Output) -> Result<Tensor> {
         let dev = self.dev()?;
         let mut loss = out.loss;
         let (slot, w) = slot_word(&dev, word::LOSS)?;
@@ -174,7 +166,6 @@ impl Trainer {
             let d = super::divisor(accumulate, loss.dtype())?.to_device(&dev)?;
             loss = self.engine.scope("loss", |e| e.div(&loss, &d))?;
         }
-        let _ = st;
         Ok(loss)
     }
 
