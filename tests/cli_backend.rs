@@ -6,8 +6,13 @@
 use std::process::{Command, Output};
 
 fn amprobe(args: &[&str]) -> Output {
+    amprobe_env(args, &[])
+}
+
+fn amprobe_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_amprobe"))
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("amprobe runs")
@@ -29,6 +34,52 @@ fn auto_runs_on_the_cpu_quietly() {
     ]);
     assert!(o.status.success(), "stderr: {}", text(&o.stderr));
     assert_eq!(text(&o.stderr), "", "auto must not print to stderr");
+    // Not even the simulated device: it runs only when asked for.
+    let first = text(&o.stdout).lines().next().unwrap_or("").to_string();
+    assert!(!first.contains(" on "), "auto ran on a device: {first}");
+}
+
+/// A device that reports itself as hardware (the simulated one, told to) is held to the CPU
+/// emulator before `auto` gives it the run; it passes, and the run says where it ran.
+#[test]
+fn auto_gives_the_run_to_a_gpu_that_passes_the_step_check() {
+    let simulated = match amprobe::device::detect() {
+        amprobe::device::Detection::Available(info) => info.devices[0].simulated,
+        amprobe::device::Detection::Unavailable { reason } => {
+            assert!(
+                !amprobe::device::gpu_required(),
+                "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
+            );
+            return;
+        }
+    };
+    let env: &[(&str, &str)] = if simulated {
+        &[("CUDASIM_AS_HARDWARE", "1")]
+    } else {
+        &[]
+    };
+    let o = amprobe_env(&["doctor"], env);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        out.contains("backend auto -> cuda") && out.contains("passed the step check"),
+        "{out}"
+    );
+    let o = amprobe_env(
+        &[
+            "run",
+            "samples/mlp.toml",
+            "--steps",
+            "2",
+            "--backend",
+            "auto",
+        ],
+        env,
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stderr), "");
+    let out = text(&o.stdout);
+    assert!(out.lines().next().unwrap_or("").contains(" on "), "{out}");
 }
 
 #[test]

@@ -32,7 +32,8 @@ pub fn open_device(ordinal: usize, tf32: bool) -> Result<Arc<CudaDevice>> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendChoice {
-    /// The GPU when one is usable for the whole step, else the CPU (quietly).
+    /// A real GPU that passes the step check against the CPU emulator, else the CPU; never
+    /// the simulated device.
     #[default]
     Auto,
     /// The CPU emulator (bit-exact fp16/bf16).
@@ -74,6 +75,8 @@ pub struct Resolved {
     pub reason: String,
     /// The device's name when the step runs on a GPU.
     pub device: Option<String>,
+    /// What a user must hear even without `--verbose`: a GPU was found but not used.
+    pub warning: Option<String>,
 }
 
 /// A concrete backend.
@@ -102,17 +105,10 @@ impl std::fmt::Display for BackendKind {
     }
 }
 
-/// Whether `--backend auto` may choose a real GPU for the training step.
-///
-/// The whole step runs on a device when asked for (`--backend cuda`): the ops, the
-/// optimizer phase and the probes have device kernels, checked against the CPU emulator on
-/// the simulated device (`tests/device_step.rs`, `tests/gpu_parity.rs`). `auto` keeps the
-/// CPU emulator until the step has been confirmed on real hardware
-/// (`scripts/gpu-check.sh`), which the simulation cannot do.
-pub const CUDA_STEP_SUPPORTED: bool = false;
-
 /// Resolves a choice against what [`detect`] finds. `Auto` never fails; `Cuda` fails with a
-/// message naming what is missing.
+/// message naming what is missing. `Auto` picks a real GPU here, never the simulated one;
+/// the runner then holds that GPU to the CPU emulator before the run uses it
+/// (`train::confirm`) and keeps the CPU when it fails.
 pub fn resolve(choice: BackendChoice) -> Result<Resolved> {
     resolve_with(choice, &detect())
 }
@@ -124,11 +120,13 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
             kind: BackendKind::Cpu,
             reason: "asked for the CPU emulator".into(),
             device: None,
+            warning: None,
         }),
         (BackendChoice::Auto, Detection::Unavailable { reason }) => Ok(Resolved {
             kind: BackendKind::Cpu,
             reason: format!("no usable GPU ({reason})"),
             device: None,
+            warning: None,
         }),
         (BackendChoice::Cuda, Detection::Unavailable { reason }) => Err(Error::Device(format!(
             "--backend cuda needs a usable NVIDIA GPU: {reason}; use --backend cpu or auto \
@@ -142,20 +140,13 @@ pub fn resolve_with(choice: BackendChoice, found: &Detection) -> Result<Resolved
                 first_device(r)
             ),
             device: None,
-        }),
-        (BackendChoice::Auto, Detection::Available(r)) if !CUDA_STEP_SUPPORTED => Ok(Resolved {
-            kind: BackendKind::Cpu,
-            reason: format!(
-                "found {}; the device step is not yet confirmed on real hardware, so auto \
-                 keeps the CPU emulator (--backend cuda runs it there)",
-                first_device(r)
-            ),
-            device: None,
+            warning: None,
         }),
         (_, Detection::Available(r)) => Ok(Resolved {
             kind: BackendKind::Cuda,
             reason: format!("found {}", first_device(r)),
             device: Some(first_device(r).to_string()),
+            warning: None,
         }),
     }
 }
@@ -193,6 +184,13 @@ mod tests {
             cublas: Ok((13, 0, 0)),
             bindings: "13.0",
         })
+    }
+
+    #[test]
+    fn auto_picks_a_real_gpu_for_the_runner_to_check() {
+        let r = resolve_with(BackendChoice::Auto, &found(false)).unwrap();
+        assert_eq!(r.kind, BackendKind::Cuda);
+        assert_eq!(r.device.as_deref(), Some("NVIDIA H100 80GB HBM3"));
     }
 
     #[test]

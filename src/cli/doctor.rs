@@ -1,7 +1,7 @@
 //! `amprobe doctor`: what this machine offers the CUDA backend, and a device self-test.
 
 use super::out::outln;
-use amprobe::backend::{self, parity, BackendChoice};
+use amprobe::backend::{parity, BackendChoice};
 use amprobe::device::cuda::program::arch_name;
 use amprobe::device::detect::{self, detect, Detection};
 use clap::Args;
@@ -24,7 +24,7 @@ pub struct DoctorArgs {
 /// Prints what was found; returns the exit code.
 pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
     let found = detect();
-    let resolved = backend::resolve(BackendChoice::Auto)?;
+    let resolved = amprobe::runner::resolve_backend(BackendChoice::Auto)?;
     let nvrtc = detect::nvrtc_version();
     // Compiling needs only libnvrtc: say whether the kernels build here.
     let compiled = nvrtc.as_ref().ok().map(|_| {
@@ -53,7 +53,6 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
             })),
             "auto_backend": format!("{:?}", resolved.kind).to_lowercase(),
             "auto_reason": resolved.reason,
-            "cuda_step": backend::CUDA_STEP_SUPPORTED,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {

@@ -247,6 +247,9 @@ fn scale(x: f64) -> String {
 
 /// The run's summary for a person, on stdout.
 pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
+    if let Some(w) = &s.backend_warning {
+        eprintln!("amprobe: warning: {w}");
+    }
     match &s.device {
         Some(d) if d.contains("(simulated)") => outln!(
             "amprobe: {} under {} on {d} — a simulated device: its results check the CUDA \

@@ -83,6 +83,9 @@ pub struct RunSummary {
     /// The name of the device that ran the step, when it was a GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// Why a GPU that `--backend auto` found did not run the step, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_warning: Option<String>,
     /// First op whose output held an Inf while its inputs were finite.
     pub first_inf: Option<OpRef>,
     /// First op whose output held a NaN while its inputs had none.

@@ -18,6 +18,7 @@ use grads::{ParamRef, StepGrads};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+pub mod confirm;
 mod device;
 mod grads;
 

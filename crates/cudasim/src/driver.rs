@@ -245,9 +245,11 @@ pub unsafe extern "C" fn cudasim_last_error_message(buf: *mut c_char, len: usize
 }
 
 /// Marks the library as the simulated device (amprobe's detection looks for this symbol).
+/// `CUDASIM_AS_HARDWARE=1` answers 0, so that tests can drive the path a real GPU takes
+/// (`--backend auto` choosing the device); the device's name still says "(simulated)".
 #[no_mangle]
 pub extern "C" fn cudasim_is_simulated() -> c_int {
-    1
+    c_int::from(!std::env::var("CUDASIM_AS_HARDWARE").is_ok_and(|v| v == "1"))
 }
 
 // ---- initialization and the device
