@@ -1,10 +1,14 @@
 // Runs one kernel launch on the host: each block's threads are fibers switched only at
 // barriers, blocks one after another on the calling OS thread.
 #include <sys/mman.h>
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,8 +22,76 @@ enum State { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
 const size_t STACK_BYTES = 128 * 1024;
 
+#if defined(__x86_64__)
+// A fiber switch saves only what the ABI asks a callee to keep (rbx, rbp, r12-r15, the
+// SSE and x87 control words) and swaps stacks. ucontext's swapcontext also saves the signal
+// mask with a system call on every switch, which made those calls most of a launch's time.
+struct Context {
+    void* sp;
+};
+extern "C" void cudasim_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl cudasim_switch
+    .type cudasim_switch, @function
+cudasim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cudasim_switch, .-cudasim_switch
+)");
+
+void switch_to(Context* from, Context* to) { cudasim_switch(&from->sp, to->sp); }
+
+// Lays out a new stack as cudasim_switch leaves one: the control words, six zeroed
+// registers, then `entry` as the return address, entered with the alignment of a call.
+void make_context(Context* c, char* stack, size_t bytes, void (*entry)()) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top);
+    *--sp = 0;  // the fake return address of `entry`, which never returns
+    *--sp = reinterpret_cast<uint64_t>(entry);
+    for (int i = 0; i < 6; i++) *--sp = 0;
+    uint32_t words[2];
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(words[0]), "=m"(words[1]));
+    words[1] &= 0xffff;
+    --sp;
+    std::memcpy(sp, words, 8);
+    c->sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+void switch_to(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+void make_context(Context* c, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
+
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     ThreadCtx t;
     State state;
     uint64_t warp_value;
@@ -35,7 +107,7 @@ struct Block {
     // Each warp's lane values at its last release: lanes read these after resuming, when
     // faster lanes may already have published their next values.
     std::vector<WarpSnapshot> warps;
-    ucontext_t sched;
+    Context sched;
     const KernelInfo* kernel;
     void** args;
     bool faulted;
@@ -56,14 +128,16 @@ char* stack_for(size_t i) {
     return g_stacks[i];
 }
 
+void yield_to_scheduler() { switch_to(&g_cur->ctx, &g_block->sched); }
+
+// A fiber's first frame: it never returns; a finished fiber is never resumed.
 void fiber_main() {
     Block* b = g_block;
     b->kernel->invoke(b->kernel->fn, b->args);
     g_cur->state = DONE;
-    // Returning resumes the scheduler (uc_link).
+    yield_to_scheduler();
+    std::abort();
 }
-
-void yield_to_scheduler() { swapcontext(&g_cur->ctx, &g_block->sched); }
 
 }  // namespace
 
@@ -87,7 +161,7 @@ void warp_exchange(uint64_t value, uint64_t out[32], unsigned* live_mask) {
     g_block->faulted = true;
     if (g_block->fault.empty()) g_block->fault = what;
     g_cur->state = DONE;
-    setcontext(&g_block->sched);
+    yield_to_scheduler();
     std::abort();
 }
 
@@ -130,11 +204,7 @@ extern "C" int cudasim_run(const KernelInfo* k, const unsigned grid[3], const un
                         rc = 1;
                         break;
                     }
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = stack;
-                    f.ctx.uc_stack.ss_size = STACK_BYTES;
-                    f.ctx.uc_link = &b.sched;
-                    makecontext(&f.ctx, fiber_main, 0);
+                    make_context(&f.ctx, stack, STACK_BYTES, fiber_main);
                 }
                 if (rc) break;
                 for (;;) {
@@ -142,7 +212,7 @@ extern "C" int cudasim_run(const KernelInfo* k, const unsigned grid[3], const un
                         Fiber& f = b.fibers[i];
                         if (f.state != READY) continue;
                         g_cur = &f;
-                        swapcontext(&b.sched, &f.ctx);
+                        switch_to(&b.sched, &f.ctx);
                     }
                     if (b.faulted) break;
                     // Everyone is done or waiting. Release warps whose live lanes all wait at

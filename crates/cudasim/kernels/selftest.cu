@@ -63,6 +63,12 @@ extern "C" __global__ void sim_write_past_end(float* x, u32 n) {
     if (blockIdx.x == 0 && threadIdx.x == 0) x[n] = 1.0f;
 }
 
+// Writes far past the end of `x`, beyond what a launch checks (must be reported at the next
+// synchronization).
+extern "C" __global__ void sim_write_far_past_end(float* x, u32 n, u32 far) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) x[n + far] = 1.0f;
+}
+
 // b[i] = a[i] for i < n: reads a, and touches b only by writes (known traffic).
 extern "C" __global__ void sim_copy(const float* a, float* b, u32 n) {
     u32 i = blockIdx.x * blockDim.x + threadIdx.x;

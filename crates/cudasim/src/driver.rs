@@ -428,6 +428,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> u32 {
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> u32 {
     status(with(|s| {
+        far_overruns(s)?;
         s.pinned.complete(None);
         Ok(())
     }))
@@ -469,8 +470,23 @@ pub extern "C" fn cuStreamDestroy_v2(_stream: *mut c_void) -> u32 {
 }
 
 /// The host has seen `stream`'s work so far finish.
+/// The whole-guard check of a synchronization point: an overrun a launch's own check could
+/// not see (far past an allocation's end) is reported at the next wait, as a GPU reports a
+/// kernel's fault at the next synchronizing call.
+fn far_overruns(s: &mut State) -> Result<(), (u32, String)> {
+    let damaged = s.memory.damaged_guards(false);
+    if damaged.is_empty() {
+        return Ok(());
+    }
+    Err((
+        ILLEGAL_ADDRESS,
+        format!("found at a synchronization: {}", damaged.join("; ")),
+    ))
+}
+
 fn stream_done(stream: *mut c_void) -> u32 {
     status(with(|s| {
+        far_overruns(s)?;
         let point = s.order.stream_point(sid(stream));
         s.pinned.complete(Some(&point));
         Ok(())
@@ -690,6 +706,7 @@ fn htod(dst: u64, src: *const c_void, n: usize, stream: *mut c_void) -> u32 {
 /// pending until the host waits for it).
 fn dtoh(dst: *mut c_void, src: u64, n: usize, stream: *mut c_void, is_async: bool) -> u32 {
     status(with(|s| {
+        far_overruns(s)?;
         s.memory
             .check(src, n, "device-to-host copy")
             .map_err(|m| (INVALID_VALUE, m))?;
@@ -1181,7 +1198,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             let msg = CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned();
             return Err(launch_error(&name, msg));
         }
-        let damaged = s.memory.damaged_guards();
+        let damaged = s.memory.damaged_guards(true);
         if !damaged.is_empty() {
             return Err((
                 ILLEGAL_ADDRESS,

@@ -1,11 +1,13 @@
 //! Device memory: host mappings the library tracks, each followed by guard bytes whose
-//! pattern is checked after every launch; freed mappings are kept (inaccessible) so that a
+//! pattern is checked after every launch (the first [`GUARD_BYTES`]) and at every
+//! synchronization point (all of them, to the mapping's end); freed mappings are kept (inaccessible) so that a
 //! late use is caught instead of landing in a new allocation.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Bytes after each allocation filled with [`GUARD`] and checked after launches.
+/// Bytes after each allocation checked after every launch; the rest of the mapping, also
+/// filled with [`GUARD`], is checked at synchronization points.
 pub const GUARD_BYTES: usize = 256;
 /// The guard pattern.
 pub const GUARD: u8 = 0xA5;
@@ -170,24 +172,35 @@ impl Memory {
         }
     }
 
-    /// The live allocations whose guard bytes were overwritten, as messages.
-    pub fn damaged_guards(&self) -> Vec<String> {
+    /// The live allocations whose guard bytes were overwritten, as messages. `near` checks
+    /// the first [`GUARD_BYTES`] past each end (what every launch checks: an overrun by a
+    /// few elements); otherwise the whole rest of each mapping (what a synchronization point
+    /// checks, so a far overrun is found there, as a GPU reports a kernel's fault late).
+    pub fn damaged_guards(&self, near: bool) -> Vec<String> {
         let mut out = Vec::new();
         for (&start, a) in &self.allocs {
             if a.freed {
                 continue;
             }
-            // SAFETY: the guard bytes are inside the live mapping.
-            let guard = unsafe {
-                std::slice::from_raw_parts((start as *const u8).add(a.size), a.mapped - a.size)
+            let len = if near {
+                GUARD_BYTES.min(a.mapped - a.size)
+            } else {
+                a.mapped - a.size
             };
-            if let Some(i) = guard.iter().position(|&b| b != GUARD) {
+            // SAFETY: the guard bytes are inside the live mapping.
+            let guard =
+                unsafe { std::slice::from_raw_parts((start as *const u8).add(a.size), len) };
+            if let Some(i) = first_not_guard(guard) {
+                let by = match &a.writer {
+                    Some(w) => format!(" (last written by {w})"),
+                    None => String::new(),
+                };
                 out.push(format!(
-                    "wrote {} bytes past the end of the {}-byte allocation at {start:#x}",
+                    "wrote {} bytes past the end of the {}-byte allocation at {start:#x}{by}",
                     i + 1,
                     a.size
                 ));
-                // Restore the guard so the next launch is judged on its own.
+                // Restore the guard so the next check is judged on its own.
                 // SAFETY: as above, writable.
                 unsafe {
                     std::ptr::write_bytes((start as *mut u8).add(a.size), GUARD, a.mapped - a.size)
@@ -201,4 +214,22 @@ impl Memory {
     pub fn live_count(&self) -> usize {
         self.allocs.values().filter(|a| !a.freed).count()
     }
+}
+
+/// The index of the first byte of `bytes` that is not [`GUARD`], eight bytes at a time.
+fn first_not_guard(bytes: &[u8]) -> Option<usize> {
+    const WORD: u64 = u64::from_ne_bytes([GUARD; 8]);
+    let mut chunks = bytes.chunks_exact(8);
+    let mut at = 0;
+    for c in &mut chunks {
+        if u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])) != WORD {
+            return c.iter().position(|&b| b != GUARD).map(|i| at + i);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b != GUARD)
+        .map(|i| at + i)
 }

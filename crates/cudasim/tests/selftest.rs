@@ -197,6 +197,38 @@ fn a_write_past_the_end_fails_naming_the_kernel() {
 }
 
 #[test]
+fn a_write_far_past_the_end_is_reported_at_the_next_synchronization() {
+    let Some((s, m)) = setup() else { return };
+    let mut x = s.alloc_zeros::<f32>(10).unwrap();
+    let (n, far) = (10u32, 300u32);
+    let f = m.load_function("sim_write_far_past_end").unwrap();
+    let mut b = s.launch_builder(&f);
+    b.arg(&mut x).arg(&n).arg(&far);
+    // SAFETY: the kernel writes 1200 bytes past the end on purpose, inside the mapping's
+    // guard page but beyond the bytes a launch checks.
+    let r = unsafe { b.launch(cfg((1, 1, 1), (32, 1, 1), 0)) };
+    assert!(
+        r.is_ok(),
+        "a launch checks only the near guard: {}",
+        last_error()
+    );
+    let mut host = vec![0f32; 10];
+    assert!(
+        s.memcpy_dtoh(&x, &mut host).is_err(),
+        "the far write was not reported"
+    );
+    let msg = last_error();
+    assert!(
+        msg.contains("synchronization")
+            && msg.contains("past the end")
+            && msg.contains("sim_write_far_past_end"),
+        "{msg}"
+    );
+    // The guard is restored: the next wait is judged on its own.
+    assert!(s.memcpy_dtoh(&x, &mut host).is_ok(), "{}", last_error());
+}
+
+#[test]
 fn a_block_over_1024_threads_is_refused() {
     let Some((s, m)) = setup() else { return };
     let x = s.alloc_zeros::<f32>(2048).unwrap();
