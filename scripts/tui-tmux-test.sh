@@ -5,11 +5,15 @@
 #      in cooked mode with echo afterwards, and colours were used;
 #   2. a replay of the trace that run left (no end record) with NO_COLOR set: no colour
 #      codes; then a panic on the UI thread (test hook) still restores the terminal.
-# Usage: scripts/tui-tmux-test.sh [path/to/amprobe]   (default: target/release/amprobe)
+#   3. with --device: only a live run of the T5 overflow sample with --backend cuda (on a GPU
+#      or the simulated device): it names the device, and the first Inf and first NaN it
+#      shows are the emulator's.
+# Usage: scripts/tui-tmux-test.sh [path/to/amprobe] [--device]   (default: target/release/amprobe)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${1:-$root/target/release/amprobe}
+mode=${2:-}
 [ -x "$bin" ] || { echo "tui-tmux-test: no binary at $bin (cargo build --release)" >&2; exit 2; }
 command -v tmux >/dev/null || { echo "tui-tmux-test: tmux is not installed" >&2; exit 2; }
 
@@ -67,6 +71,25 @@ key() {
     (( waited_ms < 1000 )) || fail "key $2 answered after ${waited_ms} ms"
     echo "  key $2 → /$3/ in ${waited_ms} ms"
 }
+
+if [ "$mode" = "--device" ]; then
+    echo "tui-tmux-test: 3. live run on the device"
+    tm new-session -d -s device -x 110 -y 30 \
+        "cd '$work' && TERM=xterm-256color '$bin' tui '$root/samples/t5_overflow.toml' --backend cuda --trace device.jsonl;
+         echo TUI-EXIT=\$?; sleep 600"
+    wait_for device 'status +finished' 120
+    grep -Eq 'backend +cuda on ' "$work/pane.txt" || fail "the device is not named"
+    grep -Eq 'first Inf +step 0 · fwd #209 linear @ encoder.block.3.layer.1.DenseReluDense.wo' \
+        "$work/pane.txt" || fail "not the emulator's first Inf"
+    grep -Eq 'first NaN +step 0 · fwd #216 mul @ encoder.final_layer_norm' "$work/pane.txt" \
+        || fail "not the emulator's first NaN"
+    key device 4 '\[4 Ops\]'
+    key device f 'first non-finite: step 0 #209'
+    tm send-keys -t device q
+    wait_for device 'TUI-EXIT=0' 10
+    echo "tui-tmux-test: ok"
+    exit 0
+fi
 
 # A model big enough that steps take milliseconds; the first steps overflow (scale 1e30).
 cat > "$work/run.toml" <<'EOF'

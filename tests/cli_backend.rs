@@ -192,3 +192,66 @@ fn selftest_without_a_gpu_is_an_error_not_a_panic() {
     assert!(err.contains("--selftest needs a usable GPU"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `bisect`, `fix` and a compared run (`--precision fp16,bf16,fp32`) on the device say what
+/// they say on the emulator: the same minimal fp32 set, the same suggested fix, the same
+/// first Inf, first NaN and first divergences. (A compared run's headroom lists may differ:
+/// cuBLAS sums in another order, which moves values at the edge of fp16's range.)
+#[test]
+fn bisect_fix_and_compare_on_the_device_say_what_the_emulator_says() {
+    if let amprobe::device::Detection::Unavailable { reason } = amprobe::device::detect() {
+        assert!(
+            !amprobe::device::gpu_required(),
+            "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
+        );
+        return;
+    }
+    let sample = format!("{}/samples/t5_overflow.toml", env!("CARGO_MANIFEST_DIR"));
+    let run = |args: &[&str], backend: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut all = args.to_vec();
+        all.extend([sample.as_str(), "--backend", backend]);
+        let o = Command::new(env!("CARGO_BIN_EXE_amprobe"))
+            .args(&all)
+            .current_dir(dir.path())
+            .output()
+            .expect("amprobe runs");
+        assert!(
+            o.status.success(),
+            "{args:?} {backend}: {}",
+            text(&o.stderr)
+        );
+        text(&o.stdout)
+    };
+    // The lines that name the device aside.
+    let plain = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.starts_with("amprobe: "))
+            .map(str::to_string)
+            .collect()
+    };
+    for cmd in ["bisect", "fix"] {
+        let (cpu, dev) = (run(&[cmd], "cpu"), run(&[cmd], "cuda"));
+        assert!(cpu.contains("--keep-fp32 wo"), "{cmd}: {cpu}");
+        assert_eq!(plain(&cpu), plain(&dev), "{cmd}");
+    }
+    let compared = &["run", "--precision", "fp16,bf16,fp32"];
+    let (cpu, dev) = (run(compared, "cpu"), run(compared, "cuda"));
+    let key = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| {
+                l.contains("first Inf:")
+                    || l.contains("first NaN:")
+                    || l.contains("first divergence")
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(
+        key(&cpu)
+            .iter()
+            .any(|l| l.contains("first divergence at step 0 forward op #209")),
+        "{cpu}"
+    );
+    assert_eq!(key(&cpu), key(&dev));
+}

@@ -13,6 +13,34 @@ fn has_tmux() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The live T5 overflow run on the device (the simulated one in CI): the UI names the
+/// device and shows the emulator's first Inf and first NaN.
+#[test]
+fn tmux_drives_a_live_session_on_the_device() {
+    if let amprobe::device::Detection::Unavailable { reason } = amprobe::device::detect() {
+        assert!(
+            !amprobe::device::gpu_required(),
+            "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
+        );
+        eprintln!("skipped: no usable GPU ({reason})");
+        return;
+    }
+    assert!(has_tmux(), "tmux is missing: .ci/run installs it");
+    let out = Command::new("bash")
+        .arg("scripts/tui-tmux-test.sh")
+        .arg(BIN)
+        .arg("--device")
+        .output()
+        .expect("running scripts/tui-tmux-test.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tui-tmux-test --device failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("tui-tmux-test: ok"), "{stdout}");
+}
+
 #[test]
 fn tmux_drives_a_live_session() {
     if !has_tmux() {

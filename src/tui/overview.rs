@@ -136,10 +136,16 @@ impl OverviewView<'_> {
             kv("optimizer", optimizer_line(&h.optimizer)),
             kv(
                 "backend",
-                format!(
-                    "{} · seed {} · {} {}",
-                    h.backend, h.seed, h.tool, h.tool_version
-                ),
+                match &h.device {
+                    Some(d) => format!(
+                        "{} on {d} · seed {} · {} {}",
+                        h.backend, h.seed, h.tool, h.tool_version
+                    ),
+                    None => format!(
+                        "{} · seed {} · {} {}",
+                        h.backend, h.seed, h.tool, h.tool_version
+                    ),
+                },
             ),
         ]
     }
