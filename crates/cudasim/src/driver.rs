@@ -474,7 +474,7 @@ pub extern "C" fn cuStreamDestroy_v2(_stream: *mut c_void) -> u32 {
 /// not see (far past an allocation's end) is reported at the next wait, as a GPU reports a
 /// kernel's fault at the next synchronizing call.
 fn far_overruns(s: &mut State) -> Result<(), (u32, String)> {
-    let damaged = s.memory.damaged_guards(false);
+    let damaged = s.memory.damaged_guards(None);
     if damaged.is_empty() {
         return Ok(());
     }
@@ -1198,7 +1198,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
             let msg = CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned();
             return Err(launch_error(&name, msg));
         }
-        let damaged = s.memory.damaged_guards(true);
+        let given: Vec<u64> = args.iter().map(|a| a.start).collect();
+        let damaged = s.memory.damaged_guards(Some(&given));
         if !damaged.is_empty() {
             return Err((
                 ILLEGAL_ADDRESS,

@@ -32,6 +32,8 @@ pub struct Alloc {
 #[derive(Default)]
 pub struct Memory {
     allocs: BTreeMap<u64, Alloc>,
+    /// The starts of the allocations not freed (the guard checks walk only these).
+    live: std::collections::BTreeSet<u64>,
     quarantine: std::collections::VecDeque<u64>,
     /// Bytes allocated and not freed.
     pub live_bytes: usize,
@@ -85,6 +87,7 @@ impl Memory {
             },
         );
         self.live_bytes += size;
+        self.live.insert(addr);
         Some(addr)
     }
 
@@ -100,6 +103,7 @@ impl Memory {
         }
         a.freed = true;
         self.live_bytes -= a.size;
+        self.live.remove(&addr);
         // SAFETY: the mapping is ours; PROT_NONE makes any later access fault.
         unsafe { libc::mprotect(addr as *mut libc::c_void, a.mapped, libc::PROT_NONE) };
         self.quarantine.push_back(addr);
@@ -172,17 +176,23 @@ impl Memory {
         }
     }
 
-    /// The live allocations whose guard bytes were overwritten, as messages. `near` checks
-    /// the first [`GUARD_BYTES`] past each end (what every launch checks: an overrun by a
-    /// few elements); otherwise the whole rest of each mapping (what a synchronization point
-    /// checks, so a far overrun is found there, as a GPU reports a kernel's fault late).
-    pub fn damaged_guards(&self, near: bool) -> Vec<String> {
+    /// The live allocations whose guard bytes were overwritten, as messages. With `near`,
+    /// the first [`GUARD_BYTES`] past the end of each allocation a launch was given (what
+    /// every launch checks: an overrun by a few elements, by the kernel just run); without,
+    /// the whole rest of every live mapping (what a synchronization point checks, so a far
+    /// overrun, or one through a pointer read from memory, is found there, as a GPU reports
+    /// a kernel's fault late).
+    pub fn damaged_guards(&self, near: Option<&[u64]>) -> Vec<String> {
         let mut out = Vec::new();
-        for (&start, a) in &self.allocs {
-            if a.freed {
+        let starts: Vec<u64> = match near {
+            Some(s) => s.to_vec(),
+            None => self.live.iter().copied().collect(),
+        };
+        for start in starts {
+            let Some(a) = self.allocs.get(&start).filter(|a| !a.freed) else {
                 continue;
-            }
-            let len = if near {
+            };
+            let len = if near.is_some() {
                 GUARD_BYTES.min(a.mapped - a.size)
             } else {
                 a.mapped - a.size
@@ -212,7 +222,7 @@ impl Memory {
 
     /// Number of live allocations.
     pub fn live_count(&self) -> usize {
-        self.allocs.values().filter(|a| !a.freed).count()
+        self.live.len()
     }
 }
 
