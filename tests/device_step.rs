@@ -494,3 +494,34 @@ fn twenty_t5_steps_give_the_emulators_loss_scale_sequence() {
     assert_eq!(scales(&cpu), scales(&dev));
     t5_close(&cpu, &dev, "t5 twenty steps");
 }
+
+/// A label out of range fails the step on the device with the emulator's error, naming the
+/// label and its position, instead of a NaN loss.
+#[test]
+fn a_label_out_of_range_is_the_emulators_error_on_the_device() {
+    if !device_or_skip() {
+        return;
+    }
+    let model = amprobe::models::mlp::Mlp {
+        inputs: 12,
+        hidden: 16,
+        classes: 5,
+    };
+    let mut batch = amprobe::models::mlp::synthetic_batch(12, 5, 8, 1, 0).unwrap();
+    batch.labels = Tensor::from_i64(vec![0, 1, 2, -100, 4, 9, 1, 0], &[8]).unwrap();
+    let error = |backend: BackendKind| {
+        let mut cfg = base(Precision::Fp16);
+        cfg.backend = backend;
+        let mut t = Trainer::new(
+            cfg,
+            Box::new(model.clone()),
+            model.init(1).unwrap(),
+            Box::new(amprobe::train::FixedBatch(batch.clone())),
+        )
+        .unwrap();
+        t.step(0).expect_err("the step must fail").to_string()
+    };
+    let (cpu, dev) = (error(BackendKind::Cpu), error(BackendKind::Cuda));
+    assert!(cpu.contains("label 9 at position 5"), "{cpu}");
+    assert_eq!(cpu, dev);
+}

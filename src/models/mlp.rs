@@ -82,6 +82,10 @@ impl Model for Mlp {
         Box::new(self.clone())
     }
 
+    fn check_batch(&self, batch: &Batch) -> Result<()> {
+        crate::ops::loss::check_labels(&batch.labels, self.classes, Some(-100))
+    }
+
     fn forward(&self, eng: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
         let mut x = batch.inputs.clone();
         if x.shape().last() != Some(&self.inputs) {

@@ -612,7 +612,7 @@ impl Model for T5Encoder {
                 format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
             ));
         }
-        Ok(())
+        crate::ops::loss::check_labels(&batch.labels, self.cfg.vocab_size, Some(-100))
     }
 
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {

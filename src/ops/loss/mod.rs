@@ -48,8 +48,9 @@ fn class_targets<'a>(
 }
 
 /// Labels on the device of `x`: device labels as they are (a label out of range gives a
-/// NaN loss there, as they cannot be checked without a read), host labels checked as on
-/// the CPU and uploaded.
+/// NaN loss there, as they cannot be checked without a read; the trainer's models check
+/// theirs on the host first, [`check_labels`]), host labels checked as on the CPU and
+/// uploaded.
 fn device_targets(
     op: &str,
     x: &Tensor,
@@ -62,6 +63,13 @@ fn device_targets(
     }
     check_targets(t.i64s()?, c, ignore)?;
     Ok((c, t.to_device(&x.cuda(op)?.dev)?))
+}
+
+/// Checks class labels on the host as the losses do: each in `0..classes` unless it is
+/// `ignore`. Models call it before labels go to a device, where the loss kernels cannot
+/// raise this error.
+pub fn check_labels(labels: &Tensor, classes: usize, ignore: Option<i64>) -> Result<()> {
+    check_targets(labels.i64s()?, classes, ignore).map(|_| ())
 }
 
 fn check_targets(t: &[i64], c: usize, ignore: Option<i64>) -> Result<usize> {
