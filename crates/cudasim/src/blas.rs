@@ -2,9 +2,11 @@
 //! version, and `cublasGemmStridedBatchedEx` with fp16, bf16 or f32 operands, an f32
 //! result, and f32 accumulation in k order (TF32 inputs only when that compute type is
 //! asked for). Real cuBLAS sums in an order of its choosing, with fused multiply-adds on
-//! tensor cores; this one multiplies and adds separately, one k after another.
+//! tensor cores; this one multiplies and adds separately, one k after another. Each GEMM
+//! is counted on the stream last given to `cublasSetStream_v2`: calls, flops, operand bytes.
 
 use std::ffi::{c_int, c_longlong, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 const SUCCESS: u32 = 0;
 const NOT_INITIALIZED: u32 = 1;
@@ -18,6 +20,9 @@ const COMPUTE_32F: u32 = 68;
 const COMPUTE_32F_FAST_TF32: u32 = 77;
 
 const HANDLE: usize = 0xB1A5;
+
+/// The stream of the (one) handle, whose counters its GEMMs add to.
+static STREAM: AtomicUsize = AtomicUsize::new(0);
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasCreate_v2(handle: *mut *mut c_void) -> u32 {
@@ -34,10 +39,11 @@ pub extern "C" fn cublasDestroy_v2(_handle: *mut c_void) -> u32 {
 }
 
 #[no_mangle]
-pub extern "C" fn cublasSetStream_v2(handle: *mut c_void, _stream: *mut c_void) -> u32 {
+pub extern "C" fn cublasSetStream_v2(handle: *mut c_void, stream: *mut c_void) -> u32 {
     if handle as usize != HANDLE {
         return NOT_INITIALIZED;
     }
+    STREAM.store(stream as usize, Ordering::Relaxed);
     SUCCESS
 }
 
@@ -207,6 +213,15 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     if batch > 0 && m > 0 && n > 0 {
         crate::driver::note_writer(c as u64, "cublasGemmStridedBatchedEx");
     }
+    let (m, n, k, nb) = (m as u64, n as u64, k as u64, batch as u64);
+    let ab = elem_bytes(atype) as u64;
+    let c_passes = if beta == 0.0 { 1 } else { 2 };
+    crate::driver::note_gemm(
+        STREAM.load(Ordering::Relaxed),
+        2 * m * n * k * nb,
+        atype == R_32F,
+        nb * ((m * k + k * n) * ab + c_passes * m * n * 4),
+    );
     SUCCESS
 }
 
