@@ -1,7 +1,9 @@
 // Runs one kernel launch on the host: each block's threads are fibers switched only at
 // barriers, blocks one after another on the calling OS thread.
 #include <sys/mman.h>
+#if !(defined(__x86_64__) && defined(__linux__))
 #include <ucontext.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,8 +20,81 @@ enum State { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
 const size_t STACK_BYTES = 128 * 1024;
 
+#if defined(__x86_64__) && defined(__linux__)
+// A fiber switch saves only what the System V ABI says a call preserves: ucontext's
+// switches also save and restore the signal mask, a system call each, which made them most
+// of a launch's time (every thread of every block starts, and ends, with a switch).
+struct Context {
+    void* sp;
+};
+
+extern "C" void cudasim_switch_context(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl cudasim_switch_context
+    .hidden cudasim_switch_context
+    .type cudasim_switch_context, @function
+cudasim_switch_context:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $16, %rsp
+    stmxcsr 8(%rsp)
+    fnstcw (%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    fldcw (%rsp)
+    ldmxcsr 8(%rsp)
+    addq $16, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cudasim_switch_context, .-cudasim_switch_context
+)");
+
+void switch_to(Context* from, Context* to) { cudasim_switch_context(&from->sp, to->sp); }
+
+// A context whose first switch into it calls `entry` (which must not return) on `stack`,
+// with the calling thread's floating-point control words.
+void make_context(Context* c, char* stack, size_t size, void (*entry)()) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15);
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top);
+    *--sp = 0;  // entry's return address: it never returns
+    *--sp = reinterpret_cast<uint64_t>(entry);
+    for (int i = 0; i < 6; i++) *--sp = 0;  // rbp, rbx, r12-r15
+    uint32_t mxcsr;
+    uint16_t fpucw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    *--sp = mxcsr;
+    *--sp = fpucw;
+    c->sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+
+void switch_to(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+
+void make_context(Context* c, char* stack, size_t size, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
+
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     ThreadCtx t;
     State state;
     uint64_t warp_value;
@@ -35,7 +110,7 @@ struct Block {
     // Each warp's lane values at its last release: lanes read these after resuming, when
     // faster lanes may already have published their next values.
     std::vector<WarpSnapshot> warps;
-    ucontext_t sched;
+    Context sched;
     const KernelInfo* kernel;
     void** args;
     bool faulted;
@@ -56,14 +131,15 @@ char* stack_for(size_t i) {
     return g_stacks[i];
 }
 
-void fiber_main() {
+void yield_to_scheduler() { switch_to(&g_cur->ctx, &g_block->sched); }
+
+[[noreturn]] void fiber_main() {
     Block* b = g_block;
     b->kernel->invoke(b->kernel->fn, b->args);
     g_cur->state = DONE;
-    // Returning resumes the scheduler (uc_link).
+    yield_to_scheduler();
+    std::abort();
 }
-
-void yield_to_scheduler() { swapcontext(&g_cur->ctx, &g_block->sched); }
 
 }  // namespace
 
@@ -87,7 +163,7 @@ void warp_exchange(uint64_t value, uint64_t out[32], unsigned* live_mask) {
     g_block->faulted = true;
     if (g_block->fault.empty()) g_block->fault = what;
     g_cur->state = DONE;
-    setcontext(&g_block->sched);
+    yield_to_scheduler();
     std::abort();
 }
 
@@ -130,11 +206,7 @@ extern "C" int cudasim_run(const KernelInfo* k, const unsigned grid[3], const un
                         rc = 1;
                         break;
                     }
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = stack;
-                    f.ctx.uc_stack.ss_size = STACK_BYTES;
-                    f.ctx.uc_link = &b.sched;
-                    makecontext(&f.ctx, fiber_main, 0);
+                    make_context(&f.ctx, stack, STACK_BYTES, fiber_main);
                 }
                 if (rc) break;
                 for (;;) {
@@ -142,7 +214,7 @@ extern "C" int cudasim_run(const KernelInfo* k, const unsigned grid[3], const un
                         Fiber& f = b.fibers[i];
                         if (f.state != READY) continue;
                         g_cur = &f;
-                        swapcontext(&b.sched, &f.ctx);
+                        switch_to(&b.sched, &f.ctx);
                     }
                     if (b.faulted) break;
                     // Everyone is done or waiting. Release warps whose live lanes all wait at
