@@ -1,7 +1,7 @@
 // Runs one kernel launch on the host: each block's threads are fibers switched only at
 // barriers, blocks one after another on the calling OS thread.
 #include <sys/mman.h>
-#if !defined(__x86_64__)
+#if !(defined(__x86_64__) && defined(__linux__))
 #include <ucontext.h>
 #endif
 
@@ -22,7 +22,7 @@ enum State { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
 const size_t STACK_BYTES = 128 * 1024;
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && defined(__linux__)
 // A fiber switch saves only what the ABI asks a callee to keep (rbx, rbp, r12-r15, the
 // SSE and x87 control words) and swaps stacks. ucontext's swapcontext also saves the signal
 // mask with a system call on every switch, which made those calls most of a launch's time.
@@ -33,6 +33,7 @@ extern "C" void cudasim_switch(void** save_sp, void* load_sp);
 asm(R"(
     .text
     .globl cudasim_switch
+    .hidden cudasim_switch
     .type cudasim_switch, @function
 cudasim_switch:
     pushq %rbp

@@ -2,9 +2,11 @@
 //! version, and `cublasGemmStridedBatchedEx` with fp16, bf16 or f32 operands, an f32
 //! result, and f32 accumulation in k order (TF32 inputs only when that compute type is
 //! asked for). Real cuBLAS sums in an order of its choosing, with fused multiply-adds on
-//! tensor cores; this one multiplies and adds separately, one k after another.
+//! tensor cores; this one multiplies and adds separately, one k after another. Each GEMM
+//! is counted on the stream last given to `cublasSetStream_v2`: calls, flops, operand bytes.
 
 use std::ffi::{c_int, c_longlong, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 const SUCCESS: u32 = 0;
 const NOT_INITIALIZED: u32 = 1;
@@ -18,6 +20,9 @@ const COMPUTE_32F: u32 = 68;
 const COMPUTE_32F_FAST_TF32: u32 = 77;
 
 const HANDLE: usize = 0xB1A5;
+
+/// The stream of the (one) handle, whose counters its GEMMs add to.
+static STREAM: AtomicUsize = AtomicUsize::new(0);
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasCreate_v2(handle: *mut *mut c_void) -> u32 {
@@ -34,10 +39,11 @@ pub extern "C" fn cublasDestroy_v2(_handle: *mut c_void) -> u32 {
 }
 
 #[no_mangle]
-pub extern "C" fn cublasSetStream_v2(handle: *mut c_void, _stream: *mut c_void) -> u32 {
+pub extern "C" fn cublasSetStream_v2(handle: *mut c_void, stream: *mut c_void) -> u32 {
     if handle as usize != HANDLE {
         return NOT_INITIALIZED;
     }
+    STREAM.store(stream as usize, Ordering::Relaxed);
     SUCCESS
 }
 
@@ -163,6 +169,17 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     let alpha = *(alpha as *const f32);
     let beta = *(beta as *const f32);
     let tf = compute == COMPUTE_32F_FAST_TF32 && atype == R_32F;
+    let f = Gemm {
+        m,
+        k,
+        alpha,
+        beta,
+        ldc,
+    };
+    // op(A) by columns (each k's m values together) and op(B) by columns, as f32 (TF32 when
+    // asked), so that the sums below run over contiguous memory.
+    let mut a_cols = vec![0f32; m * k];
+    let mut b_cols = vec![0f32; k * n];
     for bi in 0..batch as usize {
         let ab = a
             .cast::<u8>()
@@ -173,41 +190,111 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
             .offset((bi as isize) * (stride_b as isize) * elem_bytes(btype) as isize)
             as *const c_void;
         let cb = (c as *mut f32).offset((bi as isize) * stride_c as isize);
-        for j in 0..n {
+        let round = |x: f32| if tf { tf32(x) } else { x };
+        for p in 0..k {
             for i in 0..m {
-                let mut acc = 0f32;
-                for p in 0..k {
-                    let ai = if transa == 0 {
-                        i + p * lda
-                    } else {
-                        p + i * lda
-                    };
-                    let bi_ = if transb == 0 {
-                        p + j * ldb
-                    } else {
-                        j + p * ldb
-                    };
-                    let (mut x, mut y) = (load(ab, atype, ai), load(bb, btype, bi_));
-                    if tf {
-                        x = tf32(x);
-                        y = tf32(y);
-                    }
-                    let prod = x * y;
-                    acc += prod;
-                }
-                let out = cb.add(i + j * ldc);
-                *out = if beta == 0.0 {
-                    alpha * acc
+                let ai = if transa == 0 {
+                    i + p * lda
                 } else {
-                    alpha * acc + beta * *out
+                    p + i * lda
                 };
+                a_cols[p * m + i] = round(load(ab, atype, ai));
             }
         }
+        for j in 0..n {
+            for p in 0..k {
+                let bi_ = if transb == 0 {
+                    p + j * ldb
+                } else {
+                    j + p * ldb
+                };
+                b_cols[j * k + p] = round(load(bb, btype, bi_));
+            }
+        }
+        // Columns of C split between two threads when the product is large (disjoint
+        // writes); each element's sum is the same either way.
+        let work = m * n * k;
+        let threads = if work >= 1 << 22 && n >= 2 { 2 } else { 1 };
+        let cols_per = n.div_ceil(threads);
+        let c_addr = cb as usize;
+        std::thread::scope(|sc| {
+            for t in 1..threads {
+                let (a_cols, b_cols, f) = (&a_cols, &b_cols, &f);
+                let j0 = t * cols_per;
+                // SAFETY: this thread writes columns j0.. of C only.
+                sc.spawn(move || unsafe { f.columns(a_cols, b_cols, c_addr as *mut f32, j0..n) });
+            }
+            // SAFETY: this thread writes the first columns only.
+            unsafe { f.columns(&a_cols, &b_cols, cb, 0..cols_per.min(n)) };
+        });
     }
     if batch > 0 && m > 0 && n > 0 {
         crate::driver::note_writer(c as u64, "cublasGemmStridedBatchedEx");
     }
+    let (m, n, k, nb) = (m as u64, n as u64, k as u64, batch as u64);
+    let ab = elem_bytes(atype) as u64;
+    let c_passes = if beta == 0.0 { 1 } else { 2 };
+    crate::driver::note_gemm(
+        STREAM.load(Ordering::Relaxed),
+        2 * m * n * k * nb,
+        atype == R_32F,
+        nb * ((m * k + k * n) * ab + c_passes * m * n * 4),
+    );
     SUCCESS
+}
+
+/// One batch entry's product, over operands laid out by columns (see
+/// `cublasGemmStridedBatchedEx`).
+struct Gemm {
+    m: usize,
+    k: usize,
+    alpha: f32,
+    beta: f32,
+    ldc: usize,
+}
+
+impl Gemm {
+    /// Columns `cols` of C: each element the f32 sum over k in order of separately rounded
+    /// products, then scaled by alpha (plus beta times C's old value). Four columns at a
+    /// time share each pass over A's columns.
+    unsafe fn columns(
+        &self,
+        a_cols: &[f32],
+        b_cols: &[f32],
+        c: *mut f32,
+        cols: std::ops::Range<usize>,
+    ) {
+        const W: usize = 4;
+        let (m, k) = (self.m, self.k);
+        let mut acc = vec![0f32; W * m];
+        let mut j = cols.start;
+        while j < cols.end {
+            let w = W.min(cols.end - j);
+            acc.fill(0.0);
+            for p in 0..k {
+                let a = &a_cols[p * m..(p + 1) * m];
+                for (jj, acc) in acc.chunks_exact_mut(m).take(w).enumerate() {
+                    let y = b_cols[(j + jj) * k + p];
+                    for (s, &x) in acc.iter_mut().zip(a) {
+                        let prod = x * y;
+                        *s += prod;
+                    }
+                }
+            }
+            for (jj, acc) in acc.chunks_exact(m).take(w).enumerate() {
+                let col = c.add((j + jj) * self.ldc);
+                for (i, &s) in acc.iter().enumerate() {
+                    let out = col.add(i);
+                    *out = if self.beta == 0.0 {
+                        self.alpha * s
+                    } else {
+                        self.alpha * s + self.beta * *out
+                    };
+                }
+            }
+            j += w;
+        }
+    }
 }
 
 fn elem_bytes(t: u32) -> usize {

@@ -72,6 +72,17 @@ pub struct Counters {
     /// each allocation before and after the launch: a write of the value a byte already
     /// held is not seen. (Measured only while traffic measurement is on.)
     pub kernel_written_bytes: u64,
+    /// cuBLAS GEMM calls (`cublasGemmStridedBatchedEx`), each one kernel on a GPU; not in
+    /// `launches`.
+    pub gemm_calls: u64,
+    /// Floating-point operations of those GEMMs: `2·m·n·k` per batch entry (a multiply and
+    /// an add per term).
+    pub gemm_flops: u64,
+    /// The part of `gemm_flops` with f32 operands (not run on fp16/bf16 tensor cores).
+    pub gemm_f32_flops: u64,
+    /// Bytes of those GEMMs' operands: A and B read once, C written once and also read when
+    /// beta is nonzero (the least a GEMM moves; not measured).
+    pub gemm_bytes: u64,
 }
 
 impl Counters {
@@ -88,6 +99,10 @@ impl Counters {
         self.kernel_arg_bytes += o.kernel_arg_bytes;
         self.kernel_read_bytes += o.kernel_read_bytes;
         self.kernel_written_bytes += o.kernel_written_bytes;
+        self.gemm_calls += o.gemm_calls;
+        self.gemm_flops += o.gemm_flops;
+        self.gemm_f32_flops += o.gemm_f32_flops;
+        self.gemm_bytes += o.gemm_bytes;
     }
 }
 
@@ -830,6 +845,21 @@ pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, n: usize) -> u32 {
 #[no_mangle]
 pub extern "C" fn cuMemsetD8Async(dst: u64, value: u8, n: usize, stream: *mut c_void) -> u32 {
     memset(dst, value, n, stream)
+}
+
+/// Counts one cuBLAS GEMM on `stream`: its flops (`f32` when its operands are f32) and
+/// operand bytes.
+pub(crate) fn note_gemm(stream: usize, flops: u64, f32_operands: bool, bytes: u64) {
+    let _ = with(|s| {
+        let c = counters(s, stream as *mut c_void);
+        c.gemm_calls += 1;
+        c.gemm_flops += flops;
+        if f32_operands {
+            c.gemm_f32_flops += flops;
+        }
+        c.gemm_bytes += bytes;
+        Ok(())
+    });
 }
 
 /// Notes `what` as the last writer of the device memory at `addr` (cuBLAS results).

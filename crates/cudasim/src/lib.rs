@@ -33,7 +33,7 @@
 //! Work is executed when it is queued, and counted per stream: launches, copies each way
 //! with their bytes, the bytes of every argument buffer a kernel could touch, and the bytes
 //! kernels did read and write of those buffers, measured (see [`Counters`] for how, and at
-//! what granularity). Launches run one at a time, so that the measurement of one is not
+//! what granularity), and cuBLAS GEMMs with their flops and operand bytes. Launches run one at a time, so that the measurement of one is not
 //! disturbed by another.
 //!
 //! Both checks rest on one SIGSEGV handler, installed by `cuInit`, which handles faults on

@@ -302,6 +302,10 @@ struct Counters {
     kernel_arg_bytes: u64,
     kernel_read_bytes: u64,
     kernel_written_bytes: u64,
+    gemm_calls: u64,
+    gemm_flops: u64,
+    gemm_f32_flops: u64,
+    gemm_bytes: u64,
 }
 
 /// The counters of `stream`.
@@ -337,6 +341,101 @@ fn counters_count_launches_and_copies() {
     assert_eq!(after.dtoh_copies - before.dtoh_copies, 1);
     assert_eq!(after.dtoh_bytes - before.dtoh_bytes, 8);
     assert_eq!(after.kernel_arg_bytes - before.kernel_arg_bytes, 256 + 8);
+}
+
+#[test]
+fn gemms_are_counted_with_their_flops_and_operand_bytes() {
+    let Some((s, _m)) = setup() else { return };
+    type Gemm = unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        c_int,
+        c_int,
+        c_int,
+        *const c_void,
+        *const c_void,
+        u32,
+        c_int,
+        i64,
+        *const c_void,
+        u32,
+        c_int,
+        i64,
+        *const c_void,
+        *mut c_void,
+        u32,
+        c_int,
+        i64,
+        c_int,
+        u32,
+        c_int,
+    ) -> u32;
+    use std::ffi::{c_int, c_void};
+    let create: unsafe extern "C" fn(*mut *mut c_void) -> u32 = sim_fn(b"cublasCreate_v2");
+    let set_stream: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 =
+        sim_fn(b"cublasSetStream_v2");
+    let gemm: Gemm = sim_fn(b"cublasGemmStridedBatchedEx");
+    let s2 = s.context().new_stream().unwrap();
+    let (m, n, k, batch) = (2usize, 3usize, 4usize, 2usize);
+    let a = s2.clone_htod(&vec![1f32; m * k * batch]).unwrap();
+    let b = s2.clone_htod(&vec![2f32; k * n * batch]).unwrap();
+    let mut c = s2.alloc_zeros::<f32>(m * n * batch).unwrap();
+    let before = stream_counters(&s2);
+    let (alpha, beta) = (1f32, 0f32);
+    let i = |x: usize| x as c_int;
+    // SAFETY: column-major operands of the stated sizes; f32 in and out (types 0), no
+    // transposes, compute type 68 (32F).
+    let rc = unsafe {
+        let mut h = std::ptr::null_mut();
+        assert_eq!(create(&mut h), 0);
+        assert_eq!(set_stream(h, s2.cu_stream() as *mut c_void), 0);
+        let (pa, _ga) = cudarc::driver::DevicePtr::device_ptr(&a, &s2);
+        let (pb, _gb) = cudarc::driver::DevicePtr::device_ptr(&b, &s2);
+        let (pc, _gc) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut c, &s2);
+        let rc = gemm(
+            h,
+            0,
+            0,
+            i(m),
+            i(n),
+            i(k),
+            (&alpha) as *const f32 as *const c_void,
+            pa as *const c_void,
+            0,
+            i(m),
+            (m * k) as i64,
+            pb as *const c_void,
+            0,
+            i(k),
+            (k * n) as i64,
+            (&beta) as *const f32 as *const c_void,
+            pc as *mut c_void,
+            0,
+            i(m),
+            (m * n) as i64,
+            i(batch),
+            68,
+            -1,
+        );
+        set_stream(h, std::ptr::null_mut());
+        rc
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(s2.clone_dtoh(&c).unwrap(), vec![8f32; m * n * batch]);
+    let after = stream_counters(&s2);
+    assert_eq!(after.launches - before.launches, 0);
+    assert_eq!(after.gemm_calls - before.gemm_calls, 1);
+    assert_eq!(
+        after.gemm_flops - before.gemm_flops,
+        (2 * m * n * k * batch) as u64
+    );
+    assert_eq!(
+        after.gemm_f32_flops - before.gemm_f32_flops,
+        (2 * m * n * k * batch) as u64
+    );
+    let bytes = batch * (m * k + k * n + m * n) * 4;
+    assert_eq!(after.gemm_bytes - before.gemm_bytes, bytes as u64);
 }
 
 fn last_error() -> String {

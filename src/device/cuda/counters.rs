@@ -1,5 +1,6 @@
 //! The simulated device's work counters (`crates/cudasim`): kernel launches, copies each
-//! way with their bytes, allocations, and the bytes kernels read and wrote. A real driver
+//! way with their bytes, allocations, the bytes kernels read and wrote, and cuBLAS GEMMs
+//! with their flops and operand bytes. A real driver
 //! has none of these, so every function here answers `None` there; tests and the step
 //! bench use them to count what a step does instead of assuming it.
 
@@ -10,7 +11,7 @@ use crate::device::detect::quietly;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimCounters {
-    /// Kernel launches (cuBLAS GEMMs included).
+    /// Kernel launches (cuBLAS GEMMs not included: see `gemm_calls`).
     pub launches: u64,
     /// Host-to-device copies.
     pub htod_copies: u64,
@@ -35,6 +36,15 @@ pub struct SimCounters {
     pub kernel_read_bytes: u64,
     /// Bytes whose value kernels changed (exact), while [`measure_traffic`] is on.
     pub kernel_written_bytes: u64,
+    /// cuBLAS GEMM calls.
+    pub gemm_calls: u64,
+    /// Floating-point operations of those GEMMs (`2·m·n·k` per batch entry).
+    pub gemm_flops: u64,
+    /// The part of `gemm_flops` with f32 operands.
+    pub gemm_f32_flops: u64,
+    /// Bytes of those GEMMs' operands (A and B read once, C written once, read too when
+    /// accumulated into): the least they move, not measured.
+    pub gemm_bytes: u64,
 }
 
 impl SimCounters {
@@ -53,6 +63,10 @@ impl SimCounters {
             kernel_arg_bytes: self.kernel_arg_bytes - earlier.kernel_arg_bytes,
             kernel_read_bytes: self.kernel_read_bytes - earlier.kernel_read_bytes,
             kernel_written_bytes: self.kernel_written_bytes - earlier.kernel_written_bytes,
+            gemm_calls: self.gemm_calls - earlier.gemm_calls,
+            gemm_flops: self.gemm_flops - earlier.gemm_flops,
+            gemm_f32_flops: self.gemm_f32_flops - earlier.gemm_f32_flops,
+            gemm_bytes: self.gemm_bytes - earlier.gemm_bytes,
         }
     }
 }
@@ -114,6 +128,10 @@ mod tests {
                 "kernel_arg_bytes",
                 "kernel_read_bytes",
                 "kernel_written_bytes",
+                "gemm_calls",
+                "gemm_flops",
+                "gemm_f32_flops",
+                "gemm_bytes",
             ]
         );
     }
