@@ -52,4 +52,30 @@ fn a_step_reads_the_device_once_and_allocates_nothing_once_the_pool_is_warm() {
         launches.windows(2).all(|w| w[0] == w[1]),
         "every step launches the same kernels: {launches:?}"
     );
+
+    // The T5 sample in pure fp16 with transformers' clamp, whose blocks overflow: the clamp's
+    // choice of bound is made on the device, so a step still reads once. (Here, not in a
+    // test of its own: the counters are the process's and tests run side by side.)
+    let dir = std::path::PathBuf::from("samples/t5_overflow_small");
+    let mut rc = amprobe::config::RunConfig::default();
+    rc.model.hf = Some(dir.clone());
+    rc.model.t5_clamp = Some(true);
+    rc.data.inputs = Some(dir.join("inputs.safetensors"));
+    let mut train = rc.train_config().unwrap();
+    train.precision = Precision::Half;
+    train.backend = BackendKind::Cuda;
+    let (m, p, d) = amprobe::runner::build(&rc, &train).unwrap();
+    let mut t = Trainer::new(train, m, p, d).unwrap();
+    assert!(t.model().describe().contains("fp16 clamp"));
+    let mut before = sim_counters().unwrap();
+    for s in 0..2 {
+        t.step(s).unwrap();
+        let now = sim_counters().unwrap();
+        let d = now.since(&before);
+        before = now;
+        assert_eq!(
+            d.dtoh_copies, 1,
+            "t5 clamp step {s}: device-to-host reads {d:?}"
+        );
+    }
 }

@@ -516,11 +516,7 @@ impl T5Encoder {
         if !self.clamp || x.dtype() != DType::F16 {
             return Ok(x);
         }
-        // transformers' `torch.isinf(hidden_states).any()` decides on the host, so a device
-        // step with the clamp on reads this tensor back (one more read per block).
-        let any_inf = x.to_host()?.f32s()?.iter().any(|v| v.is_infinite());
-        let v = if any_inf { 65504.0 - 1000.0 } else { 65504.0 };
-        e.clamp(&x, Some(-v), Some(v))
+        e.clamp_on_inf(&x, 65504.0, 65504.0 - 1000.0)
     }
 
     /// The encoder's last hidden state for token ids [batch, seq].

@@ -15,6 +15,10 @@ pub const KERNELS: &[&str] = &[
     "amp_unary_backward",
     "amp_binary",
     "amp_binary_grad",
+    "amp_inf_flag_clear",
+    "amp_inf_flag",
+    "amp_clamp_on_inf",
+    "amp_clamp_on_inf_backward",
 ];
 
 /// Kernel code and scalar parameters of a unary op.
@@ -104,6 +108,88 @@ pub fn unary_backward(
         &p1,
         &h0,
         &h1,
+        &counts
+    );
+    Ok(dx)
+}
+
+/// A one-word device flag, set when any value of `x` is infinite (two launches, no read).
+pub fn inf_flag(x: &Tensor) -> Result<Tensor> {
+    let name = "clamp";
+    let dev = device_of(name, &[x])?;
+    let flag = output(&dev, &[1], crate::dtype::DType::F32)?;
+    let ((xp, k), (fp, _)) = (arg(x, name)?, arg(&flag, name)?);
+    let n = x.numel() as u64;
+    launch!(dev, "amp_inf_flag_clear", 1u64, &fp);
+    launch!(dev, "amp_inf_flag", n, &xp, &k, &n, &fp);
+    Ok(flag)
+}
+
+/// `clamp(x, ±on_inf)` where `flag` is set, else `clamp(x, ±clean)`.
+pub fn clamp_on_inf(
+    x: &Tensor,
+    clean: f64,
+    on_inf: f64,
+    flag: &Tensor,
+    counts: u64,
+) -> Result<Tensor> {
+    let name = "clamp";
+    let dev = device_of(name, &[x, flag])?;
+    let y = output(&dev, x.shape(), x.dtype())?;
+    let ((xp, k), (yp, _), (fp, _)) = (arg(x, name)?, arg(&y, name)?, arg(flag, name)?);
+    let n = x.numel() as u64;
+    launch!(
+        dev,
+        "amp_clamp_on_inf",
+        n,
+        &xp,
+        &yp,
+        &k,
+        &n,
+        &clean,
+        &on_inf,
+        &fp,
+        &counts
+    );
+    Ok(y)
+}
+
+/// The gradient of [`clamp_on_inf`] with the same `flag`.
+#[allow(clippy::too_many_arguments)]
+pub fn clamp_on_inf_backward(
+    x: &Tensor,
+    y: &Tensor,
+    g: &Tensor,
+    clean: f64,
+    on_inf: f64,
+    flag: &Tensor,
+    counts: u64,
+) -> Result<Tensor> {
+    let name = "clamp";
+    let dt = same_dtype(name, &[x, y, g])?;
+    let dev = device_of(name, &[x, y, g, flag])?;
+    let dx = output(&dev, x.shape(), dt)?;
+    let ((xp, k), (yp, _), (gp, _), (dp, _), (fp, _)) = (
+        arg(x, name)?,
+        arg(y, name)?,
+        arg(g, name)?,
+        arg(&dx, name)?,
+        arg(flag, name)?,
+    );
+    let n = x.numel() as u64;
+    launch!(
+        dev,
+        "amp_clamp_on_inf_backward",
+        n,
+        &xp,
+        &yp,
+        &gp,
+        &dp,
+        &k,
+        &n,
+        &clean,
+        &on_inf,
+        &fp,
         &counts
     );
     Ok(dx)

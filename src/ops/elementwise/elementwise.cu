@@ -133,6 +133,48 @@ extern "C" __global__ void amp_unary_backward(const void* x, const void* y, cons
     block_add_counts(over, under, counts);
 }
 
+// transformers' T5 fp16 clamp, decided on the device: `flag` is set when any value of x is
+// infinite, and the clamp bound is then `on_inf`, else `clean` (torch.where on the device,
+// no host read). Cleared by one thread, set by atomics, read by the clamp and its backward.
+extern "C" __global__ void amp_inf_flag_clear(u32* flag) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) flag[0] = 0;
+}
+
+extern "C" __global__ void amp_inf_flag(const void* x, int kind, u64 n, u32* flag) {
+    u32 any = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x)
+        any |= isinf(load_f32(x, kind, i)) ? 1u : 0u;
+    if (any) atomicOr(flag, 1u);
+}
+
+extern "C" __global__ void amp_clamp_on_inf(const void* x, void* y, int kind, u64 n, double clean,
+                                            double on_inf, const u32* flag, u64* counts) {
+    u32 over = 0, under = 0;
+    double b = flag[0] ? on_inf : clean;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float v = unary_f(U_CLAMP, load_f32(x, kind, i), -b, b, 1, 1);
+        store_round(y, kind, i, v, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
+extern "C" __global__ void amp_clamp_on_inf_backward(const void* x, const void* y, const void* g,
+                                                     void* dx, int kind, u64 n, double clean,
+                                                     double on_inf, const u32* flag,
+                                                     u64* counts) {
+    u32 over = 0, under = 0;
+    double b = flag[0] ? on_inf : clean;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        float d = unary_df(U_CLAMP, load_f32(x, kind, i), load_f32(y, kind, i),
+                           load_f32(g, kind, i), -b, b, 1, 1);
+        store_round(dx, kind, i, d, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
 // Broadcast geometry: the output shape and each operand's strides over it (0 where the
 // operand is broadcast), padded on the left to MAX_DIMS.
 struct Geometry {

@@ -419,6 +419,31 @@ impl Engine {
     pub fn rsqrt(&mut self, x: &Tensor) -> Result<Tensor> {
         self.unary(Unary::Rsqrt, x)
     }
+    /// transformers' T5 fp16 clamp, `clamp(x, ±on_inf)` when any value of `x` is infinite
+    /// and `clamp(x, ±clean)` otherwise, recorded as one `clamp` op. On the host the choice
+    /// is made by looking; on a device a flag kernel makes it there (transformers'
+    /// `torch.where(isinf(x).any(), ...)`), so the step reads nothing back.
+    pub fn clamp_on_inf(&mut self, x: &Tensor, clean: f64, on_inf: f64) -> Result<Tensor> {
+        if !x.storage().is_device() {
+            let any_inf = x.f32s()?.iter().any(|v| v.is_infinite());
+            let v = if any_inf { on_inf } else { clean };
+            return self.clamp(x, Some(-v), Some(v));
+        }
+        expect_float(x, "clamp", "input")?;
+        let ins = self.prepare("clamp", &[x])?;
+        let x = &ins[0];
+        let flag = cuda::inf_flag(x)?;
+        let (slot, counts) = device_counts(x)?;
+        let out = Computed::pending(cuda::clamp_on_inf(x, clean, on_inf, &flag, counts)?, slot);
+        let (xs, ys) = (x.clone(), out.tensor.clone());
+        let bw = Box::new(move |g: &Tensor| {
+            let (slot, counts) = device_counts(&xs)?;
+            let dx = cuda::clamp_on_inf_backward(&xs, &ys, g, clean, on_inf, &flag, counts)?;
+            Ok(vec![grad(Computed::pending(dx, slot))])
+        });
+        self.record("clamp", &[x], &["input"], out, Some(bw))
+    }
+
     /// clamp(x, lo, hi)
     pub fn clamp(&mut self, x: &Tensor, lo: Option<f64>, hi: Option<f64>) -> Result<Tensor> {
         self.unary(Unary::Clamp(lo, hi), x)
