@@ -13,6 +13,25 @@ fn has_tmux() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Runs `scripts/tui-tmux-test.sh` with `extra` after the binary; fails with its output
+/// unless it says ok.
+fn run_script(extra: &[&str]) {
+    let out = Command::new("bash")
+        .arg("scripts/tui-tmux-test.sh")
+        .arg(BIN)
+        .args(extra)
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("running scripts/tui-tmux-test.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tui-tmux-test {extra:?} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("tui-tmux-test: ok"), "{stdout}");
+}
+
 /// The live T5 overflow run on the device (the simulated one in CI): the UI names the
 /// device and shows the emulator's first Inf and first NaN.
 #[test]
@@ -26,19 +45,7 @@ fn tmux_drives_a_live_session_on_the_device() {
         return;
     }
     assert!(has_tmux(), "tmux is missing: .ci/run installs it");
-    let out = Command::new("bash")
-        .arg("scripts/tui-tmux-test.sh")
-        .arg(BIN)
-        .arg("--device")
-        .output()
-        .expect("running scripts/tui-tmux-test.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "tui-tmux-test --device failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("tui-tmux-test: ok"), "{stdout}");
+    run_script(&["--device"]);
 }
 
 #[test]
@@ -52,19 +59,7 @@ fn tmux_drives_a_live_session() {
         eprintln!("skipped: tmux is not installed");
         return;
     }
-    let out = Command::new("bash")
-        .arg("scripts/tui-tmux-test.sh")
-        .arg(BIN)
-        .env_remove("NO_COLOR")
-        .output()
-        .expect("running scripts/tui-tmux-test.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "tui-tmux-test failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("tui-tmux-test: ok"), "{stdout}");
+    run_script(&[]);
 }
 
 #[test]
