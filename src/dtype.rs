@@ -210,8 +210,25 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
 const CHUNK: usize = 1024;
 
 /// Rounds every value of `data` in place to `dtype`, once, round-to-nearest-even,
-/// and counts the values that overflowed or underflowed in doing so.
+/// and counts the values that overflowed or underflowed in doing so. Long slices are
+/// rounded in parallel pieces; the counts are integers, so the result is the same.
 pub fn round_slice(dtype: DType, data: &mut [f32]) -> RoundCounts {
+    use rayon::prelude::*;
+    /// Slices at least this long are split over rayon's threads.
+    const PAR_MIN: usize = 64 * 1024;
+    if data.len() < PAR_MIN {
+        return round_piece(dtype, data);
+    }
+    data.par_chunks_mut(PAR_MIN / 4)
+        .map(|piece| round_piece(dtype, piece))
+        .reduce(RoundCounts::default, |a, b| RoundCounts {
+            overflow: a.overflow + b.overflow,
+            underflow: a.underflow + b.underflow,
+        })
+}
+
+/// [`round_slice`] on one thread.
+fn round_piece(dtype: DType, data: &mut [f32]) -> RoundCounts {
     let mut counts = RoundCounts::default();
     match dtype {
         DType::F16 => {
@@ -297,6 +314,30 @@ pub fn bf16_bits_to_f32(bits: u16) -> f32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_long_slice_rounds_and_counts_as_one_thread_does() {
+        let mut rng = crate::rng::Rng::new(9);
+        let v: Vec<f32> = (0..300_001)
+            .map(|i| match i % 7 {
+                0 => 1e6,
+                1 => 1e-9,
+                _ => (rng.normal() * 1e3) as f32,
+            })
+            .collect();
+        for dt in [DType::F16, DType::BF16] {
+            let (mut par, mut one) = (v.clone(), v.clone());
+            let a = round_slice(dt, &mut par);
+            let b = round_piece(dt, &mut one);
+            assert_eq!(a, b, "{dt}");
+            assert!(b.overflow > 0 || dt == DType::BF16);
+            assert!(par
+                .iter()
+                .zip(&one)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+
     use super::*;
 
     #[test]
