@@ -368,3 +368,14 @@ fn an_overflowing_inverse_scale_is_told_once() {
     assert_eq!(told.len(), 1, "{:#?}", summary.events);
     assert!(told[0].starts_with("step 0: scale collapse: "), "{told:?}");
 }
+
+/// Pure fp16 with a loss scaler unscales fp16 gradients, which PyTorch refuses: the run
+/// says so once, in the step where it first happens, not again in every later step.
+#[test]
+fn a_scaler_warning_is_told_once() {
+    let mut t = trainer(|c| c.train.precision = Some("half".into()));
+    let events: Vec<Vec<String>> = (0..3).map(|s| t.step(s).unwrap().events).collect();
+    let told = |e: &Vec<String>| e.iter().any(|w| w.contains("unscaling float16 gradients"));
+    assert!(told(&events[0]), "{:?}", events[0]);
+    assert!(!told(&events[1]) && !told(&events[2]), "{events:?}");
+}

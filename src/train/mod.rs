@@ -139,6 +139,8 @@ pub struct Trainer {
 struct Told {
     scale_zero: bool,
     inv_scale_infinite: bool,
+    /// How many of the scaler's warnings (which it keeps, in order) have been told.
+    scaler_warnings: usize,
 }
 
 /// What a step started from: the parameters, the scale and the batches it used.
@@ -551,11 +553,14 @@ impl Trainer {
                 ));
             }
         }
-        for w in self.scaler.warnings() {
+        for w in
+            &self.scaler.warnings()[self.told.scaler_warnings.min(self.scaler.warnings().len())..]
+        {
             if !st.events.contains(w) {
                 st.events.push(w.clone());
             }
         }
+        self.told.scaler_warnings = self.scaler.warnings().len();
         Ok(upd)
     }
 
