@@ -102,3 +102,62 @@ fn a_launch_with_the_wrong_argument_count_is_refused_naming_the_kernel() {
     let err = dev.check_args("no_such_kernel", 1).unwrap_err().to_string();
     assert!(err.contains("no_such_kernel"), "{err}");
 }
+
+/// The signs of zero gradients follow the emulator's sums bit for bit: a gradient that is
+/// one term keeps its -0 (x·x with a zero output gradient and negative x), a per-row sum
+/// starts from -0 as Rust's `Sum` does, and a bias-like sum from +0.
+#[test]
+fn zero_gradients_carry_the_emulators_signs() {
+    use amprobe::dtype::DType;
+    use amprobe::engine::Engine;
+    use amprobe::tensor::Tensor;
+    let Some(dev) = device_or_skip() else {
+        return;
+    };
+    let t = |v: Vec<f32>, s: &[usize]| Tensor::from_f32(v, s, DType::F32).unwrap();
+    let bits = |x: &Tensor| -> Vec<u32> {
+        x.to_host()
+            .unwrap()
+            .f32s()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    // (a, b, output gradient): x·x; a per-row scale [4,1]·[4,3]; a bias-like [3]·[4,3].
+    let neg = t(vec![-1.0, -2.0, -0.5, -3.0], &[4]);
+    let b43 = t((0..12).map(|i| -1.0 - i as f32).collect(), &[4, 3]);
+    let cases = [
+        ("x·x", neg.clone(), None, t(vec![0.0; 4], &[4])),
+        (
+            "per-row",
+            t(vec![1.0; 4], &[4, 1]),
+            Some(b43.clone()),
+            t(vec![0.0; 12], &[4, 3]),
+        ),
+        (
+            "bias",
+            t(vec![1.0; 3], &[3]),
+            Some(b43.clone()),
+            t(vec![0.0; 12], &[4, 3]),
+        ),
+    ];
+    for (what, a, b, g) in cases {
+        let grads = |on_device: bool| {
+            let put = |x: &Tensor| {
+                if on_device {
+                    x.to_device(&dev).unwrap()
+                } else {
+                    x.clone()
+                }
+            };
+            let mut eng = Engine::new();
+            let al = put(&a).as_leaf(true);
+            let bl = b.as_ref().map(|b| put(b).as_leaf(true));
+            let y = eng.mul(&al, bl.as_ref().unwrap_or(&al)).unwrap();
+            let gr = eng.backward_with(&y, put(&g)).unwrap();
+            bits(&gr[&al.id()])
+        };
+        assert_eq!(grads(false), grads(true), "{what}");
+    }
+}

@@ -288,6 +288,12 @@ pub fn binary_grad(
         arg(&out, name)?,
     );
     let n = out.numel() as u64;
+    // The CPU's reductions (`sum_to_f64`): a per-row run sums as Rust's `Sum` does, from
+    // -0.0; the other patterns from +0.0. Only the sign of an all-zero sum depends on it.
+    let init = match crate::ops::Pattern::of(target, &full) {
+        crate::ops::Pattern::Repeat(_) => -0.0f64,
+        _ => 0.0f64,
+    };
     launch!(
         dev,
         "amp_binary_grad",
@@ -301,6 +307,7 @@ pub fn binary_grad(
         &term,
         &geo,
         &n_reduced,
+        &init,
         &counts
     );
     Ok(out)

@@ -248,7 +248,8 @@ struct GradGeometry {
 // row-major order (the CPU emulator's order, so the sum is bit-identical), rounded once.
 extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const void* g,
                                            void* out, int kind, u64 n_out, int h,
-                                           GradGeometry geo, u64 n_reduced, u64* counts) {
+                                           GradGeometry geo, u64 n_reduced, double init,
+                                           u64* counts) {
     u32 over = 0, under = 0;
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
          t += (u64)gridDim.x * blockDim.x) {
@@ -261,7 +262,8 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
             base_b += c * geo.sb[d];
             base_g += c * geo.sg[d];
         }
-        double acc = 0.0;
+        // The CPU's sums: one term as it is (its zero's sign kept), more from `init`.
+        double acc = init;
         for (u64 r = 0; r < n_reduced; ++r) {
             u64 ia = base_a, ib = base_b, ig = base_g, rr = r;
             for (int d = MAX_DIMS - 1; d >= 0; --d) {
@@ -272,8 +274,9 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
                 ib += c * geo.sb[d];
                 ig += c * geo.sg[d];
             }
-            acc += (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
-                                     load_f32(g, kind, ig));
+            double v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
+                                         load_f32(g, kind, ig));
+            acc = n_reduced == 1 ? v : acc + v;
         }
         store_round_f64(out, kind, t, acc, &over, &under);
     }
