@@ -108,7 +108,9 @@ pub struct RunFlags {
     /// Switch probes off (to measure their cost).
     #[arg(long)]
     no_probes: bool,
-    /// Where the step runs: auto (default), cpu or cuda.
+    /// Where the step runs: auto (default: a GPU that passes a step check against the CPU
+    /// emulator, else the CPU; never the simulated device), cpu, or cuda (the device, a
+    /// simulated one included).
     #[arg(long, value_name = "auto|cpu|cuda")]
     backend: Option<String>,
 }
