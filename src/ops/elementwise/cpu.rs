@@ -6,13 +6,31 @@ use crate::engine::Computed;
 use crate::error::Result;
 use crate::ops::{bstrides, for_each_offset, sum_to, Finish, Pattern};
 
+/// Tensors at least this long are computed over rayon's threads (each element on its own,
+/// so the result is the same).
+const PAR_MIN: usize = 64 * 1024;
+
+/// `f(i)` for every index below `n`, in order, over rayon's threads when `n` is large.
+fn map_indexed<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    use rayon::prelude::*;
+    if n >= PAR_MIN {
+        (0..n)
+            .into_par_iter()
+            .with_min_len(PAR_MIN / 4)
+            .map(f)
+            .collect()
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
 pub(super) fn unary<T: Finish>(
     x: &[T],
     op: Unary,
     shape: &[usize],
     dtype: crate::dtype::DType,
 ) -> Result<Computed> {
-    T::finish(x.iter().map(|&v| op.f(v)).collect(), shape, dtype)
+    T::finish(map_indexed(x.len(), |i| op.f(x[i])), shape, dtype)
 }
 
 pub(super) fn unary_backward<T: Finish>(
@@ -23,13 +41,8 @@ pub(super) fn unary_backward<T: Finish>(
     shape: &[usize],
     dtype: crate::dtype::DType,
 ) -> Result<Computed> {
-    let d: Vec<T> = x
-        .iter()
-        .zip(y)
-        .zip(g)
-        .map(|((&a, &b), &c)| op.df(a, b, c))
-        .collect();
-    T::finish(d, shape, dtype)
+    let n = x.len().min(y.len()).min(g.len());
+    T::finish(map_indexed(n, |i| op.df(x[i], y[i], g[i])), shape, dtype)
 }
 
 pub(super) fn binary<T: Finish>(
@@ -42,9 +55,12 @@ pub(super) fn binary<T: Finish>(
     dtype: crate::dtype::DType,
 ) -> Result<Computed> {
     let n: usize = out.iter().product();
+    if sa == out && sb == out {
+        let m = a.len().min(b.len());
+        return T::finish(map_indexed(m, |i| op.f(a[i], b[i])), out, dtype);
+    }
     let mut res = Vec::with_capacity(n);
     match (sa == out, sb == out) {
-        (true, true) => res.extend(a.iter().zip(b).map(|(&x, &y)| op.f(x, y))),
         (true, false) if Pattern::of(sb, out) == Pattern::Tile(b.len()) => {
             for rowv in a.chunks_exact(b.len()) {
                 res.extend(rowv.iter().zip(b).map(|(&x, &y)| op.f(x, y)));
@@ -88,17 +104,12 @@ pub(super) fn binary_grad<T: Finish>(
     out: &[usize],
     target: &[usize],
     dtype: crate::dtype::DType,
-    h: impl Fn(T, T, T) -> T,
+    h: impl Fn(T, T, T) -> T + Sync + Send,
 ) -> Result<Computed> {
     let n: usize = out.iter().product();
     if sa == out && sb == out {
-        let v: Vec<T> = a
-            .iter()
-            .zip(b)
-            .zip(g)
-            .map(|((&x, &y), &z)| h(x, y, z))
-            .collect();
-        return T::finish(v, target, dtype);
+        let m = a.len().min(b.len()).min(g.len());
+        return T::finish(map_indexed(m, |i| h(a[i], b[i], g[i])), target, dtype);
     }
     let mut full = Vec::with_capacity(n);
     let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
