@@ -184,9 +184,9 @@ impl Memory {
     /// a kernel's fault late).
     pub fn damaged_guards(&self, near: Option<&[u64]>) -> Vec<String> {
         let mut out = Vec::new();
-        let starts: Vec<u64> = match near {
-            Some(s) => s.to_vec(),
-            None => self.live.iter().copied().collect(),
+        let starts: Box<dyn Iterator<Item = u64> + '_> = match near {
+            Some(s) => Box::new(s.iter().copied()),
+            None => Box::new(self.live.iter().copied()),
         };
         for start in starts {
             let Some(a) = self.allocs.get(&start).filter(|a| !a.freed) else {
