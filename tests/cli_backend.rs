@@ -3,6 +3,8 @@
 //! there is none, bad values are named, and
 //! `doctor` reports what it found. Nothing may panic or print to stderr on success.
 
+#[path = "device_step/common.rs"]
+mod common;
 use std::process::{Command, Output};
 
 fn amprobe(args: &[&str]) -> Output {
@@ -120,11 +122,7 @@ fn cuda_runs_on_the_device_or_fails_with_a_clear_message() {
 /// names the device, differs).
 #[test]
 fn the_t5_diagnosis_on_the_device_is_the_emulators() {
-    if let amprobe::device::Detection::Unavailable { reason } = amprobe::device::detect() {
-        assert!(
-            !amprobe::device::gpu_required(),
-            "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
-        );
+    if !common::device_or_skip() {
         return;
     }
     let run = |backend: &str| {
@@ -199,11 +197,7 @@ fn selftest_without_a_gpu_is_an_error_not_a_panic() {
 /// cuBLAS sums in another order, which moves values at the edge of fp16's range.)
 #[test]
 fn bisect_fix_and_compare_on_the_device_say_what_the_emulator_says() {
-    if let amprobe::device::Detection::Unavailable { reason } = amprobe::device::detect() {
-        assert!(
-            !amprobe::device::gpu_required(),
-            "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
-        );
+    if !common::device_or_skip() {
         return;
     }
     let sample = format!("{}/samples/t5_overflow.toml", env!("CARGO_MANIFEST_DIR"));

@@ -1,24 +1,15 @@
 //! Every device op against the CPU emulator (bounds in `amprobe::backend::parity`).
 //! Skips where no GPU is usable; `AMPROBE_REQUIRE_GPU=1` turns the skip into a failure.
 
+#[path = "device_step/common.rs"]
+mod common;
 use amprobe::backend::parity;
 use amprobe::device::cuda::CudaDevice;
-use amprobe::device::{detect, gpu_required, Detection};
 
+/// The device, opened, or None where the test skips (see `common::device_or_skip`).
 fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
-    match detect() {
-        Detection::Unavailable { reason } => {
-            assert!(
-                !gpu_required(),
-                "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
-            );
-            eprintln!("skipped: no usable GPU ({reason})");
-            None
-        }
-        Detection::Available(_) => {
-            Some(amprobe::backend::open_device(0, false).expect("open device 0"))
-        }
-    }
+    common::device_or_skip()
+        .then(|| amprobe::backend::open_device(0, false).expect("open device 0"))
 }
 
 #[test]
@@ -65,7 +56,7 @@ fn opening_a_missing_device_is_an_error_not_a_panic() {
 
 #[test]
 fn require_gpu_turns_the_skip_into_a_failure() {
-    if detect().is_available() || gpu_required() {
+    if amprobe::device::detect().is_available() || amprobe::device::gpu_required() {
         return; // Only meaningful where the GPU tests skip.
     }
     let me = std::env::current_exe().expect("test binary path");

@@ -2,6 +2,8 @@
 //! panels, the jump to the first non-finite op, quitting, a panic), and refusing to start
 //! without a terminal.
 
+#[path = "device_step/common.rs"]
+mod common;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_amprobe");
@@ -36,12 +38,7 @@ fn run_script(extra: &[&str]) {
 /// device and shows the emulator's first Inf and first NaN.
 #[test]
 fn tmux_drives_a_live_session_on_the_device() {
-    if let amprobe::device::Detection::Unavailable { reason } = amprobe::device::detect() {
-        assert!(
-            !amprobe::device::gpu_required(),
-            "AMPROBE_REQUIRE_GPU=1 but no usable GPU: {reason}"
-        );
-        eprintln!("skipped: no usable GPU ({reason})");
+    if !common::device_or_skip() {
         return;
     }
     assert!(has_tmux(), "tmux is missing: .ci/run installs it");
