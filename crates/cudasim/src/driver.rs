@@ -60,17 +60,20 @@ pub struct Counters {
     pub kernel_arg_bytes: u64,
     /// Bytes kernels read of their argument allocations, measured at page granularity: the
     /// bytes (within the allocation's size) of every page whose first touch in the launch
-    /// was a read. A page first written and then read in the same launch is not counted
-    /// (nor one updated only by atomics, which touch it as writes); memory reached through
-    /// pointers stored in device memory rather than passed as arguments is not seen. Reads
-    /// and writes are told apart on x86-64 Linux; elsewhere every first touch counts as a
-    /// read.
+    /// was a read. A lower bound: a page first written and then read in the same launch
+    /// does not count as read (nor one updated only by atomics, which touch it as writes);
+    /// memory reached through pointers stored in device memory rather than passed as
+    /// arguments is not seen. Reads and writes are told apart on x86-64 Linux; elsewhere
+    /// every page touched counts as read.
     /// (Measured only while traffic measurement is on: `CUDASIM_TRAFFIC=1` or
     /// `cudasim_measure_traffic`; 0 otherwise.)
     pub kernel_read_bytes: u64,
-    /// Bytes kernels changed in their argument allocations, measured exactly by comparing
-    /// each allocation before and after the launch: a write of the value a byte already
-    /// held is not seen. (Measured only while traffic measurement is on.)
+    /// Bytes kernels wrote of their argument allocations, measured at page granularity: the
+    /// bytes (within the allocation's size) of every page written in the launch, whether
+    /// first touched by a write or written after a read, and whatever the values written
+    /// (a write of the value already there counts); as for reads, memory reached through
+    /// pointers stored in device memory is not seen. (Measured only while traffic
+    /// measurement is on.)
     pub kernel_written_bytes: u64,
     /// cuBLAS GEMM calls (`cublasGemmStridedBatchedEx`), each one kernel on a GPU; not in
     /// `launches`.
@@ -223,7 +226,7 @@ pub extern "C" fn cudasim_live_allocations() -> usize {
 }
 
 /// Turns the measurement of the bytes kernels read and write on (nonzero) or off (it is
-/// off unless `CUDASIM_TRAFFIC=1`: it copies every argument allocation per launch).
+/// off unless `CUDASIM_TRAFFIC=1`: it takes a fault or two on every page a launch touches).
 #[no_mangle]
 pub extern "C" fn cudasim_measure_traffic(on: i32) {
     traffic::set_enabled(on != 0);

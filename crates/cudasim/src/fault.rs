@@ -4,8 +4,9 @@
 //! apart by address: pinned host buffers with a device-to-host copy the host has not waited
 //! for (a touch there is the bug being looked for: the handler prints what was copied and
 //! aborts), and the argument allocations of the launch running (a touch there is a kernel's
-//! first access to that page: the handler records it and opens the page). Faults anywhere
-//! else go on to the handler that was installed before this one.
+//! first read or first write of that page: the handler records which and opens the page,
+//! read-only after a read so that a later write faults too, read-write after a write).
+//! Faults anywhere else go on to the handler that was installed before this one.
 //!
 //! The handler takes no lock and allocates nothing: it reads fixed static tables through
 //! atomics. The tables are written only by the library, under its state lock (pinned memory)
@@ -17,9 +18,9 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Once;
 
-/// Page flag: the page's first access in the launch was a read.
+/// Page flag: the page was read while closed (its first access in the launch was a read).
 pub const PAGE_READ: u8 = 1;
-/// Page flag: the page's first access in the launch was a write.
+/// Page flag: the page was written in the launch (its first access, or one after a read).
 pub const PAGE_WRITTEN: u8 = 2;
 
 /// Pinned buffers the handler knows.
@@ -190,10 +191,24 @@ fn contains(r: &Range, addr: usize) -> Option<usize> {
     (end != 0 && addr >= start && addr < end).then_some(start)
 }
 
-unsafe fn open_page(addr: usize) -> bool {
+/// The flag a fault on a watched page sets, from how it touched memory and the flags the
+/// page already has.
+fn fault_flag(how: Access, flags: u8) -> u8 {
+    match how {
+        Access::Read => PAGE_READ,
+        Access::Write => PAGE_WRITTEN,
+        // Undecoded, a page's first fault is taken as a read and opens it read-only, so a
+        // fault on a page already read can only be a write (unless another thread's first
+        // read of the page is still opening it: that read then counts as a write).
+        Access::Unknown if flags & PAGE_READ != 0 => PAGE_WRITTEN,
+        Access::Unknown => PAGE_READ,
+    }
+}
+
+unsafe fn open_page(addr: usize, prot: c_int) -> bool {
     let pg = PAGE.load(Ordering::Relaxed);
     let page = addr & !(pg - 1);
-    libc::mprotect(page as *mut c_void, pg, libc::PROT_READ | libc::PROT_WRITE) == 0
+    libc::mprotect(page as *mut c_void, pg, prot) == 0
 }
 
 unsafe extern "C" fn on_segv(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
@@ -206,13 +221,18 @@ unsafe extern "C" fn on_segv(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c
     for t in &TRACKED {
         if let Some(start) = contains(&t.range, addr) {
             let page = (addr - start) / PAGE.load(Ordering::Relaxed);
-            let flag = if access(ctx) == Access::Write {
-                PAGE_WRITTEN
+            let flags = &*t.pages.load(Ordering::Relaxed).add(page);
+            let flag = fault_flag(access(ctx), flags.load(Ordering::Relaxed));
+            let now = flags.fetch_or(flag, Ordering::Relaxed) | flag;
+            // A page already written opens read-write, so that another thread's read fault,
+            // taken while the page was closed and handled after the write's, does not close
+            // it to writes again (it would only cost the next write one more fault).
+            let prot = if now & PAGE_WRITTEN != 0 {
+                libc::PROT_READ | libc::PROT_WRITE
             } else {
-                PAGE_READ
+                libc::PROT_READ
             };
-            (*t.pages.load(Ordering::Relaxed).add(page)).fetch_or(flag, Ordering::Relaxed);
-            if open_page(addr) {
+            if open_page(addr, prot) {
                 return;
             }
         }
@@ -220,7 +240,7 @@ unsafe extern "C" fn on_segv(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c
     // A pinned page closed for a pending copy's bytes, touched outside those bytes: not a
     // hazard; the page opens (and the copy's bytes on it are no longer watched).
     for r in &PINNED {
-        if contains(r, addr).is_some() && open_page(addr) {
+        if contains(r, addr).is_some() && open_page(addr, libc::PROT_READ | libc::PROT_WRITE) {
             return;
         }
     }
@@ -282,5 +302,24 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     } else {
         let f: unsafe extern "C" fn(c_int) = std::mem::transmute(h);
         f(sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decoded_faults_set_their_own_flag() {
+        for flags in [0, PAGE_READ, PAGE_WRITTEN, PAGE_READ | PAGE_WRITTEN] {
+            assert_eq!(fault_flag(Access::Read, flags), PAGE_READ);
+            assert_eq!(fault_flag(Access::Write, flags), PAGE_WRITTEN);
+        }
+    }
+
+    #[test]
+    fn an_undecoded_fault_is_a_read_first_and_a_write_on_a_page_already_read() {
+        assert_eq!(fault_flag(Access::Unknown, 0), PAGE_READ);
+        assert_eq!(fault_flag(Access::Unknown, PAGE_READ), PAGE_WRITTEN);
     }
 }

@@ -505,41 +505,50 @@ fn kernel_reads_and_writes_are_measured() {
         after.kernel_read_bytes - before.kernel_read_bytes,
         4 * n as u64
     );
-    // Every byte of b changes (zeros to values with no zero byte).
     assert_eq!(
         after.kernel_written_bytes - before.kernel_written_bytes,
         4 * n as u64
     );
     assert_eq!(s2.clone_dtoh(&b).unwrap(), nonzero_bytes(n));
 
-    // In place: b is read before it is written; only the bytes that change are written.
-    let old = s2.clone_dtoh(&b).unwrap();
+    // The same copy again: every value written is the one already there, and still counts.
     let before = stream_counters(&s2);
-    let f = m.load_function("sim_scale").unwrap();
-    let (two, n32) = (2.0f32, n as u32);
-    let mut l = s2.launch_builder(&f);
-    l.arg(&mut b).arg(&two).arg(&n32);
-    // SAFETY: argument types match the kernel; b holds n floats.
-    unsafe { l.launch(cfg((n32.div_ceil(256), 1, 1), (256, 1, 1), 0)) }.unwrap();
+    launch_copy(&s2, &m, &a, &mut b, n as u32);
     let after = stream_counters(&s2);
-    let new = s2.clone_dtoh(&b).unwrap();
-    let changed = old
-        .iter()
-        .zip(&new)
-        .flat_map(|(o, n)| o.to_ne_bytes().into_iter().zip(n.to_ne_bytes()))
-        .filter(|(x, y)| x != y)
-        .count() as u64;
-    assert!(changed > 0 && changed < 4 * n as u64, "{changed}");
-    assert_eq!(
-        after.kernel_read_bytes - before.kernel_read_bytes,
-        4 * n as u64
-    );
     assert_eq!(
         after.kernel_written_bytes - before.kernel_written_bytes,
-        changed
+        4 * n as u64
     );
 
-    // Reads are counted by pages: ten floats of a 32 KiB buffer read its first page.
+    // In place: b's pages are read first, then written; both count, whether the values
+    // change (scale by 2) or not (scale by 1).
+    let f = m.load_function("sim_scale").unwrap();
+    for scale in [2.0f32, 1.0] {
+        let old = s2.clone_dtoh(&b).unwrap();
+        let before = stream_counters(&s2);
+        let n32 = n as u32;
+        let mut l = s2.launch_builder(&f);
+        l.arg(&mut b).arg(&scale).arg(&n32);
+        // SAFETY: argument types match the kernel; b holds n floats.
+        unsafe { l.launch(cfg((n32.div_ceil(256), 1, 1), (256, 1, 1), 0)) }.unwrap();
+        let after = stream_counters(&s2);
+        let want: Vec<f32> = old.iter().map(|x| x * scale).collect();
+        assert_eq!(s2.clone_dtoh(&b).unwrap(), want, "scale {scale}");
+        assert_eq!(
+            after.kernel_read_bytes - before.kernel_read_bytes,
+            4 * n as u64,
+            "scale {scale}"
+        );
+        assert_eq!(
+            after.kernel_written_bytes - before.kernel_written_bytes,
+            4 * n as u64,
+            "scale {scale}"
+        );
+    }
+
+    // Counted by pages: ten floats of a 32 KiB buffer read its first page; written into a
+    // 40-byte buffer they count 40 bytes (the page clipped to the allocation), into a
+    // 32 KiB one a whole page.
     let big = s2.clone_htod(&nonzero_bytes(8192)).unwrap();
     let mut out = s2.alloc_zeros::<f32>(10).unwrap();
     let before = stream_counters(&s2);
@@ -555,6 +564,14 @@ fn kernel_reads_and_writes_are_measured() {
     assert_eq!(
         after.kernel_arg_bytes - before.kernel_arg_bytes,
         4 * 8192 + 40
+    );
+    let mut big_out = s2.alloc_zeros::<f32>(8192).unwrap();
+    let before = stream_counters(&s2);
+    launch_copy(&s2, &m, &big, &mut big_out, 10);
+    let after = stream_counters(&s2);
+    assert_eq!(
+        after.kernel_written_bytes - before.kernel_written_bytes,
+        page.min(4 * 8192)
     );
 }
 
