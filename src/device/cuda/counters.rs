@@ -34,7 +34,8 @@ pub struct SimCounters {
     /// Bytes kernels read, measured page by page (first touch a read), while
     /// [`measure_traffic`] is on.
     pub kernel_read_bytes: u64,
-    /// Bytes whose value kernels changed (exact), while [`measure_traffic`] is on.
+    /// Bytes kernels wrote, measured page by page (every page written, whatever the
+    /// values), while [`measure_traffic`] is on.
     pub kernel_written_bytes: u64,
     /// cuBLAS GEMM calls.
     pub gemm_calls: u64,
