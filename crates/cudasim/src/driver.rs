@@ -1132,36 +1132,42 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 format!("kernel {name}: takes {nparams} arguments, none were given"),
             ));
         }
-        // Pointer-sized arguments that address device memory: counted as the bytes the
-        // kernel may touch, and watched for what it does touch.
+        // Arguments that address device memory: counted as the bytes the kernel may touch,
+        // and watched for what it does touch. A pointer is an 8-byte argument or an aligned
+        // 8-byte word of a struct passed by value (a descriptor holding a tensor's
+        // address). Memory reached only through device memory (an array of descriptors)
+        // is not seen.
         let mut arg_bytes = 0u64;
         let mut args: Vec<Arg> = Vec::new();
         for (i, &sz) in entry.params.iter().enumerate() {
-            if sz == 8 {
-                let p = *params.add(i);
-                if p.is_null() {
-                    return Err((
-                        INVALID_VALUE,
-                        format!("kernel {name}: argument {i} is missing (null pointer)"),
+            if sz < 8 || sz % 8 != 0 {
+                continue;
+            }
+            let p = *params.add(i);
+            if p.is_null() {
+                return Err((
+                    INVALID_VALUE,
+                    format!("kernel {name}: argument {i} is missing (null pointer)"),
+                ));
+            }
+            for w in 0..sz / 8 {
+                let v = std::ptr::read_unaligned((p as *const u64).add(w));
+                let Some((start, a)) = s.memory.find(v) else {
+                    continue;
+                };
+                if a.freed {
+                    return Err(launch_error(
+                        &name,
+                        format!("argument {i} points into a freed allocation (use after free)"),
                     ));
                 }
-                let v = *(p as *const u64);
-                if let Some((start, a)) = s.memory.find(v) {
-                    if !a.freed {
-                        arg_bytes += a.size as u64;
-                        if !args.iter().any(|x| x.start == start) {
-                            args.push(Arg {
-                                start,
-                                size: a.size,
-                                mapped: a.mapped,
-                            });
-                        }
-                    } else {
-                        return Err(launch_error(
-                            &name,
-                            format!("argument {i} points into a freed allocation (use after free)"),
-                        ));
-                    }
+                if !args.iter().any(|x| x.start == start) {
+                    arg_bytes += a.size as u64;
+                    args.push(Arg {
+                        start,
+                        size: a.size,
+                        mapped: a.mapped,
+                    });
                 }
             }
         }
