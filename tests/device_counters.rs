@@ -1,6 +1,7 @@
 //! What a training step asks of the device, counted by the simulated device: one
 //! device-to-host read per step, no allocations once the memory cache is warm, the same
-//! launches every step. Alone in its test binary, since the counters are the process's.
+//! launches every step. Alone in its test binary, since the counters are the process's,
+//! and its tests one at a time ([`COUNTERS`]).
 
 #[path = "device_step/common.rs"]
 mod common;
@@ -9,12 +10,16 @@ use amprobe::backend::BackendKind;
 use amprobe::train::{FixedBatch, Trainer};
 use common::*;
 
+/// Held by each test while it counts: the counters are the process's.
+static COUNTERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_step_reads_the_device_once_and_allocates_nothing_once_the_pool_is_warm() {
     if !device_or_skip() {
         return;
     }
     use amprobe::device::cuda::counters::sim_counters;
+    let _serial = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
     let mut cfg = base(Precision::Fp16);
     cfg.backend = BackendKind::Cuda;
     cfg.clip = Some(1.0);
@@ -78,4 +83,97 @@ fn a_step_reads_the_device_once_and_allocates_nothing_once_the_pool_is_warm() {
             "t5 clamp step {s}: device-to-host reads {d:?}"
         );
     }
+}
+
+/// With probes on, the kernels that write op outputs gather their statistics as they
+/// write them: against the probe arena's own pass over each output, a step launches fewer
+/// kernels and reads less. Every cast of 64k values or more (whose probe would have been a
+/// launch of its own, reading the whole output) is one launch and its output's bytes
+/// fewer at least. Same records either way (`device_step.rs`).
+#[test]
+fn gathering_statistics_in_the_producing_kernels_saves_a_launch_and_a_read_per_output() {
+    if !device_or_skip() {
+        return;
+    }
+    use amprobe::device::cuda::counters::{measure_traffic, sim_counters};
+    use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+    use amprobe::optim::{OptimizerConfig, SgdConfig};
+    use amprobe::train::{Synthetic, TrainConfig};
+    let _serial = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
+    let trainer = |fused: bool| {
+        let cfg = T5Config {
+            d_model: 256,
+            d_ff: 512,
+            d_kv: 64,
+            num_heads: 4,
+            num_layers: 1,
+            vocab_size: 64,
+            num_buckets: 32,
+            max_distance: 128,
+            eps: 1e-6,
+            feed_forward: FeedForward::Relu,
+            dropout: 0.0,
+        };
+        let model = T5Encoder::new(cfg);
+        let params = model.init(0).unwrap();
+        let mut train = TrainConfig {
+            precision: Precision::Fp16,
+            backend: BackendKind::Cuda,
+            optimizer: OptimizerConfig::Sgd(SgdConfig {
+                lr: 0.01,
+                ..SgdConfig::default()
+            }),
+            ..TrainConfig::default()
+        };
+        train.sampling.every = 1;
+        let data = Synthetic(|step, micro| synthetic_ids(64, 1, 256, 0, step * 16 + micro as u64));
+        let mut t = Trainer::new(train, Box::new(model), params, Box::new(data)).unwrap();
+        t.set_fused_stats(fused);
+        t
+    };
+    let mut measured = Vec::new();
+    for fused in [true, false] {
+        let mut t = trainer(fused);
+        for s in 0..2 {
+            t.step(s).unwrap();
+        }
+        measure_traffic(true);
+        let before = sim_counters().unwrap();
+        let rec = t.step(2).unwrap();
+        let d = sim_counters().unwrap().since(&before);
+        measure_traffic(false);
+        assert_eq!(d.dtoh_copies, 1, "fused {fused}: {d:?}");
+        measured.push((d, rec));
+    }
+    let ((fused, rec), (pass, _)) = (&measured[0], &measured[1]);
+    let big_casts: Vec<u64> = rec
+        .ops
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|o| o.op == "to" && o.stats.numel >= 65_536)
+        .map(|o| {
+            o.stats.numel
+                * if o.output.dtype.is_low_precision() {
+                    2
+                } else {
+                    4
+                }
+        })
+        .collect();
+    assert!(big_casts.len() >= 4, "{big_casts:?}");
+    assert!(
+        fused.launches + big_casts.len() as u64 <= pass.launches,
+        "launches: gathered {}, own pass {}, casts of 64k+ values {}",
+        fused.launches,
+        pass.launches,
+        big_casts.len()
+    );
+    let cast_bytes: u64 = big_casts.iter().sum();
+    assert!(
+        fused.kernel_read_bytes + cast_bytes <= pass.kernel_read_bytes,
+        "bytes read: gathered {}, own pass {}, cast outputs {cast_bytes}",
+        fused.kernel_read_bytes,
+        pass.kernel_read_bytes
+    );
 }

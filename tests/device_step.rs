@@ -294,15 +294,14 @@ fn an_op_taking_several_arena_slots_survives_the_arena_growing() {
 }
 
 /// A T5 checkpoint (the overflow sample or a variant of scripts/make_t5_variants.py) built
-/// as the runner builds it, `steps` steps on `backend`.
-fn t5(
+/// as the runner builds it, for `backend`.
+fn t5_trainer(
     dir: &str,
     precision: Precision,
     clamp: bool,
     backend: BackendKind,
-    steps: u64,
     tweak: impl Fn(&mut amprobe::train::TrainConfig),
-) -> Vec<StepRecord> {
+) -> Trainer {
     let dir = std::path::PathBuf::from(dir);
     let mut cfg = RunConfig::default();
     cfg.model.hf = Some(dir.clone());
@@ -316,14 +315,27 @@ fn t5(
     train.sampling.every = 1;
     tweak(&mut train);
     let (m, p, d) = amprobe::runner::build(&cfg, &train).unwrap();
-    let mut t =
-        Trainer::new(train, m, p, d).unwrap_or_else(|e| panic!("{dir:?} on {backend}: {e}"));
+    Trainer::new(train, m, p, d).unwrap_or_else(|e| panic!("{dir:?} on {backend}: {e}"))
+}
+
+/// `steps` steps of a trainer.
+fn steps_of(t: &mut Trainer, steps: u64, what: &str) -> Vec<StepRecord> {
     (0..steps)
-        .map(|s| {
-            t.step(s)
-                .unwrap_or_else(|e| panic!("{dir:?} step {s} on {backend}: {e}"))
-        })
+        .map(|s| t.step(s).unwrap_or_else(|e| panic!("{what} step {s}: {e}")))
         .collect()
+}
+
+/// [`t5_trainer`]'s first `steps` steps.
+fn t5(
+    dir: &str,
+    precision: Precision,
+    clamp: bool,
+    backend: BackendKind,
+    steps: u64,
+    tweak: impl Fn(&mut amprobe::train::TrainConfig),
+) -> Vec<StepRecord> {
+    let mut t = t5_trainer(dir, precision, clamp, backend, tweak);
+    steps_of(&mut t, steps, &format!("{dir} on {backend}"))
 }
 
 /// The same ops in the same order with the same Inf/NaN counts (so the same first Inf,
@@ -511,4 +523,80 @@ fn a_label_out_of_range_is_the_emulators_error_on_the_device() {
     let (cpu, dev) = (error(BackendKind::Cpu), error(BackendKind::Cuda));
     assert!(cpu.contains("label 9 at position 5"), "{cpu}");
     assert_eq!(cpu, dev);
+}
+
+/// Steps whose op statistics were gathered by the kernels that wrote the outputs give the
+/// records the probe arena's own pass over each output gives: every field of every step
+/// and op record is identical, the sums of squares aside. Those are f64 sums of per-block
+/// partials, and the arena batches a tensor under 64k values into one block where a
+/// gathering kernel runs the statistics pass's shape (one block per 2048 values): both
+/// shapes are one block up to 2048 values and the same from 64k on, where the sums are
+/// equal bit for bit; in between they are within 1e-12 relative.
+fn same_records_either_way(fused: &[StepRecord], pass: &[StepRecord], what: &str) {
+    assert_eq!(fused.len(), pass.len());
+    for (a, b) in fused.iter().zip(pass) {
+        let (mut a, mut b) = (a.clone(), b.clone());
+        (a.wall_ms, b.wall_ms) = (0.0, 0.0);
+        let (ao, bo) = (a.ops.as_mut().unwrap(), b.ops.as_mut().unwrap());
+        assert_eq!(ao.len(), bo.len(), "{what} step {}: op count", a.step);
+        for (x, y) in ao.iter_mut().zip(bo.iter_mut()) {
+            let (n, sx, sy) = (x.stats.numel, x.stats.sum_sq, y.stats.sum_sq);
+            let at = format!("{what} step {} {} #{} {}", a.step, x.op, x.index, x.module);
+            if n <= 2048 || n >= 65536 {
+                assert_eq!(
+                    sx.to_bits(),
+                    sy.to_bits(),
+                    "{at}: sum of squares {sx} vs {sy}"
+                );
+            } else {
+                assert!(rel(sx, sy) <= 1e-12, "{at}: sum of squares {sx} vs {sy}");
+            }
+            y.stats.sum_sq = sx;
+        }
+        let (ja, jb) = (
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&b).unwrap(),
+        );
+        assert!(ja == jb, "{what} step {}: records differ", a.step);
+    }
+}
+
+#[test]
+fn statistics_gathered_by_the_producing_kernels_equal_the_arenas_own_pass() {
+    if !device_or_skip() {
+        return;
+    }
+    for (dir, p, clamp) in [
+        (T5_CASES[0], Precision::Fp16, false),
+        (T5_CASES[0], Precision::Fp32, false),
+        (T5_CASES[0], Precision::Half, true),
+        (T5_CASES[1], Precision::Bf16, false),
+        (T5_CASES[2], Precision::O2, false),
+    ] {
+        let what = format!("{dir} {p:?} clamp {clamp}");
+        let run = |fused: bool| {
+            let mut t = t5_trainer(dir, p, clamp, BackendKind::Cuda, |_| {});
+            t.set_fused_stats(fused);
+            steps_of(&mut t, 2, &what)
+        };
+        same_records_either_way(&run(true), &run(false), &what);
+    }
+    // The MLP's linear layers with biases: in fp32 the bias sum is the output.
+    for p in [Precision::Fp32, Precision::Fp16] {
+        let mut cfg = base(p);
+        cfg.backend = BackendKind::Cuda;
+        cfg.sampling.every = 1;
+        let run = |fused: bool| {
+            let mut t = Trainer::new(
+                cfg.clone(),
+                Box::new(SumMlp),
+                params(3, 0.5),
+                Box::new(amprobe::train::FixedBatch(batch(5, 1.0))),
+            )
+            .unwrap();
+            t.set_fused_stats(fused);
+            steps_of(&mut t, 2, "mlp")
+        };
+        same_records_either_way(&run(true), &run(false), &format!("mlp {p:?}"));
+    }
 }

@@ -86,10 +86,10 @@ fn a_launch_with_the_wrong_argument_count_is_refused_naming_the_kernel() {
     let Some(dev) = device_or_skip() else {
         return;
     };
-    dev.check_args("amp_cast", 6)
-        .expect("amp_cast takes six arguments");
-    let err = dev.check_args("amp_cast", 5).unwrap_err().to_string();
-    assert!(err.contains("amp_cast") && err.contains("takes 6"), "{err}");
+    dev.check_args("amp_cast", 7)
+        .expect("amp_cast takes seven arguments");
+    let err = dev.check_args("amp_cast", 6).unwrap_err().to_string();
+    assert!(err.contains("amp_cast") && err.contains("takes 7"), "{err}");
     let err = dev.check_args("no_such_kernel", 1).unwrap_err().to_string();
     assert!(err.contains("no_such_kernel"), "{err}");
 }

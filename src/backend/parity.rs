@@ -33,6 +33,7 @@ use crate::dtype::{DType, RoundCounts};
 use crate::engine::observer::{Observer, OpEvent};
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::ops::cuda::Out;
 use crate::ops::elementwise::{Binary, Unary};
 use crate::ops::{cast::cuda as cast_dev, elementwise::cuda as ew_dev, linalg::cuda as mm_dev};
 use crate::rng::Rng;
@@ -206,7 +207,7 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
         let xd = x.to_device(dev)?;
         arena.reset(dev)?;
         let slot = arena.slot(dev)?;
-        let yd = cast_dev::cast(&xd, dt, arena.round_counts_ptr(dev, slot))?;
+        let yd = cast_dev::cast(&xd, dt, Out::new(slot, arena.round_counts_ptr(dev, slot)))?;
         let y = yd.to_host()?;
         let cpu = crate::ops::cast::cast(&x, dt)?;
         let mut c = compare(
@@ -231,8 +232,8 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
             let g = finite_tensor(&mut rng, &[n], dt)?;
             let xd = x.to_device(dev)?;
             let gd = g.to_device(dev)?;
-            let yd = ew_dev::unary(op, &xd, 0)?;
-            let dxd = ew_dev::unary_backward(op, &xd, &yd, &gd, 0)?;
+            let yd = ew_dev::unary(op, &xd, Out::NONE)?;
+            let dxd = ew_dev::unary_backward(op, &xd, &yd, &gd, Out::NONE)?;
             let mut eng = Engine::new();
             let xl = x.as_leaf(true);
             let y = eng.unary(op, &xl)?;
@@ -279,7 +280,7 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
                 let g = finite_tensor(&mut rng, y.shape(), dt)?;
                 let grads = eng.backward_with(&y, g.clone())?;
                 let (ad, bd, gd) = (a.to_device(dev)?, b.to_device(dev)?, g.to_device(dev)?);
-                let yd = ew_dev::binary(op, &ad, &bd, 0)?.to_host()?;
+                let yd = ew_dev::binary(op, &ad, &bd, Out::NONE)?.to_host()?;
                 let tag = format!("{op:?} {sa:?}x{sb:?}");
                 out.push(compare(
                     &format!("binary {tag} forward"),
@@ -292,7 +293,7 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
                     let Some(cpu_g) = grads.get(&leaf.id()) else {
                         continue;
                     };
-                    let dg = ew_dev::binary_grad(op, &ad, &bd, &gd, wrt_b, 0)?.to_host()?;
+                    let dg = ew_dev::binary_grad(op, &ad, &bd, &gd, wrt_b, Out::NONE)?.to_host()?;
                     out.push(compare(
                         &format!("binary {tag} grad {}", if wrt_b { "b" } else { "a" }),
                         dt,
@@ -316,7 +317,7 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
             let b = finite_tensor(&mut rng, &sb, dt)?;
             let cpu = host_matmul(&a, &b, ta, tb)?;
             let (ad, bd) = (a.to_device(dev)?, b.to_device(dev)?);
-            let yd = mm_dev::matmul(&ad, &bd, ta, tb, 0)?.to_host()?;
+            let yd = mm_dev::matmul(&ad, &bd, ta, tb, Out::NONE)?.to_host()?;
             let k = if ta {
                 sa[sa.len() - 2]
             } else {

@@ -51,7 +51,15 @@ pub(crate) fn cfg(n: u64) -> LaunchConfig {
 
 /// Queues kernel `$name` over `$n` elements with the given arguments.
 macro_rules! launch {
-    ($dev:expr, $name:expr, $n:expr, $($arg:expr),+ $(,)?) => {{
+    ($dev:expr, $name:expr, $n:expr, $($arg:expr),+ $(,)?) => {
+        $crate::ops::cuda::launch_with!($dev, $name, $crate::ops::cuda::cfg($n), $($arg),+)
+    };
+}
+pub(crate) use launch;
+
+/// Queues kernel `$name` on launch shape `$cfg` with the given arguments.
+macro_rules! launch_with {
+    ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
         use cudarc::driver::PushKernelArg;
         $dev.check_args($name, 0 $(+ { let _ = stringify!($arg); 1 })+)?;
         let f = $dev.func($name)?;
@@ -60,11 +68,78 @@ macro_rules! launch {
         // SAFETY: every pointer argument addresses live device memory of the sizes the
         // kernel derives from its length arguments; argument types and order match the
         // kernel's signature in the family's .cu source.
-        unsafe { b.launch($crate::ops::cuda::cfg($n)) }
+        unsafe { b.launch($cfg) }
             .map_err(|e| $crate::device::cuda::dev_err($name)(&e))?;
     }};
 }
-pub(crate) use launch;
+pub(crate) use launch_with;
+
+/// An op's arena slot as its kernels see it: where the kernel that rounds the op's output
+/// counts over/underflow and, while the arena gathers statistics in producing kernels,
+/// where that kernel leaves the output's statistics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Out {
+    slot: Option<u32>,
+    counts: u64,
+}
+
+/// What the kernel writing an op's final output is launched with ([`Out::for_output`]).
+pub struct OutArgs {
+    /// The slot's rounding counters (0: not counted).
+    pub counts: u64,
+    /// The slot's partial sums when the kernel gathers the output's statistics, else 0.
+    pub partials: u64,
+    /// The launch shape: the statistics pass's when gathering, else one thread per element.
+    pub cfg: LaunchConfig,
+}
+
+impl Out {
+    /// Nowhere: the rounding is not counted and no statistics are gathered (an
+    /// intermediate result of an op, or a kernel run outside any op).
+    pub const NONE: Out = Out {
+        slot: None,
+        counts: 0,
+    };
+
+    /// Slot `slot`, whose rounding counters are at device address `counts`.
+    pub fn new(slot: u32, counts: u64) -> Out {
+        Out {
+            slot: Some(slot),
+            counts,
+        }
+    }
+
+    /// The rounding counters' address, for a kernel that counts but never gathers.
+    pub fn counts(&self) -> u64 {
+        self.counts
+    }
+
+    /// The arguments of the kernel that writes `y`, the op's whole final output, `n`
+    /// elements long.
+    pub fn for_output(&self, y: &Tensor, n: u64) -> Result<OutArgs> {
+        let partials = match self.slot {
+            Some(slot) => {
+                let c = y.cuda("op output")?;
+                if c.buf.len() as u64 != n {
+                    return Err(Error::Device(format!(
+                        "an op's output of {n} values lies in a buffer of {}",
+                        c.buf.len()
+                    )));
+                }
+                c.dev.with_arena(|a| a.gather(&c.dev, slot, &c.buf))?
+            }
+            None => None,
+        };
+        Ok(OutArgs {
+            counts: self.counts,
+            partials: partials.unwrap_or(0),
+            cfg: match partials {
+                Some(_) => crate::device::cuda::arena::stats_config(n),
+                None => cfg(n),
+            },
+        })
+    }
+}
 
 /// Pads a shape on the left with ones to `MAX_DIMS`.
 pub(crate) fn pad_shape(s: &[usize]) -> Result<[u64; MAX_DIMS]> {

@@ -129,6 +129,13 @@ pub(crate) fn device_counts(t: &Tensor) -> Result<(u32, u64)> {
     t.cuda("device op")?.dev.counts_slot()
 }
 
+/// [`device_counts`] as the kernel that writes the op's output takes it: the slot, and
+/// where that kernel counts its rounding and (while the arena gathers) its statistics.
+pub(crate) fn device_out(t: &Tensor) -> Result<(u32, cuda::Out)> {
+    let (slot, counts) = device_counts(t)?;
+    Ok((slot, cuda::Out::new(slot, counts)))
+}
+
 /// `n` arena slots at once, for an op whose kernels are launched after all of them are
 /// taken (a slot taken later could move the arena under the earlier addresses).
 pub(crate) fn device_counts_n(t: &Tensor, n: usize) -> Result<Vec<(u32, u64)>> {

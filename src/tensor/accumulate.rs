@@ -44,18 +44,33 @@ fn add_same_device(a: &Tensor, b: &Tensor, op: &str) -> Result<(Tensor, u32)> {
         a.dtype(),
     )?;
     let (slot, counts) = dev.counts_slot()?;
-    let (ap, bp, yp) = (ca.buf.ptr(dev), cb.buf.ptr(dev), y.cuda(op)?.buf.ptr(dev));
-    const NAME: &str = "amp_add_same";
-    dev.check_args(NAME, 6)?;
-    let mut l = dev.stream().launch_builder(dev.func(NAME)?);
-    l.arg(&ap).arg(&bp).arg(&yp).arg(&kind).arg(&n).arg(&counts);
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(n), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+    let (ap, bp, yb) = (ca.buf.ptr(dev), cb.buf.ptr(dev), &y.cuda(op)?.buf);
+    let yp = yb.ptr(dev);
+    // The sum is the op's output: while the arena gathers, its kernel gathers the sum's
+    // statistics on the statistics pass's launch shape.
+    let partials = dev.with_arena(|a| a.gather(dev, slot, yb))?;
+    let cfg = match partials {
+        Some(_) => crate::device::cuda::arena::stats_config(n),
+        None => LaunchConfig {
+            grid_dim: (grid_for(n), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        },
     };
+    let partials = partials.unwrap_or(0);
+    const NAME: &str = "amp_add_same";
+    dev.check_args(NAME, 7)?;
+    let mut l = dev.stream().launch_builder(dev.func(NAME)?);
+    l.arg(&ap)
+        .arg(&bp)
+        .arg(&yp)
+        .arg(&kind)
+        .arg(&n)
+        .arg(&counts)
+        .arg(&partials);
     // SAFETY: a, b and y are live device buffers of n elements of `kind`, counts is an
-    // arena slot's two counters; the arguments match amp_add_same's signature.
+    // arena slot's two counters and partials (when not 0) that slot's partial sums; the
+    // arguments match amp_add_same's signature.
     unsafe { l.launch(cfg) }.map_err(|e| dev_err(NAME)(&e))?;
     Ok((y, slot))
 }

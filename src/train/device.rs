@@ -27,6 +27,8 @@ pub(super) struct DeviceSide {
     pub dev: Arc<CudaDevice>,
     pub scaler: DeviceScaler,
     pub opt: DeviceOptimizer,
+    /// Whether op kernels gather their outputs' statistics when probes are on.
+    pub fused_stats: bool,
 }
 
 /// What the device phases of one step leave for the read.
@@ -89,11 +91,22 @@ impl DeviceSide {
             dev,
             scaler,
             opt: DeviceOptimizer::new(opt),
+            fused_stats: true,
         })
     }
 }
 
 impl Trainer {
+    /// On a device: whether op kernels gather their outputs' statistics as they write them
+    /// (the default) or the probe arena makes its own pass over each output afterwards.
+    /// Both give the same statistics; the second costs a pass over memory per op. For
+    /// checking the one against the other, and for timing them. No effect on the host.
+    pub fn set_fused_stats(&mut self, on: bool) {
+        if let Some(d) = self.device.as_mut() {
+            d.fused_stats = on;
+        }
+    }
+
     fn dev(&self) -> Result<Arc<CudaDevice>> {
         Ok(self.device()?.dev.clone())
     }
@@ -101,7 +114,16 @@ impl Trainer {
     /// One step on the device (see the module docs).
     pub(super) fn device_step(&mut self, step: u64) -> Result<StepRecord> {
         let dev = self.dev()?;
-        dev.with_arena(|a| a.reset(&dev))?;
+        // Every op output is probed when probes are on: its kernel gathers the statistics
+        // as it writes it, where it can. An injection rewrites an output after its kernel
+        // ran, so a step with one probes the rewritten output instead.
+        let gather =
+            self.device()?.fused_stats && self.engine.probing() && self.injections.is_empty();
+        dev.with_arena(|a| {
+            a.reset(&dev)?;
+            a.set_gathering(gather);
+            Ok(())
+        })?;
         let mut st = self.begin(step);
         let mut ds = DeviceStep::default();
         for micro in 0..self.cfg.accumulate {
@@ -196,7 +218,8 @@ impl Trainer {
                 if seen.insert(at) {
                     Ok(Some(g.clone()))
                 } else {
-                    crate::ops::cast::cuda::cast(g, g.dtype(), 0).map(Some)
+                    crate::ops::cast::cuda::cast(g, g.dtype(), crate::ops::cuda::Out::NONE)
+                        .map(Some)
                 }
             })
             .collect()

@@ -1,7 +1,12 @@
 //! The device-side probe statistics arena: one slot of counters, extremes, sum of squares
 //! and exponent histogram per probed tensor, filled by kernels and read back with one copy.
 //!
-//! The slot layout is shared with `probes/stats.cu` (the `ST_*` word indices).
+//! The slot layout is shared with the kernels (the `ST_*` word indices of `common.cuh`).
+//! A slot's statistics come from one of two places: the arena's own pass over a finished
+//! tensor ([`StatsArena::probe`], `probes/stats.cu`), or, while the arena gathers
+//! ([`StatsArena::set_gathering`]), the kernel that writes the tensor, in the same pass
+//! ([`StatsArena::gather`]). Both run the same per-element steps over the same launch
+//! shape ([`stats_config`]), so a slot holds the same words either way.
 
 use super::buffer::{kind_code, DeviceBuffer};
 use super::{dev_err, CudaDevice, THREADS};
@@ -22,11 +27,11 @@ pub const SMALL: usize = 1 << 16;
 const HIST_AT: usize = 16;
 const ROUND_AT: usize = 9;
 /// In an op's slot: the -inf values its kernel wrote on purpose (a mask's fill), for
-/// [`SlotStats::masked_neg_inf`]. No probe writes it (stats.cu stops at word 292; word 293
+/// [`SlotStats::masked_neg_inf`]. No probe writes it (the statistics stop at word 292; word 293
 /// holds a gradient's scaled fp16 flushes).
 pub const MASKED_NEG_INF: usize = 294;
 
-/// The CUDA source of the statistics kernels (`probes/stats.cu`).
+/// The CUDA source of the arena's own statistics kernels (`probes/stats.cu`).
 pub const SOURCE: &str = include_str!("../../../probes/stats.cu");
 /// The kernels of [`SOURCE`] the arena launches.
 pub const KERNELS: &[&str] = &["amp_stats", "amp_stats_batch", "amp_stats_finish"];
@@ -66,6 +71,22 @@ pub struct StatsArena {
     pending: Vec<ProbeDesc>,
     keep: Vec<Arc<DeviceBuffer>>,
     descs: Option<CudaSlice<ProbeDesc>>,
+    gathering: bool,
+    /// Per slot whose statistics a producing kernel gathers: that tensor's address and
+    /// length.
+    gathered: std::collections::HashMap<u32, (u64, usize)>,
+}
+
+/// The launch shape of one tensor's statistics pass over `n` values: enough blocks to fill
+/// a GPU, fixed by the length alone (so the sum of squares is reproducible), at most
+/// [`MAX_PARTIALS`].
+pub fn stats_config(n: u64) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as u64 * 8).clamp(1, MAX_PARTIALS as u64) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// The smallest normal of `dtype` as an f32 bit pattern (0: nothing is subnormal).
@@ -94,6 +115,8 @@ impl StatsArena {
             pending: Vec::new(),
             keep: Vec::new(),
             descs: None,
+            gathering: false,
+            gathered: std::collections::HashMap::new(),
         })
     }
 
@@ -105,7 +128,53 @@ impl StatsArena {
         self.used = 0;
         self.pending.clear();
         self.keep.clear();
+        self.gathered.clear();
         Ok(())
+    }
+
+    /// Whether the kernels that write op outputs gather their statistics while they write
+    /// them (one pass over memory instead of two). Set per step: on when every output is
+    /// probed anyway, off when nothing is (so no statistics are computed at all).
+    pub fn set_gathering(&mut self, on: bool) {
+        self.gathering = on;
+    }
+
+    /// True while the arena gathers statistics in producing kernels.
+    pub fn gathering(&self) -> bool {
+        self.gathering
+    }
+
+    /// Where the kernel about to write `out` (an op's whole output) gathers its statistics
+    /// into `slot`: the device address of the slot's partial sums, to launch that kernel
+    /// with on [`stats_config`]'s shape. None when the arena is not gathering (the kernel
+    /// then runs without statistics). A later [`probe`](Self::probe) of the same tensor
+    /// into the slot finds it done; a probe of another tensor into it is an error.
+    pub fn gather(
+        &mut self,
+        dev: &CudaDevice,
+        slot: u32,
+        out: &Arc<DeviceBuffer>,
+    ) -> Result<Option<u64>> {
+        if !self.gathering {
+            return Ok(None);
+        }
+        if slot as usize >= self.used {
+            return Err(Error::Device(format!(
+                "statistics slot {slot} was not handed out"
+            )));
+        }
+        if self
+            .gathered
+            .insert(slot, (out.ptr(dev), out.len()))
+            .is_some()
+        {
+            return Err(Error::Device(format!(
+                "slot {slot} already gathers another tensor's statistics"
+            )));
+        }
+        Ok(Some(
+            self.partials.device_ptr(dev.stream()).0 + (slot as usize * MAX_PARTIALS * 8) as u64,
+        ))
     }
 
     /// Slots handed out since the last reset.
@@ -176,6 +245,14 @@ impl StatsArena {
             )));
         }
         let n = buf.len();
+        if let Some(&(at, len)) = self.gathered.get(&slot) {
+            if (at, len) == (buf.ptr(dev), n) {
+                return Ok(());
+            }
+            return Err(Error::Device(format!(
+                "slot {slot} holds statistics its kernel gathered from another tensor"
+            )));
+        }
         let d = ProbeDesc {
             data: buf.ptr(dev),
             n: n as u64,
@@ -189,17 +266,9 @@ impl StatsArena {
             self.keep.push(buf.clone());
             return Ok(());
         }
-        // Enough blocks to fill the GPU, fixed by the length alone (reproducible sums).
-        let blocks = (n as u64)
-            .div_ceil(THREADS as u64 * 8)
-            .clamp(1, MAX_PARTIALS as u64) as u32;
         dev.check_args("amp_stats", 3)?;
         let f = dev.func("amp_stats")?;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = stats_config(n as u64);
         let mut b = dev.stream().launch_builder(f);
         b.arg(&d).arg(&mut self.words).arg(&mut self.partials);
         // SAFETY: the descriptor addresses a live tensor of `n` elements of `kind`; the
@@ -317,7 +386,7 @@ impl ArenaWords {
     }
 }
 
-/// Decodes one slot (layout of stats.cu).
+/// Decodes one slot (the `ST_*` layout of common.cuh).
 pub fn parse_slot(w: &[u64]) -> SlotStats {
     let bins = &w[HIST_AT..HIST_AT + HIST_BINS];
     let rev = w[12] as u32;
@@ -384,7 +453,7 @@ mod tests {
 
     #[test]
     fn layout_constants_match_the_kernel_source() {
-        let src = SOURCE;
+        let src = super::super::program::COMMON;
         for (name, v) in [
             ("SLOT_WORDS", SLOT_WORDS),
             ("MAX_PARTIALS", MAX_PARTIALS),
@@ -395,7 +464,7 @@ mod tests {
             ("ST_SUM_SQ", 13),
         ] {
             let needle = format!("#define {name} {v}");
-            assert!(src.contains(&needle), "stats.cu lacks `{needle}`");
+            assert!(src.contains(&needle), "common.cuh lacks `{needle}`");
         }
         // The mask word lies past the histogram and apart from the trainer's word.
         const { assert!(MASKED_NEG_INF >= HIST_AT + HIST_BINS && MASKED_NEG_INF < SLOT_WORDS) };

@@ -123,3 +123,165 @@ __device__ __forceinline__ void block_add_counts(u32 over, u32 under, u64* count
         if (s_under) atomicAdd(&counts[1], (u64)s_under);
     }
 }
+
+// ---- Probe statistics of a tensor, gathered element by element (one arena slot per
+// tensor; layout read by the arena's `parse_slot`). The arena's own pass (probes/stats.cu)
+// and every kernel that gathers its output's statistics while writing it use these same
+// steps over the same launch shape, so both give the same slot bit for bit.
+//
+// Every value is classified by its bit pattern as f32 (fp16 and bf16 widen exactly), so
+// NaN payloads, signed zeros and subnormals are counted exactly and nothing is flushed.
+// Counts are integer atomics (one per block and counter) and extremes are integer
+// atomicMax on bit patterns, so they do not depend on scheduling. The sum of squares is
+// per-block f64 partials, combined by `amp_stats_finish` in block order, so it is
+// reproducible run to run.
+
+#define ST_NAN 0
+#define ST_POS_INF 1
+#define ST_NEG_INF 2
+#define ST_ZEROS 3
+#define ST_SUBNORMAL 4
+#define ST_F16_OVER 5
+#define ST_F16_UNDER 6
+#define ST_BF16_OVER 7
+#define ST_BF16_UNDER 8
+#define ST_ROUND_OVER 9
+#define ST_ROUND_UNDER 10
+#define ST_MAX_BITS 11
+#define ST_MIN_BITS_REV 12  // max of (0x7fffffff - |x| bits) over finite nonzero: 0 = none
+#define ST_SUM_SQ 13        // f64 bits, written by amp_stats_finish
+#define ST_BLOCKS 14        // number of partials of the slot
+#define ST_NUMEL 15
+#define ST_HIST 16          // floor(log2|x|) + 149 for -149..=127: 277 bins
+#define HIST_BINS 277
+#define SLOT_WORDS 296
+#define MAX_PARTIALS 1024
+#define STATS_THREADS 256
+#define WARPS (STATS_THREADS / 32)
+#define N_COUNTERS 9
+
+__device__ __forceinline__ u32 widened_bits(const void* p, int kind, u64 i) {
+    if (kind == KIND_F32) return ((const u32*)p)[i];
+    u16 h = ((const u16*)p)[i];
+    if (kind == KIND_BF16) return ((u32)h) << 16;
+    return __float_as_uint(f16_bits_to_f32(h));
+}
+
+// The smallest normal of a storage kind as an f32 bit pattern.
+__device__ __forceinline__ u32 kind_sub_limit(int kind) {
+    return kind == KIND_F16 ? 0x38800000u : 0x00800000u;
+}
+
+// A block's shared tallies.
+struct StatsShared {
+    u32 hist[WARPS][HIST_BINS];
+    u32 cnt[N_COUNTERS];
+    u32 mx, mn_rev;
+    double sq[STATS_THREADS];
+};
+
+__device__ StatsShared* stats_shared() {
+    __shared__ StatsShared s;
+    return &s;
+}
+
+// One thread's tallies.
+struct StatsAcc {
+    u32 c[N_COUNTERS];
+    u32 mx, mn_rev, sub_limit;
+    double sq;
+};
+
+// Clears the block's tallies and the thread's (every thread of the block calls it).
+__device__ void stats_begin(StatsAcc* a, u32 sub_limit) {
+    StatsShared* s = stats_shared();
+    for (u32 k = threadIdx.x; k < WARPS * HIST_BINS; k += blockDim.x) (&s->hist[0][0])[k] = 0;
+    if (threadIdx.x < N_COUNTERS) s->cnt[threadIdx.x] = 0;
+    if (threadIdx.x == 0) { s->mx = 0; s->mn_rev = 0; }
+    for (int k = 0; k < N_COUNTERS; ++k) a->c[k] = 0;
+    a->mx = 0;
+    a->mn_rev = 0;
+    a->sub_limit = sub_limit;
+    a->sq = 0.0;
+    __syncthreads();
+}
+
+// Tallies one value, given as its f32 bit pattern.
+__device__ __forceinline__ void stats_add(StatsAcc* a, u32 b) {
+    u32 x = b & 0x7fffffffu;
+    if (x > 0x7f800000u) { a->c[ST_NAN]++; return; }
+    if (x == 0x7f800000u) { a->c[b == x ? ST_POS_INF : ST_NEG_INF]++; return; }
+    if (x == 0) { a->c[ST_ZEROS]++; return; }
+    a->mx = max(a->mx, x);
+    a->mn_rev = max(a->mn_rev, 0x7fffffffu - x);
+    float v = __uint_as_float(x);
+    a->sq += (double)v * (double)v;
+    if (x < a->sub_limit) a->c[ST_SUBNORMAL]++;
+    if (x >= 0x477ff000u) a->c[ST_F16_OVER]++;
+    if (x <= 0x33000000u) a->c[ST_F16_UNDER]++;
+    if (x >= 0x7f7f8000u) a->c[ST_BF16_OVER]++;
+    if (x <= 0x00008000u) a->c[ST_BF16_UNDER]++;
+    u32 field = x >> 23;
+    int e = field ? (int)field - 127 : -149 + (31 - __clz(x));
+    atomicAdd(&stats_shared()->hist[threadIdx.x / 32][e + 149], 1u);
+}
+
+// Adds the block's tallies to `slot` and leaves its sum of squares in `partials[block]`
+// (`block` of `nblocks`, which covered `n` values in all). Every thread calls it.
+__device__ void stats_end(StatsAcc* a, u64* slot, double* partials, u32 block, u32 nblocks,
+                          u64 n) {
+    StatsShared* s = stats_shared();
+    for (int k = 0; k < N_COUNTERS; ++k)
+        if (a->c[k]) atomicAdd(&s->cnt[k], a->c[k]);
+    if (a->mx) atomicMax(&s->mx, a->mx);
+    if (a->mn_rev) atomicMax(&s->mn_rev, a->mn_rev);
+    s->sq[threadIdx.x] = a->sq;
+    __syncthreads();
+    // Fixed-shape tree: the partial depends only on the data and the launch shape.
+    for (u32 h = blockDim.x / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) s->sq[threadIdx.x] += s->sq[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        partials[block] = s->sq[0];
+        if (s->mx) atomicMax(&slot[ST_MAX_BITS], (u64)s->mx);
+        if (s->mn_rev) atomicMax(&slot[ST_MIN_BITS_REV], (u64)s->mn_rev);
+        if (block == 0) {
+            slot[ST_BLOCKS] = nblocks;
+            slot[ST_NUMEL] = n;
+        }
+    }
+    if (threadIdx.x < N_COUNTERS && s->cnt[threadIdx.x])
+        atomicAdd(&slot[threadIdx.x], (u64)s->cnt[threadIdx.x]);
+    for (u32 k = threadIdx.x; k < HIST_BINS; k += blockDim.x) {
+        u32 total = 0;
+        for (int w = 0; w < WARPS; ++w) total += s->hist[w][k];
+        if (total) atomicAdd(&slot[ST_HIST + k], (u64)total);
+    }
+}
+
+// An op kernel's output statistics: `counts` is word ST_ROUND_OVER of the op's slot and
+// `partials` the slot's partial sums, or null when the arena does not gather them in this
+// kernel (the output is then probed by the arena's own pass, or not at all). The kernel
+// runs on the arena's launch shape when they are gathered.
+struct OutStats {
+    StatsAcc acc;
+    u64* slot;
+    double* partials;
+};
+
+__device__ __forceinline__ void out_begin(OutStats* o, u64* counts, double* partials,
+                                          int kind) {
+    o->slot = (counts && partials) ? counts - ST_ROUND_OVER : 0;
+    o->partials = partials;
+    if (o->slot) stats_begin(&o->acc, kind_sub_limit(kind));
+}
+
+// Tallies element i of the output as stored.
+__device__ __forceinline__ void out_add(OutStats* o, const void* y, int kind, u64 i) {
+    if (o->slot) stats_add(&o->acc, widened_bits(y, kind, i));
+}
+
+__device__ __forceinline__ void out_end(OutStats* o, u64 n) {
+    if (o->slot) stats_end(&o->acc, o->slot, o->partials, blockIdx.x, gridDim.x, n);
+}

@@ -23,8 +23,8 @@ pub fn cast(x: &Tensor, to: DType) -> Result<Computed> {
         if x.dtype() == to {
             return Ok(Computed::new(x.clone(), RoundCounts::default()));
         }
-        let (slot, counts) = super::device_counts(x)?;
-        return Ok(Computed::pending(cuda::cast(x, to, counts)?, slot));
+        let (slot, sink) = super::device_out(x)?;
+        return Ok(Computed::pending(cuda::cast(x, to, sink)?, slot));
     }
     cpu::cast(x, to)
 }

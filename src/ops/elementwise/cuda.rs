@@ -4,8 +4,8 @@
 use super::{Binary, Unary};
 use crate::error::{Error, Result};
 use crate::ops::cuda::{
-    arg, device_of, launch, output, pad_shape, pad_strides, same_dtype, Geometry, GradGeometry,
-    MAX_DIMS,
+    arg, device_of, launch, launch_with, output, pad_shape, pad_strides, same_dtype, Geometry,
+    GradGeometry, Out, MAX_DIMS,
 };
 use crate::tensor::Tensor;
 
@@ -49,17 +49,18 @@ fn unary_code(op: Unary) -> (i32, f64, f64, i32, i32) {
 }
 
 /// `y = f(x)` in x's dtype.
-pub fn unary(op: Unary, x: &Tensor, counts: u64) -> Result<Tensor> {
+pub fn unary(op: Unary, x: &Tensor, sink: Out) -> Result<Tensor> {
     let name = op.name();
     let dev = device_of(name, &[x])?;
     let y = output(&dev, x.shape(), x.dtype())?;
     let ((xp, k), (yp, _)) = (arg(x, name)?, arg(&y, name)?);
     let (c, p0, p1, h0, h1) = unary_code(op);
     let n = x.numel() as u64;
-    launch!(
+    let o = sink.for_output(&y, n)?;
+    launch_with!(
         dev,
         "amp_unary",
-        n,
+        o.cfg,
         &xp,
         &yp,
         &k,
@@ -69,19 +70,14 @@ pub fn unary(op: Unary, x: &Tensor, counts: u64) -> Result<Tensor> {
         &p1,
         &h0,
         &h1,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(y)
 }
 
 /// `dx = f'(x)·g` from the forward input `x`, output `y` and output gradient `g`.
-pub fn unary_backward(
-    op: Unary,
-    x: &Tensor,
-    y: &Tensor,
-    g: &Tensor,
-    counts: u64,
-) -> Result<Tensor> {
+pub fn unary_backward(op: Unary, x: &Tensor, y: &Tensor, g: &Tensor, sink: Out) -> Result<Tensor> {
     let name = op.name();
     let dt = same_dtype(name, &[x, y, g])?;
     if x.shape() != y.shape() || x.shape() != g.shape() {
@@ -93,10 +89,11 @@ pub fn unary_backward(
         (arg(x, name)?, arg(y, name)?, arg(g, name)?, arg(&dx, name)?);
     let (c, p0, p1, h0, h1) = unary_code(op);
     let n = x.numel() as u64;
-    launch!(
+    let o = sink.for_output(&dx, n)?;
+    launch_with!(
         dev,
         "amp_unary_backward",
-        n,
+        o.cfg,
         &xp,
         &yp,
         &gp,
@@ -108,7 +105,8 @@ pub fn unary_backward(
         &p1,
         &h0,
         &h1,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(dx)
 }
@@ -131,17 +129,18 @@ pub fn clamp_on_inf(
     clean: f64,
     on_inf: f64,
     flag: &Tensor,
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let name = "clamp";
     let dev = device_of(name, &[x, flag])?;
     let y = output(&dev, x.shape(), x.dtype())?;
     let ((xp, k), (yp, _), (fp, _)) = (arg(x, name)?, arg(&y, name)?, arg(flag, name)?);
     let n = x.numel() as u64;
-    launch!(
+    let o = sink.for_output(&y, n)?;
+    launch_with!(
         dev,
         "amp_clamp_on_inf",
-        n,
+        o.cfg,
         &xp,
         &yp,
         &k,
@@ -149,7 +148,8 @@ pub fn clamp_on_inf(
         &clean,
         &on_inf,
         &fp,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(y)
 }
@@ -163,7 +163,7 @@ pub fn clamp_on_inf_backward(
     clean: f64,
     on_inf: f64,
     flag: &Tensor,
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let name = "clamp";
     let dt = same_dtype(name, &[x, y, g])?;
@@ -177,10 +177,11 @@ pub fn clamp_on_inf_backward(
         arg(flag, name)?,
     );
     let n = x.numel() as u64;
-    launch!(
+    let o = sink.for_output(&dx, n)?;
+    launch_with!(
         dev,
         "amp_clamp_on_inf_backward",
-        n,
+        o.cfg,
         &xp,
         &yp,
         &gp,
@@ -190,7 +191,8 @@ pub fn clamp_on_inf_backward(
         &clean,
         &on_inf,
         &fp,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(dx)
 }
@@ -205,7 +207,7 @@ fn binary_code(op: Binary) -> i32 {
 }
 
 /// `a op b` with broadcasting, in the operands' (shared) dtype.
-pub fn binary(op: Binary, a: &Tensor, b: &Tensor, counts: u64) -> Result<Tensor> {
+pub fn binary(op: Binary, a: &Tensor, b: &Tensor, sink: Out) -> Result<Tensor> {
     let name = op.name();
     let dt = same_dtype(name, &[a, b])?;
     let dev = device_of(name, &[a, b])?;
@@ -219,10 +221,11 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor, counts: u64) -> Result<Tensor>
     let ((ap, _), (bp, _), (yp, k)) = (arg(a, name)?, arg(b, name)?, arg(&y, name)?);
     let c = binary_code(op);
     let n = y.numel() as u64;
-    launch!(
+    let o = sink.for_output(&y, n)?;
+    launch_with!(
         dev,
         "amp_binary",
-        n,
+        o.cfg,
         &ap,
         &bp,
         &yp,
@@ -230,7 +233,8 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor, counts: u64) -> Result<Tensor>
         &n,
         &c,
         &geo,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(y)
 }
@@ -243,7 +247,7 @@ pub fn binary_grad(
     b: &Tensor,
     g: &Tensor,
     wrt_b: bool,
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let name = op.name();
     let dt = same_dtype(name, &[a, b, g])?;
@@ -294,10 +298,11 @@ pub fn binary_grad(
         crate::ops::Pattern::Repeat(_) => -0.0f64,
         _ => 0.0f64,
     };
-    launch!(
+    let o = sink.for_output(&out, n)?;
+    launch_with!(
         dev,
         "amp_binary_grad",
-        n,
+        o.cfg,
         &ap,
         &bp,
         &gp,
@@ -308,7 +313,8 @@ pub fn binary_grad(
         &geo,
         &n_reduced,
         &init,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(out)
 }

@@ -110,27 +110,37 @@ __device__ float unary_df(int op, float x, float y, float g, double p0, double p
 }
 
 extern "C" __global__ void amp_unary(const void* x, void* y, int kind, u64 n, int op,
-                                     double p0, double p1, int has0, int has1, u64* counts) {
+                                     double p0, double p1, int has0, int has1, u64* counts,
+                                     double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         float v = unary_f(op, load_f32(x, kind, i), p0, p1, has0, has1);
         store_round(y, kind, i, v, &over, &under);
+        out_add(&st, y, kind, i);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n);
 }
 
 extern "C" __global__ void amp_unary_backward(const void* x, const void* y, const void* g,
                                               void* dx, int kind, u64 n, int op, double p0,
-                                              double p1, int has0, int has1, u64* counts) {
+                                              double p1, int has0, int has1, u64* counts,
+                                              double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         float d = unary_df(op, load_f32(x, kind, i), load_f32(y, kind, i), load_f32(g, kind, i),
                            p0, p1, has0, has1);
         store_round(dx, kind, i, d, &over, &under);
+        out_add(&st, dx, kind, i);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n);
 }
 
 // transformers' T5 fp16 clamp, decided on the device: `flag` is set when any value of x is
@@ -149,30 +159,39 @@ extern "C" __global__ void amp_inf_flag(const void* x, int kind, u64 n, u32* fla
 }
 
 extern "C" __global__ void amp_clamp_on_inf(const void* x, void* y, int kind, u64 n, double clean,
-                                            double on_inf, const u32* flag, u64* counts) {
+                                            double on_inf, const u32* flag, u64* counts,
+                                            double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     double b = flag[0] ? on_inf : clean;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         float v = unary_f(U_CLAMP, load_f32(x, kind, i), -b, b, 1, 1);
         store_round(y, kind, i, v, &over, &under);
+        out_add(&st, y, kind, i);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n);
 }
 
 extern "C" __global__ void amp_clamp_on_inf_backward(const void* x, const void* y, const void* g,
                                                      void* dx, int kind, u64 n, double clean,
                                                      double on_inf, const u32* flag,
-                                                     u64* counts) {
+                                                     u64* counts, double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     double b = flag[0] ? on_inf : clean;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         float d = unary_df(U_CLAMP, load_f32(x, kind, i), load_f32(y, kind, i),
                            load_f32(g, kind, i), -b, b, 1, 1);
         store_round(dx, kind, i, d, &over, &under);
+        out_add(&st, dx, kind, i);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n);
 }
 
 // Broadcast geometry: the output shape and each operand's strides over it (0 where the
@@ -198,8 +217,10 @@ __device__ __forceinline__ float binary_f(int op, float a, float b) {
 }
 
 extern "C" __global__ void amp_binary(const void* a, const void* b, void* y, int kind, u64 n,
-                                      int op, Geometry geo, u64* counts) {
+                                      int op, Geometry geo, u64* counts, double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, ia = 0, ib = 0;
@@ -211,8 +232,10 @@ extern "C" __global__ void amp_binary(const void* a, const void* b, void* y, int
         }
         store_round(y, kind, i, binary_f(op, load_f32(a, kind, ia), load_f32(b, kind, ib)),
                     &over, &under);
+        out_add(&st, y, kind, i);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n);
 }
 
 // Gradient terms h(a, b, g) of the binary ops (the CPU emulator's closures).
@@ -249,8 +272,10 @@ struct GradGeometry {
 extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const void* g,
                                            void* out, int kind, u64 n_out, int h,
                                            GradGeometry geo, u64 n_reduced, double init,
-                                           u64* counts) {
+                                           u64* counts, double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
          t += (u64)gridDim.x * blockDim.x) {
         u64 base_a = 0, base_b = 0, base_g = 0, rest = t;
@@ -279,6 +304,8 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
             acc = n_reduced == 1 ? v : acc + v;
         }
         store_round_f64(out, kind, t, acc, &over, &under);
+        out_add(&st, out, kind, t);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n_out);
 }

@@ -6,7 +6,7 @@
 mod cpu;
 pub mod cuda;
 
-use super::{device_counts, expect_float, grad, sum_to, with_float, with_float2};
+use super::{device_out, expect_float, grad, sum_to, with_float, with_float2};
 use crate::engine::{Computed, Engine};
 use crate::error::Result;
 use crate::tensor::{Real, Tensor};
@@ -230,16 +230,16 @@ impl Engine {
         let ins = self.prepare(op.name(), &[x])?;
         let x = &ins[0];
         let out = if x.storage().is_device() {
-            let (slot, counts) = device_counts(x)?;
-            Computed::pending(cuda::unary(op, x, counts)?, slot)
+            let (slot, sink) = device_out(x)?;
+            Computed::pending(cuda::unary(op, x, sink)?, slot)
         } else {
             with_float!(x, op.name(), |d| cpu::unary(d, op, x.shape(), x.dtype()))?
         };
         let (xs, ys) = (x.clone(), out.tensor.clone());
         let bw = Box::new(move |g: &Tensor| {
             if xs.storage().is_device() {
-                let (slot, counts) = device_counts(&xs)?;
-                let dx = cuda::unary_backward(op, &xs, &ys, g, counts)?;
+                let (slot, sink) = device_out(&xs)?;
+                let dx = cuda::unary_backward(op, &xs, &ys, g, sink)?;
                 return Ok(vec![grad(Computed::pending(dx, slot))]);
             }
             let r = match (
@@ -273,8 +273,8 @@ impl Engine {
         let (a, b) = (&ins[0], &ins[1]);
         let out_shape = super::broadcast_shape(a.shape(), b.shape(), op.name())?;
         let out = if a.storage().is_device() {
-            let (slot, counts) = device_counts(a)?;
-            Computed::pending(cuda::binary(op, a, b, counts)?, slot)
+            let (slot, sink) = device_out(a)?;
+            Computed::pending(cuda::binary(op, a, b, sink)?, slot)
         } else {
             with_float2!(a, b, op.name(), |x, y| cpu::binary(
                 x,
@@ -291,8 +291,8 @@ impl Engine {
             if at.storage().is_device() {
                 let mut grads = Vec::with_capacity(2);
                 for wrt_b in [false, true] {
-                    let (slot, counts) = device_counts(&at)?;
-                    let d = cuda::binary_grad(op, &at, &bt, g, wrt_b, counts)?;
+                    let (slot, sink) = device_out(&at)?;
+                    let d = cuda::binary_grad(op, &at, &bt, g, wrt_b, sink)?;
                     grads.push(grad(Computed::pending(d, slot)));
                 }
                 return Ok(grads);
@@ -433,12 +433,12 @@ impl Engine {
         let ins = self.prepare("clamp", &[x])?;
         let x = &ins[0];
         let flag = cuda::inf_flag(x)?;
-        let (slot, counts) = device_counts(x)?;
-        let out = Computed::pending(cuda::clamp_on_inf(x, clean, on_inf, &flag, counts)?, slot);
+        let (slot, sink) = device_out(x)?;
+        let out = Computed::pending(cuda::clamp_on_inf(x, clean, on_inf, &flag, sink)?, slot);
         let (xs, ys) = (x.clone(), out.tensor.clone());
         let bw = Box::new(move |g: &Tensor| {
-            let (slot, counts) = device_counts(&xs)?;
-            let dx = cuda::clamp_on_inf_backward(&xs, &ys, g, clean, on_inf, &flag, counts)?;
+            let (slot, sink) = device_out(&xs)?;
+            let dx = cuda::clamp_on_inf_backward(&xs, &ys, g, clean, on_inf, &flag, sink)?;
             Ok(vec![grad(Computed::pending(dx, slot))])
         });
         self.record("clamp", &[x], &["input"], out, Some(bw))

@@ -4,18 +4,20 @@
 use crate::device::cuda::blas::Gemm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::cuda::{arg, device_of, output, same_dtype};
+use crate::ops::cuda::{arg, device_of, output, same_dtype, Out};
 use crate::tensor::Tensor;
 
 /// Matrix product of row-major `a` (…×m×k, or k×m with `trans_a`) and `b` (…×k×n, or
 /// n×k with `trans_b`): 2-D × 2-D, 3-D × 3-D (same batch) or 3-D × 2-D (shared b).
-pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, counts: u64) -> Result<Tensor> {
+/// An f32 product is cuBLAS's output as it is (its statistics, if any, come from the
+/// arena's own pass); a 16-bit one gathers them in the rounding kernel.
+pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, sink: Out) -> Result<Tensor> {
     let dt = same_dtype("matmul", &[a, b])?;
     let acc = matmul_acc(a, b, trans_a, trans_b)?;
     if dt == DType::F32 {
         return Ok(acc);
     }
-    crate::ops::cast::cuda::cast(&acc, dt, counts)
+    crate::ops::cast::cuda::cast(&acc, dt, sink)
 }
 
 /// [`matmul`]'s f32 accumulation, before any rounding to the operands' dtype.
@@ -68,23 +70,25 @@ pub fn matmul_acc(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Resul
 
 /// `x·wᵀ + b` for x [m, k], w [n, k], b [n]: the bias added to the f32 accumulation in
 /// f32 and the sum rounded once to x's dtype (as the emulator's linear).
-pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, counts: u64) -> Result<Tensor> {
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, sink: Out) -> Result<Tensor> {
     let dt = same_dtype("linear", &[x, w])?;
     let mut acc = matmul_acc(x, w, false, true)?;
     if let Some(b) = b {
-        let b32 = crate::ops::cast::cuda::cast(b, DType::F32, 0)?;
+        let b32 = crate::ops::cast::cuda::cast(b, DType::F32, Out::NONE)?;
+        // In f32 the sum is the output: its kernel gathers the statistics.
+        let final_sum = if dt == DType::F32 { sink } else { Out::NONE };
         acc = crate::ops::elementwise::cuda::binary(
             crate::ops::elementwise::Binary::Add,
             &acc,
             &b32,
-            0,
+            final_sum,
         )?;
     }
     if dt == DType::F32 {
         // f32 results are final as computed (the emulator counts no f32 rounding either).
         return Ok(acc);
     }
-    crate::ops::cast::cuda::cast(&acc, dt, counts)
+    crate::ops::cast::cuda::cast(&acc, dt, sink)
 }
 
 /// Gradients of [`linear`] from the output gradient `g` [m, n]: dx = g·w, dw = gᵀ·x (each
@@ -94,10 +98,10 @@ pub fn linear_backward(
     w: &Tensor,
     g: &Tensor,
     has_b: bool,
-    counts: [u64; 3],
+    sinks: [Out; 3],
 ) -> Result<[Option<Tensor>; 3]> {
-    let gx = matmul(g, w, false, false, counts[0])?;
-    let gw = matmul(g, x, true, false, counts[1])?;
+    let gx = matmul(g, w, false, false, sinks[0])?;
+    let gw = matmul(g, x, true, false, sinks[1])?;
     let gb = if has_b {
         let n = w.shape()[0];
         let like = output(&device_of("linear", &[g])?, &[n], g.dtype())?;
@@ -107,7 +111,7 @@ pub fn linear_backward(
             &like,
             g,
             true,
-            counts[2],
+            sinks[2],
         )?)
     } else {
         None

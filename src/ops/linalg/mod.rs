@@ -74,8 +74,8 @@ fn device_views(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<(Tensor, Tensor)>
 /// Forward matmul on the device (cuBLAS, rounded once by the cast kernel).
 fn device_matmul(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
     let (a3, b3) = device_views(a, b, s)?;
-    let (slot, counts) = super::device_counts(a)?;
-    let y = cuda::matmul(&a3, &b3, false, false, counts)?;
+    let (slot, sink) = super::device_out(a)?;
+    let y = cuda::matmul(&a3, &b3, false, false, sink)?;
     Ok(Computed::pending(y.view_as(&s.out)?, slot))
 }
 
@@ -89,15 +89,15 @@ fn device_matmul_backward(
 ) -> Result<Vec<Option<crate::engine::Grad>>> {
     let (a3, b3) = device_views(a, b, s)?;
     let g3 = g.view_as(&[s.batch, s.m, s.n])?;
-    let (slot_a, counts_a) = super::device_counts(a)?;
-    let ga = cuda::matmul(&g3, &b3, false, true, counts_a)?.view_as(a.shape())?;
-    let (slot_b, counts_b) = super::device_counts(b)?;
+    let (slot_a, sink_a) = super::device_out(a)?;
+    let ga = cuda::matmul(&g3, &b3, false, true, sink_a)?.view_as(a.shape())?;
+    let (slot_b, sink_b) = super::device_out(b)?;
     let gb = if s.b_shared {
         let a2 = a.view_as(&[s.batch * s.m, s.k])?;
         let g2 = g.view_as(&[s.batch * s.m, s.n])?;
-        cuda::matmul(&a2, &g2, true, false, counts_b)?
+        cuda::matmul(&a2, &g2, true, false, sink_b)?
     } else {
-        cuda::matmul(&a3, &g3, true, false, counts_b)?
+        cuda::matmul(&a3, &g3, true, false, sink_b)?
     };
     Ok(vec![
         grad(Computed::pending(ga, slot_a)),
@@ -202,20 +202,20 @@ impl Engine {
         ins: &[Tensor],
     ) -> Result<Tensor> {
         let x2 = x.view_as(&[m, k])?;
-        let (slot, counts) = super::device_counts(x)?;
-        let y = cuda::linear(&x2, w, b, counts)?.view_as(&out_shape)?;
+        let (slot, sink) = super::device_out(x)?;
+        let y = cuda::linear(&x2, w, b, sink)?.view_as(&out_shape)?;
         let out = Computed::pending(y, slot);
         let (xt, wt, has_b, n) = (x2, w.clone(), b.is_some(), w.shape()[0]);
         let x_shape = x.shape().to_vec();
         let bw = Box::new(move |g: &Tensor| {
             let g2 = g.view_as(&[m, n])?;
             let mut slots = [0u32; 3];
-            let mut counts = [0u64; 3];
+            let mut sinks = [super::cuda::Out::NONE; 3];
             let taken = super::device_counts_n(&xt, if has_b { 3 } else { 2 })?;
             for (i, (s, c)) in taken.into_iter().enumerate() {
-                (slots[i], counts[i]) = (s, c);
+                (slots[i], sinks[i]) = (s, super::cuda::Out::new(s, c));
             }
-            let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, &g2, has_b, counts)?;
+            let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, &g2, has_b, sinks)?;
             let gx = gx.map(|t| t.view_as(&x_shape)).transpose()?;
             Ok([gx, gw, gb]
                 .into_iter()
