@@ -155,6 +155,8 @@ struct State {
     modules: Vec<Module>,
     functions: Vec<Function>,
     streams: HashMap<usize, Counters>,
+    /// Launches per kernel name, all streams.
+    by_kernel: HashMap<String, u64>,
     next_stream: usize,
     events: usize,
     last_error: String,
@@ -217,6 +219,25 @@ pub extern "C" fn cudasim_counters(stream: usize, all: bool) -> Counters {
     } else {
         s.streams.get(&stream).copied().unwrap_or_default()
     }
+}
+
+/// Launches of the kernel named by the C string `name` so far, all streams (0 for a null
+/// or non-UTF-8 name).
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cudasim_kernel_launches(name: *const c_char) -> u64 {
+    if name.is_null() {
+        return 0;
+    }
+    let Ok(name) = CStr::from_ptr(name).to_str() else {
+        return 0;
+    };
+    state()
+        .as_ref()
+        .and_then(|s| s.by_kernel.get(name).copied())
+        .unwrap_or(0)
 }
 
 /// Live device allocations (a leak check for tests).
@@ -1186,6 +1207,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         let c = counters(s, stream);
         c.launches += 1;
         c.kernel_arg_bytes += arg_bytes;
+        *s.by_kernel.entry(name.clone()).or_default() += 1;
         Ok((name, kernel, args))
     });
     let (name, kernel, args) = match prepared {

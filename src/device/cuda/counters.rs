@@ -86,6 +86,20 @@ pub fn sim_counters() -> Option<SimCounters> {
     .flatten()
 }
 
+/// Launches of kernel `name` so far, on the simulated device (None on a real driver).
+pub fn sim_kernel_launches(name: &str) -> Option<u64> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: as in `sim_counters`, for the stand-in's `fn(*const c_char) -> u64`, given a
+    // NUL-terminated string that outlives the call.
+    quietly(|| unsafe {
+        let lib = cudarc::driver::sys::culib();
+        lib.get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"cudasim_kernel_launches")
+            .ok()
+            .map(|f| f(name.as_ptr()))
+    })
+    .flatten()
+}
+
 /// Turns the simulated device's measurement of the bytes kernels read and write on or off
 /// (off by default: it copies every argument allocation per launch). False when the driver
 /// is not the simulated device.
