@@ -18,7 +18,7 @@ struct ProbeDesc {
 __device__ void stats_block(const ProbeDesc d, u32 block, u32 nblocks, u64* arena,
                             double* partials) {
     StatsAcc a;
-    stats_begin(&a, d.sub_limit);
+    stats_begin(&a, d.sub_limit, stats_shared());
     for (u64 i = (u64)block * blockDim.x + threadIdx.x; i < d.n;
          i += (u64)nblocks * blockDim.x)
         stats_add(&a, widened_bits(d.data, d.kind, i));

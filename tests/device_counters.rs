@@ -177,3 +177,55 @@ fn gathering_statistics_in_the_producing_kernels_saves_a_launch_and_a_read_per_o
         pass.kernel_read_bytes
     );
 }
+
+/// Launches of each named kernel during `f`.
+fn kernel_launches<R>(names: &[&str], f: impl FnOnce() -> R) -> (Vec<u64>, R) {
+    use amprobe::device::cuda::counters::sim_kernel_launches;
+    let count = || -> Vec<u64> {
+        names
+            .iter()
+            .map(|n| sim_kernel_launches(n).expect("the simulated device"))
+            .collect()
+    };
+    let before = count();
+    let r = f();
+    let after = count();
+    (after.iter().zip(&before).map(|(a, b)| a - b).collect(), r)
+}
+
+/// With probes off (`--no-probes`) a device step runs no statistics pass at all: the
+/// per-parameter records every step carries are gathered by the update kernels, and the
+/// one arena read sums their partials (one launch of `amp_stats_finish`). Probes on, the
+/// arena's own pass runs only for what no kernel gathered.
+#[test]
+fn without_probes_a_device_step_runs_no_statistics_pass() {
+    if !device_or_skip() {
+        return;
+    }
+    let _serial = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
+    let names = ["amp_stats", "amp_stats_batch", "amp_stats_finish"];
+    let dir = std::path::PathBuf::from("samples/t5_overflow_small");
+    for probes in [false, true] {
+        let mut rc = amprobe::config::RunConfig::default();
+        rc.model.hf = Some(dir.clone());
+        rc.data.inputs = Some(dir.join("inputs.safetensors"));
+        let mut train = rc.train_config().unwrap();
+        train.precision = Precision::Fp16;
+        train.backend = BackendKind::Cuda;
+        train.clip = Some(1.0);
+        train.probes = probes;
+        let (m, p, d) = amprobe::runner::build(&rc, &train).unwrap();
+        let mut t = Trainer::new(train, m, p, d).unwrap();
+        for s in 0..3 {
+            let (n, rec) = kernel_launches(&names, || t.step(s).unwrap());
+            let with_grad = rec.params.iter().filter(|p| p.grad_dtype.is_some()).count();
+            assert!(with_grad > 0 && rec.params.iter().all(|p| p.numel > 0));
+            if !probes {
+                assert_eq!(n, [0, 0, 1], "probes off, step {s}: {names:?}");
+            } else {
+                assert_eq!(n[2], 1, "probes on, step {s}");
+                assert!(n[0] + n[1] > 0, "probes on, step {s}: {n:?}");
+            }
+        }
+    }
+}

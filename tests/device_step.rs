@@ -600,3 +600,60 @@ fn statistics_gathered_by_the_producing_kernels_equal_the_arenas_own_pass() {
         same_records_either_way(&run(true), &run(false), &format!("mlp {p:?}"));
     }
 }
+
+/// Each parameter's record, gathered by its update kernel in the pass that steps it,
+/// against the host's record of the same device step: the step's gradients and new values
+/// read back and recorded as the emulator records them (`ParamRecord::from_grad`). Every
+/// field is identical but the gradient's L2 norm, an f64 sum in another order (within
+/// 2n·2⁻⁵³ relative for n positive terms, both orders' error bounds together). A loss
+/// scale of 2⁻¹⁶ makes the scaled fp16 flushes count.
+#[test]
+fn each_parameters_record_is_gathered_by_its_update_as_the_host_records_it() {
+    if !device_or_skip() {
+        return;
+    }
+    use amprobe::trace::record::ParamRecord;
+    let mut flushed = 0;
+    for (dir, p) in [
+        (T5_CASES[0], Precision::Fp16),
+        (T5_CASES[1], Precision::Bf16),
+        (T5_CASES[0], Precision::Half),
+    ] {
+        let mut t = t5_trainer(dir, p, false, BackendKind::Cuda, |c| {
+            c.scaler.init_scale = 2f32.powi(-16);
+            c.scaler.growth_interval = 1000;
+        });
+        for s in 0..2 {
+            let rec = t.step(s).unwrap();
+            for (i, (param, g)) in t.params().params.iter().zip(t.last_grads()).enumerate() {
+                let Some(g) = g else {
+                    assert!(rec.params[i].grad_dtype.is_none());
+                    continue;
+                };
+                let gh = g.to_host().unwrap();
+                let ph = param.value.to_host().unwrap();
+                let host = ParamRecord::from_grad(
+                    &param.name,
+                    ph.dtype(),
+                    gh.dtype(),
+                    gh.f32s().unwrap(),
+                    rec.scale_before as f32,
+                    ph.f32s().unwrap(),
+                );
+                let mut dev = rec.params[i].clone();
+                let what = format!("{dir} {p:?} step {s} {}", param.name);
+                let bound = 2.0 * host.numel as f64 * 2f64.powi(-53);
+                assert!(
+                    rel(host.grad_l2, dev.grad_l2) <= bound,
+                    "{what}: grad L2 {} vs {}",
+                    host.grad_l2,
+                    dev.grad_l2
+                );
+                dev.grad_l2 = host.grad_l2;
+                assert_eq!(host, dev, "{what}");
+                flushed += (dev.f16_underflow_frac_scaled > 0.0) as usize;
+            }
+        }
+    }
+    assert!(flushed > 0, "no record counted a scaled fp16 flush");
+}

@@ -10,10 +10,11 @@
 //! committed once the read says whether the step was skipped ([`DeviceOptimizer::commit`]).
 
 use crate::amp::scaler::{ScalerConfig, ScalerKind};
+use crate::device::cuda::arena::stats_config;
 use crate::device::cuda::{dev_err, CudaDevice};
 use crate::dtype::{DType, RoundCounts};
 use crate::error::{Error, Result};
-use crate::ops::cuda::{arg, device_of, launch, output};
+use crate::ops::cuda::{arg, device_of, launch, launch_with, output};
 use crate::optim::clip::NormType;
 use crate::optim::{AdamConfig, OptimizerConfig, SgdConfig};
 use crate::tensor::Tensor;
@@ -35,7 +36,6 @@ pub const KERNELS: &[&str] = &[
     "amp_update_scale",
     "amp_step_summary",
     "amp_scalar_to_word",
-    "amp_scaled_flushes",
 ];
 
 /// u32 words of the scaler's device state (`AMP_STATE_WORDS`).
@@ -105,6 +105,43 @@ struct AdamArgs {
     amsgrad: i32,
     maximize: i32,
     pad: i32,
+}
+
+/// Where an update gathers its parameter's record (`RecordArgs` in optim.cu): the
+/// gradient's and the new value's arena slots (word 0) and partial sums, and the step's
+/// loss scale for the gradient's scaled fp16 flushes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordArgs {
+    g_slot: u64,
+    g_partials: u64,
+    p_slot: u64,
+    p_partials: u64,
+    scale: f32,
+    pad: u32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for RecordArgs {}
+
+/// A parameter's record slots for [`DeviceScaler::optimizer_step`].
+#[derive(Debug, Clone, Copy)]
+pub struct RecordSlots {
+    /// The gradient's statistics (and its scaled flushes, word [`word::SCALED_FLUSHES`]).
+    pub grad: u32,
+    /// The parameter's statistics after the update.
+    pub param: u32,
+}
+
+/// One parameter of [`DeviceScaler::optimizer_step`]: its name and value, and its gradient
+/// with its record's slots (None: no gradient; the value is kept).
+pub struct ParamUpdate<'a> {
+    /// Parameter name (for errors).
+    pub name: &'a str,
+    /// Its value before the step.
+    pub value: &'a Tensor,
+    /// Its gradient and record slots.
+    pub grad: Option<(&'a Tensor, RecordSlots)>,
 }
 
 /// The scale policy's parameters (`ScalerArgs`).
@@ -281,18 +318,25 @@ impl DeviceScaler {
 
     /// Queues the optimizer update of `params` (name, value, gradient): new values in
     /// fresh buffers, the old ones copied on a skipped step.
+    ///
+    /// Each parameter with a gradient has its record slots: its update gathers the
+    /// gradient's and the new value's statistics there, and the gradient's fp16 flushes
+    /// under `scale` (the step's loss scale), in the same pass.
     pub fn optimizer_step(
         &self,
         opt: &mut DeviceOptimizer,
         lr: f64,
-        params: &[(&str, &Tensor, Option<&Tensor>)],
+        scale: f32,
+        params: &[ParamUpdate<'_>],
     ) -> Result<Vec<Tensor>> {
         let st = self.state_ptr();
         params
             .iter()
-            .map(|&(name, p, g)| match g {
-                Some(g) => opt.update(&self.dev, lr, name, p, g, st),
-                None => Ok(p.clone()),
+            .map(|u| match u.grad {
+                Some((g, slots)) => {
+                    opt.update(&self.dev, lr, u.name, u.value, g, st, (slots, scale))
+                }
+                None => Ok(u.value.clone()),
             })
             .collect()
     }
@@ -347,16 +391,6 @@ pub fn scalar_to_word(x: &Tensor, word_ptr: u64) -> Result<()> {
     Ok(())
 }
 
-/// Queues the count of `g`'s finite nonzero values that `g * scale` flushes to zero in
-/// fp16 into the arena word at `word_ptr`.
-pub fn scaled_flushes(g: &Tensor, scale: f32, word_ptr: u64) -> Result<()> {
-    let dev = device_of("param record", &[g])?;
-    let (gp, k) = arg(g, "param record")?;
-    let n = g.numel() as u64;
-    launch!(dev, "amp_scaled_flushes", n, &gp, &k, &n, &scale, &word_ptr);
-    Ok(())
-}
-
 /// One parameter's optimizer state on the device.
 #[derive(Default)]
 struct ParamState {
@@ -402,6 +436,7 @@ impl DeviceOptimizer {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         dev: &Arc<CudaDevice>,
@@ -410,6 +445,7 @@ impl DeviceOptimizer {
         p: &Tensor,
         g: &Tensor,
         state: u64,
+        (slots, scale): (RecordSlots, f32),
     ) -> Result<Tensor> {
         if p.shape() != g.shape() || p.dtype() != g.dtype() {
             return Err(Error::tensor(
@@ -434,6 +470,18 @@ impl DeviceOptimizer {
         };
         let ((pp, k), (op, _), (gp, _)) = (arg(p, name)?, arg(&out, name)?, arg(g, name)?);
         let n64 = n as u64;
+        let rec = dev.with_arena(|a| {
+            let (gb, pb) = (&g.cuda(name)?.buf, &out.cuda(name)?.buf);
+            Ok(RecordArgs {
+                g_slot: a.word_ptr(dev, slots.grad, 0),
+                g_partials: a.gather_in_kernel(dev, slots.grad, gb)?,
+                p_slot: a.word_ptr(dev, slots.param, 0),
+                p_partials: a.gather_in_kernel(dev, slots.param, pb)?,
+                scale,
+                pad: 0,
+            })
+        })?;
+        let cfg = stats_config(n64);
         match &self.cfg {
             OptimizerConfig::Sgd(c) => {
                 let a = sgd_args(c, lr, p.dtype(), st.updates == 0.0)?;
@@ -441,14 +489,14 @@ impl DeviceOptimizer {
                     st.a = Some(zeros(n)?);
                 }
                 let bp = st.a.as_ref().map_or(0, |b| ptr(dev, b));
-                launch!(dev, "amp_sgd", n64, &pp, &op, &gp, &k, &bp, &n64, &a, &state);
+                launch_with!(dev, "amp_sgd", cfg, &pp, &op, &gp, &k, &bp, &n64, &a, &state, &rec);
             }
             OptimizerConfig::Adam(c) => {
-                self::adam(dev, c, lr, st, p.dtype(), n, (pp, op, gp, k), state)?
+                self::adam(dev, c, lr, st, p.dtype(), n, (pp, op, gp, k), state, &rec)?
             }
             OptimizerConfig::AdamW(c) => {
                 let c = AdamConfig::from(c.clone());
-                self::adam(dev, &c, lr, st, p.dtype(), n, (pp, op, gp, k), state)?
+                self::adam(dev, &c, lr, st, p.dtype(), n, (pp, op, gp, k), state, &rec)?
             }
         }
         Ok(out.as_leaf(true))
@@ -466,6 +514,7 @@ fn adam(
     n: usize,
     (pp, op, gp, k): (u64, u64, u64, i32),
     state: u64,
+    rec: &RecordArgs,
 ) -> Result<()> {
     let zeros = |n: usize| -> Result<CudaSlice<f32>> {
         dev.stream()
@@ -484,7 +533,22 @@ fn adam(
     let eb = st.b.as_ref().map_or(0, |b| ptr(dev, b));
     let ec = st.c.as_ref().map_or(0, |b| ptr(dev, b));
     let n64 = n as u64;
-    launch!(dev, "amp_adam", n64, &pp, &op, &gp, &k, &ea, &eb, &ec, &n64, &a, &state);
+    launch_with!(
+        dev,
+        "amp_adam",
+        stats_config(n64),
+        &pp,
+        &op,
+        &gp,
+        &k,
+        &ea,
+        &eb,
+        &ec,
+        &n64,
+        &a,
+        &state,
+        rec
+    );
     Ok(())
 }
 

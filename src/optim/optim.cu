@@ -130,10 +130,59 @@ struct SgdArgs {
     int pad;
 };
 
-// One SGD update of one parameter (sgd.rs): reads p, writes p_out (skipped steps copy p).
+// Where an update leaves its parameter's record (params.rs `ParamRecord::from_stats`):
+// the statistics of the gradient as the update reads it and of the parameter as it writes
+// it, each in an arena slot with its partial sums, and the gradient's values that the
+// step's loss scale flushes to zero in fp16, counted into the gradient slot's
+// SCALED_FLUSHES word. The update then runs on the statistics pass's launch shape, so
+// that it is the only pass over either tensor.
+#define SCALED_FLUSHES 293
+struct RecordArgs {
+    u64* g_slot;
+    double* g_partials;
+    u64* p_slot;
+    double* p_partials;
+    float scale;
+    u32 pad;
+};
+
+struct RecordAcc {
+    StatsAcc g, p;
+    u32 flushes;
+};
+
+__device__ __forceinline__ void record_begin(RecordAcc* r, int kind) {
+    stats_begin(&r->g, kind_sub_limit(kind), stats_shared());
+    stats_begin(&r->p, kind_sub_limit(kind), stats_shared_second());
+    r->flushes = 0;
+}
+
+// Finite nonzero g whose g * scale (f32) is at most 2^-25, i.e. zero in fp16 (params.rs
+// `scaled_f16_flushes`).
+__device__ __forceinline__ void record_add(RecordAcc* r, const RecordArgs& a, const void* g,
+                                           const void* p_out, int kind, u64 j) {
+    u32 gb = widened_bits(g, kind, j);
+    stats_add(&r->g, gb);
+    u32 ga = gb & 0x7fffffffu;
+    u32 s = __float_as_uint(__uint_as_float(gb) * a.scale) & 0x7fffffffu;
+    r->flushes += (ga != 0 && ga < 0x7f800000u && s <= 0x33000000u) ? 1u : 0u;
+    stats_add(&r->p, widened_bits(p_out, kind, j));
+}
+
+__device__ void record_end(RecordAcc* r, const RecordArgs& a, u64 n) {
+    stats_end(&r->g, a.g_slot, a.g_partials, blockIdx.x, gridDim.x, n);
+    stats_end(&r->p, a.p_slot, a.p_partials, blockIdx.x, gridDim.x, n);
+    if (r->flushes) atomicAdd(&a.g_slot[SCALED_FLUSHES], (u64)r->flushes);
+}
+
+// One SGD update of one parameter (sgd.rs): reads p, writes p_out (skipped steps copy p),
+// and gathers the parameter's record.
 extern "C" __global__ void amp_sgd(const void* p, void* p_out, const void* g, int kind,
-                                   float* buf, u64 n, SgdArgs a, const u32* state) {
+                                   float* buf, u64 n, SgdArgs a, const u32* state,
+                                   RecordArgs rec) {
     bool skip = state[AMP_FOUND_INF] != 0;
+    RecordAcc r;
+    record_begin(&r, kind);
     for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < n;
          j += (u64)gridDim.x * blockDim.x) {
         float pv = load_f32(p, kind, j);
@@ -152,7 +201,9 @@ extern "C" __global__ void amp_sgd(const void* p, void* p_out, const void* g, in
         }
         u32 o = 0, u = 0;
         store_round(p_out, kind, j, pv, &o, &u);
+        record_add(&r, rec, g, p_out, kind, j);
     }
+    record_end(&r, rec, n);
 }
 
 // Adam/AdamW hyper-parameters of this step, computed on the host as adam.rs does.
@@ -184,11 +235,14 @@ __device__ __forceinline__ float amp_maximum(float a, float b) {
 }
 
 // One Adam/AdamW update of one parameter (adam.rs): reads p, writes p_out; the state
-// buffers are updated in place (not at all on a skipped step).
+// buffers are updated in place (not at all on a skipped step). Gathers the parameter's
+// record.
 extern "C" __global__ void amp_adam(const void* p, void* p_out, const void* g, int kind,
                                     float* exp_avg, float* exp_avg_sq, float* max_sq, u64 n,
-                                    AdamArgs a, const u32* state) {
+                                    AdamArgs a, const u32* state, RecordArgs rec) {
     bool skip = state[AMP_FOUND_INF] != 0;
+    RecordAcc r;
+    record_begin(&r, kind);
     for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < n;
          j += (u64)gridDim.x * blockDim.x) {
         float pv = load_f32(p, kind, j);
@@ -215,7 +269,9 @@ extern "C" __global__ void amp_adam(const void* p, void* p_out, const void* g, i
         }
         u32 o = 0, u = 0;
         store_round(p_out, kind, j, pv, &o, &u);
+        record_add(&r, rec, g, p_out, kind, j);
     }
+    record_end(&r, rec, n);
 }
 
 // Scale-update parameters (amprobe's ScalerConfig).
@@ -314,17 +370,3 @@ extern "C" __global__ void amp_scalar_to_word(const void* x, int kind, u64* word
     word[0] = (u64)__double_as_longlong((double)load_f32(x, kind, 0));
 }
 
-// Finite nonzero g whose g * scale (f32) is at most 2^-25, i.e. zero in fp16 (params.rs
-// `scaled_f16_flushes`), added to an arena word.
-extern "C" __global__ void amp_scaled_flushes(const void* g, int kind, u64 n, float scale,
-                                              u64* word) {
-    u32 c = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        float x = load_f32(g, kind, i);
-        u32 a = __float_as_uint(x) & 0x7fffffffu;
-        u32 s = __float_as_uint(x * scale) & 0x7fffffffu;
-        c += (a != 0 && a < 0x7f800000u && s <= 0x33000000u) ? 1u : 0u;
-    }
-    if (c) atomicAdd(word, (u64)c);
-}

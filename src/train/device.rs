@@ -17,7 +17,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::models::Batch;
 use crate::optim::clip::ClipOutcome;
-use crate::optim::cuda::{self as dev_optim, word, DeviceOptimizer, DeviceScaler, StepScalars};
+use crate::optim::cuda::{
+    self as dev_optim, word, DeviceOptimizer, DeviceScaler, ParamUpdate, RecordSlots, StepScalars,
+};
 use crate::tensor::Tensor;
 use crate::trace::record::{ParamRecord, StepRecord};
 use std::sync::Arc;
@@ -55,16 +57,6 @@ fn slot_word(dev: &CudaDevice, w: usize) -> Result<(u32, u64)> {
     dev.with_arena(|a| {
         let s = a.slot(dev)?;
         Ok((s, a.word_ptr(dev, s, w)))
-    })
-}
-
-/// Queues the statistics of device tensor `t` into a fresh slot.
-fn probe(dev: &CudaDevice, t: &Tensor) -> Result<u32> {
-    let c = t.cuda("probe")?;
-    dev.with_arena(|a| {
-        let s = a.slot(dev)?;
-        a.probe(dev, &c.buf, t.dtype(), s)?;
-        Ok(s)
     })
 }
 
@@ -147,7 +139,7 @@ impl Trainer {
         if self.scaler.is_enabled() && !ds.unscaled {
             self.device_unscale(&mut ds, &grads)?;
         }
-        self.device_optimizer_step(&mut ds, &grads)?;
+        self.device_optimizer_step(&mut ds, &grads, st.scale_before)?;
         if self.scaler.is_enabled() {
             let cfg = self.scaler.config().clone();
             self.device()?.scaler.update(&cfg)?;
@@ -256,20 +248,48 @@ impl Trainer {
         &mut self,
         ds: &mut DeviceStep,
         grads: &[Option<Tensor>],
+        scale: f32,
     ) -> Result<()> {
         flush(&*self.dev()?)?;
         ds.ops_before_update = self.recorder().map(|r| r.ops().len());
         let lr = self.optimizer.lr_f64();
+        // Every parameter with a gradient gets its record's two slots, all taken before the
+        // first update launches (a slot taken later could move the arena).
+        let dev = self.dev()?;
+        let mut slots = Vec::new();
+        dev.with_arena(|a| {
+            for (i, g) in grads.iter().enumerate() {
+                if g.is_some() {
+                    let grad = a.slot(&dev)?;
+                    slots.push((
+                        i,
+                        RecordSlots {
+                            grad,
+                            param: a.slot(&dev)?,
+                        },
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        ds.records = slots.iter().map(|&(i, s)| (i, s.grad, s.param)).collect();
         let new = {
             let d = self.device.as_mut().expect("a device trainer");
-            let list: Vec<(&str, &Tensor, Option<&Tensor>)> = self
+            let mut at = slots.iter().map(|&(_, s)| s);
+            let list: Vec<ParamUpdate<'_>> = self
                 .params
                 .params
                 .iter()
                 .zip(grads)
-                .map(|(p, g)| (p.name.as_str(), &p.value, g.as_ref()))
+                .map(|(p, g)| ParamUpdate {
+                    name: &p.name,
+                    value: &p.value,
+                    grad: g
+                        .as_ref()
+                        .map(|g| (g, at.next().expect("a slot per gradient"))),
+                })
                 .collect();
-            d.scaler.optimizer_step(&mut d.opt, lr, &list)?
+            d.scaler.optimizer_step(&mut d.opt, lr, scale, &list)?
         };
         for (p, nv) in self.params.params.iter_mut().zip(new) {
             let stepped = grads_has(&nv, &p.value);
@@ -292,14 +312,6 @@ impl Trainer {
         grads: &[Option<Tensor>],
     ) -> Result<StepRecord> {
         let dev = self.dev()?;
-        for (i, (p, g)) in self.params.params.iter().zip(grads).enumerate() {
-            let Some(g) = g else { continue };
-            let gs = probe(&dev, g)?;
-            let w = dev.with_arena(|a| Ok(a.word_ptr(&dev, gs, word::SCALED_FLUSHES)))?;
-            dev_optim::scaled_flushes(g, st.scale_before, w)?;
-            let ps = probe(&dev, &p.value)?;
-            ds.records.push((i, gs, ps));
-        }
         let (ss, sw) = slot_word(&dev, 0)?;
         let slot_ptr = sw;
         self.device()?.scaler.summary(slot_ptr)?;

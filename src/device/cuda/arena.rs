@@ -158,6 +158,17 @@ impl StatsArena {
         if !self.gathering {
             return Ok(None);
         }
+        self.gather_in_kernel(dev, slot, out).map(Some)
+    }
+
+    /// [`gather`](Self::gather) whatever the arena's mode: for statistics every step has
+    /// (a parameter's record), gathered by the kernel that reads or writes the tensor.
+    pub fn gather_in_kernel(
+        &mut self,
+        dev: &CudaDevice,
+        slot: u32,
+        out: &Arc<DeviceBuffer>,
+    ) -> Result<u64> {
         if slot as usize >= self.used {
             return Err(Error::Device(format!(
                 "statistics slot {slot} was not handed out"
@@ -172,9 +183,7 @@ impl StatsArena {
                 "slot {slot} already gathers another tensor's statistics"
             )));
         }
-        Ok(Some(
-            self.partials.device_ptr(dev.stream()).0 + (slot as usize * MAX_PARTIALS * 8) as u64,
-        ))
+        Ok(self.partials.device_ptr(dev.stream()).0 + (slot as usize * MAX_PARTIALS * 8) as u64)
     }
 
     /// Slots handed out since the last reset.

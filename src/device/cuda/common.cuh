@@ -180,21 +180,32 @@ struct StatsShared {
     double sq[STATS_THREADS];
 };
 
+// The block's tallies for a kernel's tensor.
 __device__ StatsShared* stats_shared() {
     __shared__ StatsShared s;
     return &s;
 }
 
-// One thread's tallies.
+// The block's tallies for a second tensor the same kernel gathers at the same time (an
+// update's gradient beside its new parameter); apart, so that kernels gathering one tensor
+// do not reserve its shared memory.
+__device__ StatsShared* stats_shared_second() {
+    __shared__ StatsShared s;
+    return &s;
+}
+
+// One thread's tallies, and the block's they go to.
 struct StatsAcc {
     u32 c[N_COUNTERS];
     u32 mx, mn_rev, sub_limit;
     double sq;
+    StatsShared* sh;
 };
 
-// Clears the block's tallies and the thread's (every thread of the block calls it).
-__device__ void stats_begin(StatsAcc* a, u32 sub_limit) {
-    StatsShared* s = stats_shared();
+// Clears the block's tallies `sh` and the thread's (every thread of the block calls it).
+__device__ void stats_begin(StatsAcc* a, u32 sub_limit, StatsShared* sh) {
+    StatsShared* s = sh;
+    a->sh = sh;
     for (u32 k = threadIdx.x; k < WARPS * HIST_BINS; k += blockDim.x) (&s->hist[0][0])[k] = 0;
     if (threadIdx.x < N_COUNTERS) s->cnt[threadIdx.x] = 0;
     if (threadIdx.x == 0) { s->mx = 0; s->mn_rev = 0; }
@@ -223,14 +234,14 @@ __device__ __forceinline__ void stats_add(StatsAcc* a, u32 b) {
     if (x <= 0x00008000u) a->c[ST_BF16_UNDER]++;
     u32 field = x >> 23;
     int e = field ? (int)field - 127 : -149 + (31 - __clz(x));
-    atomicAdd(&stats_shared()->hist[threadIdx.x / 32][e + 149], 1u);
+    atomicAdd(&a->sh->hist[threadIdx.x / 32][e + 149], 1u);
 }
 
 // Adds the block's tallies to `slot` and leaves its sum of squares in `partials[block]`
 // (`block` of `nblocks`, which covered `n` values in all). Every thread calls it.
 __device__ void stats_end(StatsAcc* a, u64* slot, double* partials, u32 block, u32 nblocks,
                           u64 n) {
-    StatsShared* s = stats_shared();
+    StatsShared* s = a->sh;
     for (int k = 0; k < N_COUNTERS; ++k)
         if (a->c[k]) atomicAdd(&s->cnt[k], a->c[k]);
     if (a->mx) atomicMax(&s->mx, a->mx);
@@ -274,7 +285,7 @@ __device__ __forceinline__ void out_begin(OutStats* o, u64* counts, double* part
                                           int kind) {
     o->slot = (counts && partials) ? counts - ST_ROUND_OVER : 0;
     o->partials = partials;
-    if (o->slot) stats_begin(&o->acc, kind_sub_limit(kind));
+    if (o->slot) stats_begin(&o->acc, kind_sub_limit(kind), stats_shared());
 }
 
 // Tallies element i of the output as stored.
