@@ -527,11 +527,15 @@ fn a_label_out_of_range_is_the_emulators_error_on_the_device() {
 
 /// Steps whose op statistics were gathered by the kernels that wrote the outputs give the
 /// records the probe arena's own pass over each output gives: every field of every step
-/// and op record is identical, the sums of squares aside. Those are f64 sums of per-block
-/// partials, and the arena batches a tensor under 64k values into one block where a
-/// gathering kernel runs the statistics pass's shape (one block per 2048 values): both
-/// shapes are one block up to 2048 values and the same from 64k on, where the sums are
-/// equal bit for bit; in between they are within 1e-12 relative.
+/// and op record is identical, the sums of squares aside. Those are f64 sums: each thread
+/// sums the values it writes, in the order it writes them, then the block's tree and the
+/// blocks in order. The arena batches a tensor under 64k values into one block where a
+/// gathering kernel runs the statistics pass's shape (one block per 2048 values); both
+/// shapes are one block up to 2048 values and the same from 64k on. There, a kernel that
+/// writes in output order gives the sum bit for bit; the gradient of a transpose or a
+/// permute writes in its input's order (a permutation of the output), and other sizes
+/// split the sum otherwise, so those are within 2n·2⁻⁵³ relative (both orders' error
+/// bounds for n positive terms).
 fn same_records_either_way(fused: &[StepRecord], pass: &[StepRecord], what: &str) {
     assert_eq!(fused.len(), pass.len());
     for (a, b) in fused.iter().zip(pass) {
@@ -542,14 +546,16 @@ fn same_records_either_way(fused: &[StepRecord], pass: &[StepRecord], what: &str
         for (x, y) in ao.iter_mut().zip(bo.iter_mut()) {
             let (n, sx, sy) = (x.stats.numel, x.stats.sum_sq, y.stats.sum_sq);
             let at = format!("{what} step {} {} #{} {}", a.step, x.op, x.index, x.module);
-            if n <= 2048 || n >= 65536 {
+            let permuted = x.phase == Phase::Backward && (x.op == "transpose" || x.op == "permute");
+            if (n <= 2048 || n >= 65536) && !permuted {
                 assert_eq!(
                     sx.to_bits(),
                     sy.to_bits(),
                     "{at}: sum of squares {sx} vs {sy}"
                 );
             } else {
-                assert!(rel(sx, sy) <= 1e-12, "{at}: sum of squares {sx} vs {sy}");
+                let bound = 2.0 * n as f64 * 2f64.powi(-53);
+                assert!(rel(sx, sy) <= bound, "{at}: sum of squares {sx} vs {sy}");
             }
             y.stats.sum_sq = sx;
         }

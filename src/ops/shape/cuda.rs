@@ -2,10 +2,13 @@
 //! slice and cat and of their gradients, as raw element bits. The geometry travels as one
 //! kernel argument; no index array is uploaded.
 
+use crate::device::cuda::buffer::kind_code;
 use crate::device::cuda::DeviceBuffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::cuda::{arg_ptr, device_of, launch, output, pad_shape, pad_strides, MAX_DIMS};
+use crate::ops::cuda::{
+    arg_ptr, device_of, launch_with, output, pad_shape, pad_strides, Out, MAX_DIMS,
+};
 use crate::tensor::{strides, Tensor};
 use cudarc::driver::DeviceRepr;
 
@@ -37,7 +40,8 @@ pub(crate) fn elem_bytes(dtype: DType, op: &str) -> Result<i32> {
 }
 
 /// Copies, for every index of `shape`, `x[src_base + Σ i·src]` to
-/// `y[dst_base + Σ i·dst]`.
+/// `y[dst_base + Σ i·dst]`. `sink` gathers y's statistics: only for a copy that writes every
+/// element of y (else [`Out::NONE`]); int64 values get none.
 pub(crate) fn copy(
     op: &str,
     x: &Tensor,
@@ -45,6 +49,7 @@ pub(crate) fn copy(
     shape: &[usize],
     (src, src_base): (&[usize], usize),
     (dst, dst_base): (&[usize], usize),
+    sink: Out,
 ) -> Result<()> {
     let dev = device_of(op, &[x, y])?;
     let n = shape.iter().product::<usize>() as u64;
@@ -66,34 +71,60 @@ pub(crate) fn copy(
     };
     let bytes = elem_bytes(x.dtype(), op)?;
     let (xp, yp) = (arg_ptr(x, op)?, arg_ptr(y, op)?);
-    launch!(dev, "amp_strided_copy", n, &xp, &yp, &bytes, &n, &geo);
+    let (kind, sink) = match x.dtype() {
+        DType::I64 => (-1, Out::NONE),
+        d => (kind_code(d)?, sink),
+    };
+    let o = sink.for_output(y, n)?;
+    launch_with!(
+        dev,
+        "amp_strided_copy",
+        o.cfg,
+        &xp,
+        &yp,
+        &bytes,
+        &n,
+        &geo,
+        &kind,
+        &o.counts,
+        &o.partials
+    );
     Ok(())
 }
 
 /// A new contiguous tensor of `out_shape` whose element at index i is
-/// `x[base + Σ i·src]`.
+/// `x[base + Σ i·src]`, its statistics gathered where `sink` says.
 pub fn gather_strided(
     op: &str,
     x: &Tensor,
     out_shape: &[usize],
-    src: &[usize],
-    base: usize,
+    (src, base): (&[usize], usize),
+    sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[x])?;
     let y = output(&dev, out_shape, x.dtype())?;
-    copy(op, x, &y, out_shape, (src, base), (&strides(out_shape), 0))?;
+    copy(
+        op,
+        x,
+        &y,
+        out_shape,
+        (src, base),
+        (&strides(out_shape), 0),
+        sink,
+    )?;
     Ok(y)
 }
 
 /// A tensor of `full` holding contiguous `g` (shape `part`) at `base + Σ i·dst`; zero
-/// elsewhere when `zero` (the copy does not cover `full`).
+/// elsewhere when `zero` (the copy does not cover `full`). Statistics are gathered where
+/// `sink` says only when the copy covers `full`.
 pub fn scatter_strided(
     op: &str,
     g: &Tensor,
     full: &[usize],
-    dst: &[usize],
-    base: usize,
+    (dst, base): (&[usize], usize),
     zero: bool,
+    sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[g])?;
     let n = full.iter().product();
@@ -103,6 +134,15 @@ pub fn scatter_strided(
         full,
         g.dtype(),
     )?;
-    copy(op, g, &y, g.shape(), (&strides(g.shape()), 0), (dst, base))?;
+    let sink = if zero { Out::NONE } else { sink };
+    copy(
+        op,
+        g,
+        &y,
+        g.shape(),
+        (&strides(g.shape()), 0),
+        (dst, base),
+        sink,
+    )?;
     Ok(y)
 }

@@ -171,8 +171,13 @@ impl Engine {
             Some(r) if !device => Some(strided_offsets(&out_shape, &r.strides, r.base)),
             _ => None,
         };
+        let mut slot = None;
         let out = match (&route, &src) {
-            (Some(r), _) if device => cuda::gather_strided(op, x, &out_shape, &r.strides, r.base)?,
+            (Some(r), _) if device => {
+                let (s, sink) = super::device_out(x)?;
+                slot = Some(s);
+                cuda::gather_strided(op, x, &out_shape, (&r.strides, r.base), sink)?
+            }
             (_, Some(idx)) => {
                 Tensor::from_storage(gather(x.storage(), idx, op)?, &out_shape, x.dtype())?
             }
@@ -182,9 +187,19 @@ impl Engine {
             let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
             Some(Box::new(move |g: &Tensor| {
                 check_grad(g, &out_shape, op)?;
+                let mut slot = None;
                 let tensor = match (&route, &src) {
                     (Some(r), _) if g.storage().is_device() => {
-                        cuda::scatter_strided(op, g, &in_shape, &r.strides, r.base, !r.onto)?
+                        let (s, sink) = super::device_out(g)?;
+                        slot = Some(s);
+                        cuda::scatter_strided(
+                            op,
+                            g,
+                            &in_shape,
+                            (&r.strides, r.base),
+                            !r.onto,
+                            sink,
+                        )?
                     }
                     (_, Some(idx)) => Tensor::from_storage(
                         scatter(&[(g.storage(), idx)], numel(&in_shape), op)?,
@@ -197,13 +212,16 @@ impl Engine {
                 Ok(vec![Some(Grad {
                     tensor,
                     rounding: RoundCounts::default(),
-                    slot: None,
+                    slot,
                 })])
             }))
         } else {
             None
         };
-        let out = Computed::new(out, RoundCounts::default());
+        let out = Computed {
+            slot,
+            ..Computed::new(out, RoundCounts::default())
+        };
         self.record(op, &[x], &["self"], out, backward)
     }
 
@@ -411,6 +429,7 @@ impl Engine {
                     t.shape(),
                     (&strides(t.shape()), 0),
                     (&os, o),
+                    super::cuda::Out::NONE,
                 )?;
             }
             out
@@ -432,8 +451,11 @@ impl Engine {
                     .iter()
                     .enumerate()
                     .map(|(k, s)| {
+                        let mut slot = None;
                         let tensor = if g.storage().is_device() {
-                            cuda::gather_strided("cat", g, s, &os, offs[k])?
+                            let (at, sink) = super::device_out(g)?;
+                            slot = Some(at);
+                            cuda::gather_strided("cat", g, s, (&os, offs[k]), sink)?
                         } else {
                             let i = idx.get(k).ok_or_else(|| super::no_device_kernel("cat"))?;
                             Tensor::from_storage(gather(g.storage(), i, "backward")?, s, dtype)?
@@ -441,7 +463,7 @@ impl Engine {
                         Ok(Some(Grad {
                             tensor,
                             rounding: RoundCounts::default(),
-                            slot: None,
+                            slot,
                         }))
                     })
                     .collect()

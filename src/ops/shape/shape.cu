@@ -16,8 +16,14 @@ struct Strided {
     u64 dst_base;
 };
 
+// When the copy writes every element of y once (a gather, or a scatter that covers its
+// output), it may gather y's statistics as it writes (`kind`, `counts`, `partials` as in
+// common.cuh's OutStats; partials null otherwise).
 extern "C" __global__ void amp_strided_copy(const void* x, void* y, int bytes, u64 n,
-                                            Strided g) {
+                                            Strided g, int kind, u64* counts,
+                                            double* partials) {
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, is = g.src_base, id = g.dst_base;
@@ -34,5 +40,7 @@ extern "C" __global__ void amp_strided_copy(const void* x, void* y, int bytes, u
         } else {
             ((u64*)y)[id] = ((const u64*)x)[is];
         }
+        out_add(&st, y, kind, id);
     }
+    out_end(&st, n);
 }
