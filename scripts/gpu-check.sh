@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU, with binaries packed by scripts/gpu-pack.sh in gpu-bin/:
 # what the machine offers, the kernel compile check, the device parity suite (GPU tests
-# with AMPROBE_REQUIRE_GPU=1, so a missing GPU fails instead of skipping), and the PyTorch
-# side of the T5-base benchmark. Prints one summary table; results go to $OUT (or
-# gpu-results/) as text and JSON.
+# with AMPROBE_REQUIRE_GPU=1, so a missing GPU fails instead of skipping), and the T5-base
+# step-time benchmark: PyTorch eager AMP and anomaly mode, then amprobe's device step with
+# probes off and on, and the ratios (a)-(d) of the two (benches/t5_base_gpu.rs says which).
+# Prints one summary table; results go to $OUT (or gpu-results/) as text and JSON.
 #
-#   scripts/gpu-check.sh [--quick]     # --quick: PyTorch bench with 2 layers
+#   scripts/gpu-check.sh [--quick]     # --quick: both benches with 2 layers
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -54,6 +55,8 @@ step gpu_parity gpu-bin/gpu_parity --test-threads=1 --nocapture
 step selftest gpu-bin/amprobe doctor --selftest
 layers=12; [ "$quick" = "--quick" ] && layers=2
 step torch_bench python3 scripts/bench_t5_gpu_torch.py --layers "$layers" --json "$out/torch_bench.json"
+step amprobe_bench gpu-bin/t5_base_gpu --layers "$layers" --json "$out/amprobe_bench.json" \
+    --torch "$out/torch_bench.json"
 
 echo
 echo "== summary ($(tail -n 1 "$out/nvidia-smi.txt"))"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the release binary and the GPU test binaries here (the GPU machine has no Rust
-# toolchain) and copies them, stripped, into gpu-bin/ (ignored by git) for the device run:
+# Builds the release binary, the GPU test binaries and the GPU step-time bench here (the GPU
+# machine has no Rust toolchain) and copies them, stripped, into gpu-bin/ (ignored by git)
+# for the device run:
 #
 #   scripts/gpu-pack.sh            # then carry gpu-bin/ and run scripts/gpu-check.sh there
 set -euo pipefail
@@ -14,7 +15,16 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_parity", "cuda_kernels"):
         print(m["target"]["name"], m["executable"])
 ')
+bench=$(cargo bench --bench t5_base_gpu --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "t5_base_gpu":
+        print(m["executable"])
+')
 rm -rf gpu-bin && mkdir -p gpu-bin
+strip -o gpu-bin/t5_base_gpu "$bench"
 strip -o gpu-bin/amprobe target/release/amprobe
 while read -r name exe; do
     strip -o "gpu-bin/$name" "$exe"

@@ -1,0 +1,328 @@
+//! amprobe's side of the GPU benchmark: the time of one training step of a T5-base-size
+//! encoder on the CUDA device, probes on and off, in fp16, bf16 and fp32; with PyTorch's
+//! figures from `scripts/bench_t5_gpu_torch.py --json` (`--torch FILE`) it prints the
+//! ratios that say what amprobe costs:
+//!
+//! - (a) amprobe, probes off / PyTorch eager AMP: the price of the emulator-exact kernels;
+//! - (b) amprobe, probes on / probes off: the price of the probes;
+//! - (c) amprobe, probes on / PyTorch eager AMP: what a user pays to look;
+//! - (d) amprobe, probes on / PyTorch under `detect_anomaly`: against today's way to look.
+//!
+//! The workload is the PyTorch script's: T5EncoderModel with the relu FFN, d_model 768,
+//! 12 layers, d_ff 3072, 12 heads, d_kv 64, vocab 32128, batch 8, seq 512, the LM objective
+//! on the tied embedding, SGD(lr=0.01) and the default GradScaler in every mode (as the
+//! script runs them). A step ends with amprobe's one device-to-host read, which waits
+//! for the device, so the wall time of `Trainer::step` is the step's time, host work
+//! included. After `--warmup` untimed steps, `--steps` steps are timed; the table gives the
+//! median and the minimum.
+//!
+//! On the simulated device (`crates/cudasim`) it runs only with `--allow-simulated` (to check
+//! the bench itself, at small sizes) and says that its figures are not hardware figures.
+//!
+//! ```text
+//! cargo bench --bench t5_base_gpu -- [--layers N] [--batch N] [--seq N] [--vocab N]
+//!     [--warmup N] [--steps N] [--modes fp16,bf16,fp32] [--json FILE] [--torch FILE]
+//!     [--allow-simulated]
+//! ```
+
+use amprobe::amp::mode::Precision;
+use amprobe::amp::scaler::ScalerConfig;
+use amprobe::backend::BackendKind;
+use amprobe::device::{detect, Detection};
+use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+use amprobe::optim::{OptimizerConfig, SgdConfig};
+use amprobe::train::{Synthetic, TrainConfig, Trainer};
+use std::time::Instant;
+
+/// The bench's settings (PyTorch script's defaults).
+#[derive(Debug, Clone)]
+struct Args {
+    layers: usize,
+    batch: usize,
+    seq: usize,
+    vocab: usize,
+    warmup: u64,
+    steps: u64,
+    modes: Vec<String>,
+    json: Option<String>,
+    torch: Option<String>,
+    allow_simulated: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        layers: 12,
+        batch: 8,
+        seq: 512,
+        vocab: 32128,
+        warmup: 3,
+        steps: 10,
+        modes: vec!["fp16".into(), "bf16".into(), "fp32".into()],
+        json: None,
+        torch: None,
+        allow_simulated: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        let num = |name: &str, v: String| -> Result<usize, String> {
+            v.parse()
+                .ok()
+                .filter(|&n: &usize| n > 0)
+                .ok_or(format!("{name} expects a positive integer, got {v:?}"))
+        };
+        match flag.as_str() {
+            "--layers" => a.layers = num("--layers", value("--layers")?)?,
+            "--batch" => a.batch = num("--batch", value("--batch")?)?,
+            "--seq" => a.seq = num("--seq", value("--seq")?)?,
+            "--vocab" => a.vocab = num("--vocab", value("--vocab")?)?,
+            "--warmup" => a.warmup = num("--warmup", value("--warmup")?)? as u64,
+            "--steps" => a.steps = num("--steps", value("--steps")?)? as u64,
+            "--modes" => {
+                a.modes = value("--modes")?
+                    .split(',')
+                    .map(|m| m.trim().to_string())
+                    .collect();
+                if let Some(m) = a
+                    .modes
+                    .iter()
+                    .find(|m| !["fp16", "bf16", "fp32"].contains(&m.as_str()))
+                {
+                    return Err(format!("--modes: {m:?} is not fp16, bf16 or fp32"));
+                }
+            }
+            "--json" => a.json = Some(value("--json")?),
+            "--torch" => a.torch = Some(value("--torch")?),
+            "--allow-simulated" => a.allow_simulated = true,
+            // cargo bench passes --bench to every bench binary.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(a)
+}
+
+fn trainer(a: &Args, mode: &str, probes: bool) -> amprobe::Result<Trainer> {
+    let cfg = T5Config {
+        d_model: 768,
+        d_ff: 3072,
+        d_kv: 64,
+        num_heads: 12,
+        num_layers: a.layers,
+        vocab_size: a.vocab,
+        num_buckets: 32,
+        max_distance: 128,
+        eps: 1e-6,
+        feed_forward: FeedForward::Relu,
+        dropout: 0.0,
+    };
+    let model = T5Encoder::new(cfg);
+    let params = model.init(0)?;
+    let precision = Precision::parse(mode)?;
+    let train = TrainConfig {
+        precision,
+        probes,
+        backend: BackendKind::Cuda,
+        optimizer: OptimizerConfig::Sgd(SgdConfig {
+            lr: 0.01,
+            ..SgdConfig::default()
+        }),
+        scaler: ScalerConfig::default(),
+        ..TrainConfig::default()
+    };
+    let (vocab, batch, seq) = (a.vocab, a.batch, a.seq);
+    let data = Synthetic(move |step, micro| {
+        synthetic_ids(vocab, batch, seq, 0, step * 1024 + micro as u64)
+    });
+    Trainer::new(train, Box::new(model), params, Box::new(data))
+}
+
+/// Median and minimum step time (ms) of one mode with probes on or off.
+struct Timed {
+    mode: String,
+    probes: bool,
+    median_ms: f64,
+    min_ms: f64,
+    skipped: usize,
+}
+
+fn time_steps(a: &Args, mode: &str, probes: bool) -> amprobe::Result<Timed> {
+    let mut t = trainer(a, mode, probes)?;
+    for s in 0..a.warmup {
+        t.step(s)?;
+    }
+    let mut ms = Vec::new();
+    let mut skipped = 0;
+    for s in a.warmup..a.warmup + a.steps {
+        let t0 = Instant::now();
+        let rec = t.step(s)?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        skipped += rec.skipped as usize;
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(Timed {
+        mode: mode.to_string(),
+        probes,
+        median_ms: ms[ms.len() / 2],
+        min_ms: ms[0],
+        skipped,
+    })
+}
+
+/// PyTorch's median step time for `mode` and `variant` from the script's JSON.
+fn torch_ms(torch: &serde_json::Value, mode: &str, variant: &str) -> Option<f64> {
+    torch["steps"].as_array()?.iter().find_map(|s| {
+        (s["mode"] == mode && s["variant"] == variant)
+            .then(|| s["median_ms"].as_f64())
+            .flatten()
+    })
+}
+
+fn main() {
+    let a = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let info = match detect() {
+        Detection::Available(i) => i,
+        Detection::Unavailable { reason } => {
+            eprintln!("skipped: no CUDA device ({reason}); this bench times a real GPU");
+            return;
+        }
+    };
+    let Some(dev) = info.devices.first() else {
+        eprintln!("skipped: the driver lists no device");
+        return;
+    };
+    if dev.simulated && !a.allow_simulated {
+        eprintln!(
+            "skipped: {} is the simulated device, whose times are not GPU times \
+             (--allow-simulated runs it anyway, to check the bench)",
+            dev.name
+        );
+        return;
+    }
+    let torch: Option<serde_json::Value> = match &a.torch {
+        None => None,
+        Some(path) => match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_json::from_str(&s).map_err(|e| e.to_string()))
+        {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("error: --torch {path}: {e}");
+                std::process::exit(2);
+            }
+        },
+    };
+    println!(
+        "device {}{}; T5 encoder d_model 768, {} layers, d_ff 3072, 12 heads, vocab {}; \
+         batch {}, seq {}; {} warm-up + {} timed steps",
+        dev.name,
+        if dev.simulated {
+            " — SIMULATED: these are not hardware figures"
+        } else {
+            ""
+        },
+        a.layers,
+        a.vocab,
+        a.batch,
+        a.seq,
+        a.warmup,
+        a.steps
+    );
+    println!();
+    println!(
+        "{:<6} {:<7} {:>11} {:>11}  note",
+        "mode", "probes", "median ms", "min ms"
+    );
+    let mut rows = Vec::new();
+    for mode in &a.modes {
+        for probes in [false, true] {
+            match time_steps(&a, mode, probes) {
+                Ok(r) => {
+                    println!(
+                        "{:<6} {:<7} {:>11.2} {:>11.2}  {}",
+                        r.mode,
+                        if probes { "on" } else { "off" },
+                        r.median_ms,
+                        r.min_ms,
+                        if r.skipped > 0 {
+                            format!("{} skipped", r.skipped)
+                        } else {
+                            String::new()
+                        }
+                    );
+                    rows.push(r);
+                }
+                Err(e) => {
+                    eprintln!("error: {mode}, probes {probes}: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+    let of = |mode: &str, probes: bool| {
+        rows.iter()
+            .find(|r| r.mode == mode && r.probes == probes)
+            .map(|r| r.median_ms)
+    };
+    let mut ratios = Vec::new();
+    println!();
+    println!(
+        "{:<6} {:>22} {:>16} {:>22} {:>24}",
+        "mode", "(a) off/torch eager", "(b) on/off", "(c) on/torch eager", "(d) on/torch anomaly"
+    );
+    for mode in &a.modes {
+        let (off, on) = (of(mode, false), of(mode, true));
+        let t = |variant: &str| torch.as_ref().and_then(|j| torch_ms(j, mode, variant));
+        let div = |x: Option<f64>, y: Option<f64>| x.zip(y).map(|(x, y)| x / y);
+        let r = [
+            div(off, t("eager")),
+            div(on, off),
+            div(on, t("eager")),
+            div(on, t("anomaly")),
+        ];
+        let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "{:<6} {:>22} {:>16} {:>22} {:>24}",
+            mode,
+            show(r[0]),
+            show(r[1]),
+            show(r[2]),
+            show(r[3])
+        );
+        ratios.push(serde_json::json!({
+            "mode": mode, "a_off_over_torch_eager": r[0], "b_on_over_off": r[1],
+            "c_on_over_torch_eager": r[2], "d_on_over_torch_anomaly": r[3],
+        }));
+    }
+    if torch.is_none() {
+        println!("(a), (c) and (d) need PyTorch's figures: --torch FILE from bench_t5_gpu_torch.py --json");
+    }
+    if let Some(path) = &a.json {
+        let out = serde_json::json!({
+            "bench": "t5_base_gpu",
+            "device": dev.name,
+            "simulated": dev.simulated,
+            "config": {
+                "layers": a.layers, "batch": a.batch, "seq": a.seq, "vocab": a.vocab,
+                "warmup": a.warmup, "steps": a.steps,
+            },
+            "steps": rows.iter().map(|r| serde_json::json!({
+                "mode": r.mode, "probes": r.probes, "median_ms": r.median_ms,
+                "min_ms": r.min_ms, "skipped_steps": r.skipped,
+            })).collect::<Vec<_>>(),
+            "ratios": ratios,
+        });
+        let text = serde_json::to_string_pretty(&out).expect("plain JSON");
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("error: --json {path}: {e}");
+            std::process::exit(1);
+        }
+        println!("wrote {path}");
+    }
+}
