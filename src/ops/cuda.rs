@@ -139,6 +139,22 @@ impl Out {
             },
         })
     }
+
+    /// [`Out::for_output`] for a kernel with one thread per line of `n / lines` values:
+    /// when gathering, one thread per line on at most [`MAX_PARTIALS`] blocks.
+    ///
+    /// [`MAX_PARTIALS`]: crate::device::cuda::arena::MAX_PARTIALS
+    pub fn for_lines(&self, y: &Tensor, n: u64, lines: u64) -> Result<OutArgs> {
+        let mut o = self.for_output(y, n)?;
+        o.cfg = cfg(lines);
+        if o.partials != 0 {
+            let blocks = lines
+                .div_ceil(THREADS as u64)
+                .clamp(1, crate::device::cuda::arena::MAX_PARTIALS as u64);
+            o.cfg.grid_dim = (blocks as u32, 1, 1);
+        }
+        Ok(o)
+    }
 }
 
 /// Pads a shape on the left with ones to `MAX_DIMS`.

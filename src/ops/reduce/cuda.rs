@@ -3,7 +3,9 @@
 
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::cuda::{arg, arg_ptr, device_of, launch, output, pad_shape, pad_strides, MAX_DIMS};
+use crate::ops::cuda::{
+    arg, arg_ptr, device_of, launch, launch_with, output, pad_shape, pad_strides, Out, MAX_DIMS,
+};
 use crate::ops::Pattern;
 use crate::tensor::{strides, Tensor};
 use cudarc::driver::DeviceRepr;
@@ -189,16 +191,17 @@ pub fn softmax(
     x: &Tensor,
     (outer, n, inner): (usize, usize, usize),
     log: bool,
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[x])?;
     let y = output(&dev, x.shape(), x.dtype())?;
     let ((xp, k), (yp, _)) = (arg(x, op)?, arg(&y, op)?);
     let (lines, n, inner, l) = ((outer * inner) as u64, n as u64, inner as u64, log as i32);
-    launch!(
+    let o = sink.for_lines(&y, lines * n, lines)?;
+    launch_with!(
         dev,
         "amp_softmax",
-        lines,
+        o.cfg,
         &xp,
         &yp,
         &k,
@@ -206,7 +209,8 @@ pub fn softmax(
         &n,
         &inner,
         &l,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(y)
 }
@@ -218,7 +222,7 @@ pub fn softmax_backward(
     g: &Tensor,
     (outer, n, inner): (usize, usize, usize),
     log: bool,
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[y, g])?;
     crate::ops::cuda::same_dtype(op, &[y, g])?;
@@ -226,10 +230,11 @@ pub fn softmax_backward(
     let ((yp, k), (gp, _), (dp, _)) = (arg(y, op)?, arg(g, op)?, arg(&dx, op)?);
     let (lines, n, inner, l) = ((outer * inner) as u64, n as u64, inner as u64, log as i32);
     let init = sum_identity();
-    launch!(
+    let o = sink.for_lines(&dx, lines * n, lines)?;
+    launch_with!(
         dev,
         "amp_softmax_backward",
-        lines,
+        o.cfg,
         &yp,
         &gp,
         &dp,
@@ -239,7 +244,8 @@ pub fn softmax_backward(
         &inner,
         &l,
         &init,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(dx)
 }

@@ -214,8 +214,8 @@ impl Engine {
         let lines = line_dim(x, dim, op)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
         let out = if x.storage().is_device() {
-            let (slot, counts) = super::device_counts(x)?;
-            Computed::pending(cuda::softmax(op, x, lines, log, counts)?, slot)
+            let (slot, sink) = super::device_out(x)?;
+            Computed::pending(cuda::softmax(op, x, lines, log, sink)?, slot)
         } else {
             super::with_float!(x, op, |d| softmax_fwd(d, lines, log, &shape, dtype))?
         };
@@ -223,8 +223,8 @@ impl Engine {
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, op)?;
             if y.storage().is_device() {
-                let (slot, counts) = super::device_counts(&y)?;
-                let dx = cuda::softmax_backward(op, &y, g, lines, log, counts)?;
+                let (slot, sink) = super::device_out(&y)?;
+                let dx = cuda::softmax_backward(op, &y, g, lines, log, sink)?;
                 return Ok(vec![grad(Computed::pending(dx, slot))]);
             }
             let r = match (super::fdata(&y, op)?, super::fdata(g, op)?) {

@@ -112,9 +112,13 @@ extern "C" __global__ void amp_argmax_backward(const void* g, const long long* i
 
 // Softmax (log = 0) or log-softmax (log = 1) along lines: the max in f32, exponentials in
 // f32 (through f64), their sum in f64, one rounding per output.
+// Gathering statistics (see OutStats), each thread tallies its lines' outputs as it
+// writes them.
 extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lines, u64 n,
-                                       u64 inner, int log_, u64* counts) {
+                                       u64 inner, int log_, u64* counts, double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
          l += (u64)gridDim.x * blockDim.x) {
         u64 base = line_base(l, n, inner);
@@ -132,24 +136,30 @@ extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lin
             for (u64 i = 0; i < n; ++i) {
                 u64 k = base + i * inner;
                 store_round(y, kind, k, load_f32(x, kind, k) - m - lg, &over, &under);
+                out_add(&st, y, kind, k);
             }
         } else {
             float sf = (float)s;
             for (u64 i = 0; i < n; ++i) {
                 u64 k = base + i * inner;
                 store_round(y, kind, k, red_exp(load_f32(x, kind, k) - m) / sf, &over, &under);
+                out_add(&st, y, kind, k);
             }
         }
     }
     block_add_counts(over, under, counts);
+    out_end(&st, lines * n);
 }
 
 // Softmax backward y·(g − Σ g·y), log-softmax backward g − exp(y)·Σ g, line sums in f64
 // from `init` (the identity of Rust's `Sum`, as on the CPU).
 extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, void* dx, int kind,
                                                 u64 lines, u64 n, u64 inner, int log_,
-                                                double init, u64* counts) {
+                                                double init, u64* counts,
+                                                double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
          l += (u64)gridDim.x * blockDim.x) {
         u64 base = line_base(l, n, inner);
@@ -165,7 +175,9 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
             float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
             float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
             store_round(dx, kind, k, v, &over, &under);
+            out_add(&st, dx, kind, k);
         }
     }
     block_add_counts(over, under, counts);
+    out_end(&st, lines * n);
 }
