@@ -196,14 +196,21 @@ fn kernel_launches<R>(names: &[&str], f: impl FnOnce() -> R) -> (Vec<u64>, R) {
 /// With probes off (`--no-probes`) a device step runs no statistics pass at all: the
 /// per-parameter records every step carries are gathered by the update kernels, and the
 /// one arena read sums their partials (one launch of `amp_stats_finish`). Probes on, the
-/// arena's own pass runs only for what no kernel gathered.
+/// arena's own pass runs only for what no kernel gathered. Every parameter's update is
+/// one launch.
 #[test]
 fn without_probes_a_device_step_runs_no_statistics_pass() {
     if !device_or_skip() {
         return;
     }
     let _serial = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
-    let names = ["amp_stats", "amp_stats_batch", "amp_stats_finish"];
+    let names = [
+        "amp_stats",
+        "amp_stats_batch",
+        "amp_stats_finish",
+        "amp_sgd_multi",
+        "amp_adam_multi",
+    ];
     let dir = std::path::PathBuf::from("samples/t5_overflow_small");
     for probes in [false, true] {
         let mut rc = amprobe::config::RunConfig::default();
@@ -220,8 +227,10 @@ fn without_probes_a_device_step_runs_no_statistics_pass() {
             let (n, rec) = kernel_launches(&names, || t.step(s).unwrap());
             let with_grad = rec.params.iter().filter(|p| p.grad_dtype.is_some()).count();
             assert!(with_grad > 0 && rec.params.iter().all(|p| p.numel > 0));
+            // Every parameter's update (and record) in one launch.
+            assert_eq!(n[3] + n[4], 1, "step {s}: {names:?} {n:?}");
             if !probes {
-                assert_eq!(n, [0, 0, 1], "probes off, step {s}: {names:?}");
+                assert_eq!(n[..3], [0, 0, 1], "probes off, step {s}: {names:?}");
             } else {
                 assert_eq!(n[2], 1, "probes on, step {s}");
                 assert!(n[0] + n[1] > 0, "probes on, step {s}: {n:?}");

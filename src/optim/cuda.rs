@@ -31,8 +31,8 @@ pub const KERNELS: &[&str] = &[
     "amp_grad_norm",
     "amp_clip_coef",
     "amp_clip_apply",
-    "amp_sgd",
-    "amp_adam",
+    "amp_sgd_multi",
+    "amp_adam_multi",
     "amp_update_scale",
     "amp_step_summary",
     "amp_scalar_to_word",
@@ -143,6 +143,29 @@ pub struct ParamUpdate<'a> {
     /// Its gradient and record slots.
     pub grad: Option<(&'a Tensor, RecordSlots)>,
 }
+
+/// One parameter's part of the step's update launch (`UpdateDesc` in optim.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct UpdateDesc {
+    p: u64,
+    p_out: u64,
+    g: u64,
+    a: u64,
+    b: u64,
+    c: u64,
+    n: u64,
+    rec: RecordArgs,
+    sgd: SgdArgs,
+    adam: AdamArgs,
+    kind: i32,
+    first_block: u32,
+    nblocks: u32,
+    pad: u32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for UpdateDesc {}
 
 /// The scale policy's parameters (`ScalerArgs`).
 #[repr(C)]
@@ -329,16 +352,32 @@ impl DeviceScaler {
         scale: f32,
         params: &[ParamUpdate<'_>],
     ) -> Result<Vec<Tensor>> {
-        let st = self.state_ptr();
-        params
-            .iter()
-            .map(|u| match u.grad {
+        let mut descs = Vec::new();
+        let mut next_block = 0u32;
+        let mut out = Vec::with_capacity(params.len());
+        for u in params {
+            match u.grad {
                 Some((g, slots)) => {
-                    opt.update(&self.dev, lr, u.name, u.value, g, st, (slots, scale))
+                    let (d, nv) = opt.describe(
+                        &self.dev,
+                        lr,
+                        u.name,
+                        u.value,
+                        g,
+                        (slots, scale),
+                        next_block,
+                    )?;
+                    next_block = next_block.checked_add(d.nblocks).ok_or_else(|| {
+                        Error::Device("the optimizer's launch needs more than 2^32 blocks".into())
+                    })?;
+                    descs.push(d);
+                    out.push(nv);
                 }
-                None => Ok(u.value.clone()),
-            })
-            .collect()
+                None => out.push(u.value.clone()),
+            }
+        }
+        opt.launch(&self.dev, &descs, self.state_ptr())?;
+        Ok(out)
     }
 }
 
@@ -410,6 +449,8 @@ struct ParamState {
 pub struct DeviceOptimizer {
     cfg: OptimizerConfig,
     states: HashMap<String, ParamState>,
+    /// The update launch's descriptors, kept and grown.
+    descs: Option<CudaSlice<UpdateDesc>>,
 }
 
 impl DeviceOptimizer {
@@ -418,6 +459,7 @@ impl DeviceOptimizer {
         DeviceOptimizer {
             cfg: cfg.clone(),
             states: HashMap::new(),
+            descs: None,
         }
     }
 
@@ -436,17 +478,19 @@ impl DeviceOptimizer {
         }
     }
 
+    /// Parameter `name`'s update as a descriptor of the step's one update launch (its new
+    /// value's buffer allocated, its state created on first use), the new value beside it.
     #[allow(clippy::too_many_arguments)]
-    fn update(
+    fn describe(
         &mut self,
         dev: &Arc<CudaDevice>,
         lr: f64,
         name: &str,
         p: &Tensor,
         g: &Tensor,
-        state: u64,
         (slots, scale): (RecordSlots, f32),
-    ) -> Result<Tensor> {
+        first_block: u32,
+    ) -> Result<(UpdateDesc, Tensor)> {
         if p.shape() != g.shape() || p.dtype() != g.dtype() {
             return Err(Error::tensor(
                 name,
@@ -469,7 +513,6 @@ impl DeviceOptimizer {
                 .map_err(|e| dev_err("optimizer state")(&e))
         };
         let ((pp, k), (op, _), (gp, _)) = (arg(p, name)?, arg(&out, name)?, arg(g, name)?);
-        let n64 = n as u64;
         let rec = dev.with_arena(|a| {
             let (gb, pb) = (&g.cuda(name)?.buf, &out.cuda(name)?.buf);
             Ok(RecordArgs {
@@ -481,75 +524,79 @@ impl DeviceOptimizer {
                 pad: 0,
             })
         })?;
-        let cfg = stats_config(n64);
+        let mut d = UpdateDesc {
+            p: pp,
+            p_out: op,
+            g: gp,
+            n: n as u64,
+            rec,
+            kind: k,
+            first_block,
+            nblocks: stats_config(n as u64).grid_dim.0,
+            ..UpdateDesc::default()
+        };
         match &self.cfg {
             OptimizerConfig::Sgd(c) => {
-                let a = sgd_args(c, lr, p.dtype(), st.updates == 0.0)?;
-                if a.use_momentum == 1 && st.a.is_none() {
+                d.sgd = sgd_args(c, lr, p.dtype(), st.updates == 0.0)?;
+                if d.sgd.use_momentum == 1 && st.a.is_none() {
                     st.a = Some(zeros(n)?);
                 }
-                let bp = st.a.as_ref().map_or(0, |b| ptr(dev, b));
-                launch_with!(dev, "amp_sgd", cfg, &pp, &op, &gp, &k, &bp, &n64, &a, &state, &rec);
             }
-            OptimizerConfig::Adam(c) => {
-                self::adam(dev, c, lr, st, p.dtype(), n, (pp, op, gp, k), state, &rec)?
-            }
-            OptimizerConfig::AdamW(c) => {
-                let c = AdamConfig::from(c.clone());
-                self::adam(dev, &c, lr, st, p.dtype(), n, (pp, op, gp, k), state, &rec)?
+            OptimizerConfig::Adam(_) | OptimizerConfig::AdamW(_) => {
+                let c = match &self.cfg {
+                    OptimizerConfig::AdamW(c) => AdamConfig::from(c.clone()),
+                    OptimizerConfig::Adam(c) => c.clone(),
+                    OptimizerConfig::Sgd(_) => unreachable!("matched above"),
+                };
+                if st.a.is_none() {
+                    st.a = Some(zeros(n)?);
+                    st.b = Some(zeros(n)?);
+                }
+                if c.amsgrad && st.c.is_none() {
+                    st.c = Some(zeros(n)?);
+                }
+                d.adam = adam_args(&c, lr, p.dtype(), st.updates + 1.0)?;
             }
         }
-        Ok(out.as_leaf(true))
+        d.a = st.a.as_ref().map_or(0, |b| ptr(dev, b));
+        d.b = st.b.as_ref().map_or(0, |b| ptr(dev, b));
+        d.c = st.c.as_ref().map_or(0, |b| ptr(dev, b));
+        Ok((d, out.as_leaf(true)))
     }
-}
 
-// The kernel's operands and the parameter's state are passed apart from its scalars.
-#[allow(clippy::too_many_arguments)]
-fn adam(
-    dev: &Arc<CudaDevice>,
-    c: &AdamConfig,
-    lr: f64,
-    st: &mut ParamState,
-    dtype: DType,
-    n: usize,
-    (pp, op, gp, k): (u64, u64, u64, i32),
-    state: u64,
-    rec: &RecordArgs,
-) -> Result<()> {
-    let zeros = |n: usize| -> Result<CudaSlice<f32>> {
-        dev.stream()
-            .alloc_zeros(n.max(1))
-            .map_err(|e| dev_err("optimizer state")(&e))
-    };
-    if st.a.is_none() {
-        st.a = Some(zeros(n)?);
-        st.b = Some(zeros(n)?);
+    /// Queues every described update as one launch (descriptors uploaded into a buffer the
+    /// optimizer keeps, so a warm step allocates nothing).
+    fn launch(&mut self, dev: &Arc<CudaDevice>, descs: &[UpdateDesc], state: u64) -> Result<()> {
+        let Some(last) = descs.last() else {
+            return Ok(());
+        };
+        let blocks = last.first_block + last.nblocks;
+        let s = dev.stream();
+        if self.descs.as_ref().is_none_or(|d| d.len() < descs.len()) {
+            let cap = descs.len().next_power_of_two().max(64);
+            // SAFETY: every descriptor the launch reads is written by the copy below first.
+            self.descs = Some(
+                unsafe { s.alloc::<UpdateDesc>(cap) }
+                    .map_err(|e| dev_err("optimizer descriptors")(&e))?,
+            );
+        }
+        let all = self.descs.as_mut().expect("allocated above");
+        s.memcpy_htod(descs, &mut all.slice_mut(..descs.len()))
+            .map_err(|e| dev_err("optimizer descriptors")(&e))?;
+        let name = match self.cfg {
+            OptimizerConfig::Sgd(_) => "amp_sgd_multi",
+            OptimizerConfig::Adam(_) | OptimizerConfig::AdamW(_) => "amp_adam_multi",
+        };
+        let count = descs.len() as u32;
+        let view = all.slice(..descs.len());
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (crate::device::cuda::THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch_with!(dev, name, cfg, &view, &count, &state);
+        Ok(())
     }
-    if c.amsgrad && st.c.is_none() {
-        st.c = Some(zeros(n)?);
-    }
-    let a = adam_args(c, lr, dtype, st.updates + 1.0)?;
-    let ea = st.a.as_ref().map_or(0, |b| ptr(dev, b));
-    let eb = st.b.as_ref().map_or(0, |b| ptr(dev, b));
-    let ec = st.c.as_ref().map_or(0, |b| ptr(dev, b));
-    let n64 = n as u64;
-    launch_with!(
-        dev,
-        "amp_adam",
-        stats_config(n64),
-        &pp,
-        &op,
-        &gp,
-        &k,
-        &ea,
-        &eb,
-        &ec,
-        &n64,
-        &a,
-        &state,
-        rec
-    );
-    Ok(())
 }
 
 /// SGD's scalars, rounded as sgd.rs rounds them.

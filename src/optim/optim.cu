@@ -169,22 +169,21 @@ __device__ __forceinline__ void record_add(RecordAcc* r, const RecordArgs& a, co
     stats_add(&r->p, widened_bits(p_out, kind, j));
 }
 
-__device__ void record_end(RecordAcc* r, const RecordArgs& a, u64 n) {
-    stats_end(&r->g, a.g_slot, a.g_partials, blockIdx.x, gridDim.x, n);
-    stats_end(&r->p, a.p_slot, a.p_partials, blockIdx.x, gridDim.x, n);
+__device__ void record_end(RecordAcc* r, const RecordArgs& a, u64 n, u32 block, u32 nblocks) {
+    stats_end(&r->g, a.g_slot, a.g_partials, block, nblocks, n);
+    stats_end(&r->p, a.p_slot, a.p_partials, block, nblocks, n);
     if (r->flushes) atomicAdd(&a.g_slot[SCALED_FLUSHES], (u64)r->flushes);
 }
 
-// One SGD update of one parameter (sgd.rs): reads p, writes p_out (skipped steps copy p),
-// and gathers the parameter's record.
-extern "C" __global__ void amp_sgd(const void* p, void* p_out, const void* g, int kind,
-                                   float* buf, u64 n, SgdArgs a, const u32* state,
-                                   RecordArgs rec) {
-    bool skip = state[AMP_FOUND_INF] != 0;
+// One SGD update of one parameter (sgd.rs) by block `block` of `nblocks`: reads p, writes
+// p_out (skipped steps copy p), and gathers the parameter's record.
+__device__ void sgd_blocks(const void* p, void* p_out, const void* g, int kind, float* buf,
+                           u64 n, const SgdArgs& a, bool skip, const RecordArgs& rec,
+                           u32 block, u32 nblocks) {
     RecordAcc r;
     record_begin(&r, kind);
-    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < n;
-         j += (u64)gridDim.x * blockDim.x) {
+    for (u64 j = (u64)block * blockDim.x + threadIdx.x; j < n;
+         j += (u64)nblocks * blockDim.x) {
         float pv = load_f32(p, kind, j);
         if (!skip) {
             float g0 = load_f32(g, kind, j);
@@ -203,7 +202,7 @@ extern "C" __global__ void amp_sgd(const void* p, void* p_out, const void* g, in
         store_round(p_out, kind, j, pv, &o, &u);
         record_add(&r, rec, g, p_out, kind, j);
     }
-    record_end(&r, rec, n);
+    record_end(&r, rec, n, block, nblocks);
 }
 
 // Adam/AdamW hyper-parameters of this step, computed on the host as adam.rs does.
@@ -234,17 +233,17 @@ __device__ __forceinline__ float amp_maximum(float a, float b) {
     return a >= b ? a : b;
 }
 
-// One Adam/AdamW update of one parameter (adam.rs): reads p, writes p_out; the state
-// buffers are updated in place (not at all on a skipped step). Gathers the parameter's
-// record.
-extern "C" __global__ void amp_adam(const void* p, void* p_out, const void* g, int kind,
-                                    float* exp_avg, float* exp_avg_sq, float* max_sq, u64 n,
-                                    AdamArgs a, const u32* state, RecordArgs rec) {
-    bool skip = state[AMP_FOUND_INF] != 0;
+// One Adam/AdamW update of one parameter (adam.rs) by block `block` of `nblocks`: reads p,
+// writes p_out; the state buffers are updated in place (not at all on a skipped step).
+// Gathers the parameter's record.
+__device__ void adam_blocks(const void* p, void* p_out, const void* g, int kind,
+                            float* exp_avg, float* exp_avg_sq, float* max_sq, u64 n,
+                            const AdamArgs& a, bool skip, const RecordArgs& rec, u32 block,
+                            u32 nblocks) {
     RecordAcc r;
     record_begin(&r, kind);
-    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < n;
-         j += (u64)gridDim.x * blockDim.x) {
+    for (u64 j = (u64)block * blockDim.x + threadIdx.x; j < n;
+         j += (u64)nblocks * blockDim.x) {
         float pv = load_f32(p, kind, j);
         if (!skip) {
             float g0 = load_f32(g, kind, j);
@@ -271,7 +270,50 @@ extern "C" __global__ void amp_adam(const void* p, void* p_out, const void* g, i
         store_round(p_out, kind, j, pv, &o, &u);
         record_add(&r, rec, g, p_out, kind, j);
     }
-    record_end(&r, rec, n);
+    record_end(&r, rec, n, block, nblocks);
+}
+
+// Every parameter's update in one launch: parameter k gets blocks first_block ..
+// first_block + nblocks (the statistics pass's shape for its length), so each runs as a
+// launch of its own would, bit for bit. `a`, `b`, `c` are SGD's momentum buffer or Adam's
+// moments and AMSGrad maximum (null where unused).
+struct UpdateDesc {
+    const void* p;
+    void* p_out;
+    const void* g;
+    float* a;
+    float* b;
+    float* c;
+    u64 n;
+    RecordArgs rec;
+    SgdArgs sgd;
+    AdamArgs adam;
+    int kind;
+    u32 first_block;
+    u32 nblocks;
+    u32 pad;
+};
+
+// The descriptor whose blocks hold this block (descriptors in block order).
+__device__ __forceinline__ const UpdateDesc* desc_of_block(const UpdateDesc* d, u32 count) {
+    u32 lo = 0, hi = count;
+    while (hi - lo > 1) {
+        u32 mid = (lo + hi) / 2;
+        if (d[mid].first_block <= blockIdx.x) lo = mid; else hi = mid;
+    }
+    return &d[lo];
+}
+
+extern "C" __global__ void amp_sgd_multi(const UpdateDesc* descs, u32 count, const u32* state) {
+    const UpdateDesc* d = desc_of_block(descs, count);
+    sgd_blocks(d->p, d->p_out, d->g, d->kind, d->a, d->n, d->sgd, state[AMP_FOUND_INF] != 0,
+               d->rec, blockIdx.x - d->first_block, d->nblocks);
+}
+
+extern "C" __global__ void amp_adam_multi(const UpdateDesc* descs, u32 count, const u32* state) {
+    const UpdateDesc* d = desc_of_block(descs, count);
+    adam_blocks(d->p, d->p_out, d->g, d->kind, d->a, d->b, d->c, d->n, d->adam,
+                state[AMP_FOUND_INF] != 0, d->rec, blockIdx.x - d->first_block, d->nblocks);
 }
 
 // Scale-update parameters (amprobe's ScalerConfig).

@@ -1156,8 +1156,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
         // Arguments that address device memory: counted as the bytes the kernel may touch,
         // and watched for what it does touch. A pointer is an 8-byte argument or an aligned
         // 8-byte word of a struct passed by value (a descriptor holding a tensor's
-        // address). Memory reached only through device memory (an array of descriptors)
-        // is not seen.
+        // address), or, one level down, an aligned word of an argument allocation of at
+        // most 64 KiB (an array of descriptors). A word that only looks like an address
+        // costs a watch but counts nothing: only pages the kernel touches count.
         let mut arg_bytes = 0u64;
         let mut args: Vec<Arg> = Vec::new();
         for (i, &sz) in entry.params.iter().enumerate() {
@@ -1192,12 +1193,36 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 }
             }
         }
-        if args.len() > fault::MAX_TRACKED {
+        // One level down: descriptor arrays in device memory (written by a copy before the
+        // launch; copies complete when they are queued here).
+        let direct = args.len();
+        for k in 0..direct {
+            let a = args[k];
+            if a.size > 64 * 1024 {
+                continue;
+            }
+            for w in 0..a.size / 8 {
+                let v = std::ptr::read_unaligned((a.start as *const u64).add(w));
+                let Some((start, b)) = s.memory.find(v) else {
+                    continue;
+                };
+                if b.freed || args.iter().any(|x| x.start == start) {
+                    continue;
+                }
+                args.push(Arg {
+                    start,
+                    size: b.size,
+                    mapped: b.mapped,
+                });
+            }
+        }
+        // Only a launch that measures its traffic watches them in the fault handler's table.
+        if args.len() > fault::MAX_TRACKED && traffic::enabled() {
             return Err((
                 NOT_SUPPORTED,
                 format!(
                     "kernel {name}: {} distinct allocations as arguments, over the {} the \
-                     simulator can watch",
+                     simulator can watch while it measures traffic",
                     args.len(),
                     fault::MAX_TRACKED
                 ),
