@@ -18,7 +18,7 @@ use amprobe::amp::mode::Precision;
 use amprobe::backend::BackendKind;
 use amprobe::device::cuda::counters::{measure_traffic, sim_counters, SimCounters};
 use amprobe::device::{detect, Detection};
-use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
 use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::time::Instant;
@@ -101,19 +101,7 @@ struct Measured {
 }
 
 fn trainer(precision: Precision, probes: bool, layers: usize, batch: usize) -> Trainer {
-    let cfg = T5Config {
-        d_model: 768,
-        d_ff: 3072,
-        d_kv: 64,
-        num_heads: 12,
-        num_layers: layers,
-        vocab_size: VOCAB,
-        num_buckets: 32,
-        max_distance: 128,
-        eps: 1e-6,
-        feed_forward: FeedForward::Relu,
-        dropout: 0.0,
-    };
+    let cfg = T5Config::relu(768, 3072, (12, 64), layers, VOCAB);
     let model = T5Encoder::new(cfg);
     let params = model.init(0).expect("init");
     let train = TrainConfig {

@@ -29,7 +29,7 @@ use amprobe::amp::mode::Precision;
 use amprobe::amp::scaler::ScalerConfig;
 use amprobe::backend::BackendKind;
 use amprobe::device::{detect, Detection};
-use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
 use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::time::Instant;
@@ -103,19 +103,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn trainer(a: &Args, mode: &str, probes: bool) -> amprobe::Result<Trainer> {
-    let cfg = T5Config {
-        d_model: 768,
-        d_ff: 3072,
-        d_kv: 64,
-        num_heads: 12,
-        num_layers: a.layers,
-        vocab_size: a.vocab,
-        num_buckets: 32,
-        max_distance: 128,
-        eps: 1e-6,
-        feed_forward: FeedForward::Relu,
-        dropout: 0.0,
-    };
+    let cfg = T5Config::relu(768, 3072, (12, 64), a.layers, a.vocab);
     let model = T5Encoder::new(cfg);
     let params = model.init(0)?;
     let precision = Precision::parse(mode)?;

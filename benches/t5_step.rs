@@ -5,25 +5,13 @@
 //! on the same workload.
 
 use amprobe::amp::mode::Precision;
-use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
 use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::time::Instant;
 
 fn trainer(precision: Precision, probes: bool) -> Trainer {
-    let cfg = T5Config {
-        d_model: 256,
-        d_ff: 1024,
-        d_kv: 64,
-        num_heads: 4,
-        num_layers: 4,
-        vocab_size: 512,
-        num_buckets: 32,
-        max_distance: 128,
-        eps: 1e-6,
-        feed_forward: FeedForward::Relu,
-        dropout: 0.0,
-    };
+    let cfg = T5Config::relu(256, 1024, (4, 64), 4, 512);
     let model = T5Encoder::new(cfg);
     let params = model.init(0).expect("init");
     let train = TrainConfig {

@@ -96,24 +96,12 @@ fn gathering_statistics_in_the_producing_kernels_saves_a_launch_and_a_read_per_o
         return;
     }
     use amprobe::device::cuda::counters::{measure_traffic, sim_counters};
-    use amprobe::models::t5::{synthetic_ids, FeedForward, T5Config, T5Encoder};
+    use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
     use amprobe::optim::{OptimizerConfig, SgdConfig};
     use amprobe::train::{Synthetic, TrainConfig};
     let _serial = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
     let trainer = |fused: bool| {
-        let cfg = T5Config {
-            d_model: 256,
-            d_ff: 512,
-            d_kv: 64,
-            num_heads: 4,
-            num_layers: 1,
-            vocab_size: 64,
-            num_buckets: 32,
-            max_distance: 128,
-            eps: 1e-6,
-            feed_forward: FeedForward::Relu,
-            dropout: 0.0,
-        };
+        let cfg = T5Config::relu(256, 512, (4, 64), 1, 64);
         let model = T5Encoder::new(cfg);
         let params = model.init(0).unwrap();
         let mut train = TrainConfig {

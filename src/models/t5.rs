@@ -79,6 +79,30 @@ pub const MAX_INIT_PARAMS: u64 = 1 << 31;
 pub const MAX_T5_PARAMS: u64 = 1 << 36;
 
 impl T5Config {
+    /// An encoder of the given widths with transformers' T5 defaults for the rest: 32
+    /// relative-position buckets, max distance 128, eps 1e-6, the relu FFN, no dropout.
+    pub fn relu(
+        d_model: usize,
+        d_ff: usize,
+        (num_heads, d_kv): (usize, usize),
+        num_layers: usize,
+        vocab_size: usize,
+    ) -> T5Config {
+        T5Config {
+            d_model,
+            d_ff,
+            d_kv,
+            num_heads,
+            num_layers,
+            vocab_size,
+            num_buckets: 32,
+            max_distance: 128,
+            eps: 1e-6,
+            feed_forward: FeedForward::Relu,
+            dropout: 0.0,
+        }
+    }
+
     /// Reads `config.json`; refuses other model types with a message naming the file.
     pub fn load(path: &Path) -> Result<T5Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
