@@ -185,7 +185,7 @@ fn kernel_launches<R>(names: &[&str], f: impl FnOnce() -> R) -> (Vec<u64>, R) {
 /// per-parameter records every step carries are gathered by the update kernels, and the
 /// one arena read sums their partials (one launch of `amp_stats_finish`). Probes on, the
 /// arena's own pass runs only for what no kernel gathered. Every parameter's update is
-/// one launch.
+/// one launch, and so are the unscale, the gradient norms and the clip.
 #[test]
 fn without_probes_a_device_step_runs_no_statistics_pass() {
     if !device_or_skip() {
@@ -198,6 +198,9 @@ fn without_probes_a_device_step_runs_no_statistics_pass() {
         "amp_stats_finish",
         "amp_sgd_multi",
         "amp_adam_multi",
+        "amp_unscale_multi",
+        "amp_grad_norm_multi",
+        "amp_clip_apply_multi",
     ];
     let dir = std::path::PathBuf::from("samples/t5_overflow_small");
     for probes in [false, true] {
@@ -215,8 +218,10 @@ fn without_probes_a_device_step_runs_no_statistics_pass() {
             let (n, rec) = kernel_launches(&names, || t.step(s).unwrap());
             let with_grad = rec.params.iter().filter(|p| p.grad_dtype.is_some()).count();
             assert!(with_grad > 0 && rec.params.iter().all(|p| p.numel > 0));
-            // Every parameter's update (and record) in one launch.
+            // Every parameter's update (and record) in one launch, and so the unscale, the
+            // per-gradient norms and the clip.
             assert_eq!(n[3] + n[4], 1, "step {s}: {names:?} {n:?}");
+            assert_eq!(n[5..], [1, 1, 1], "step {s}: {names:?} {n:?}");
             if !probes {
                 assert_eq!(n[..3], [0, 0, 1], "probes off, step {s}: {names:?}");
             } else {

@@ -27,10 +27,10 @@ pub const SOURCE: &str = include_str!("optim.cu");
 
 /// The kernels of [`SOURCE`].
 pub const KERNELS: &[&str] = &[
-    "amp_unscale",
-    "amp_grad_norm",
+    "amp_unscale_multi",
+    "amp_grad_norm_multi",
     "amp_clip_coef",
-    "amp_clip_apply",
+    "amp_clip_apply_multi",
     "amp_sgd_multi",
     "amp_adam_multi",
     "amp_update_scale",
@@ -203,7 +203,24 @@ pub struct DeviceScaler {
     dev: Arc<CudaDevice>,
     scale: Tensor,
     state: CudaSlice<u32>,
+    /// The gradient descriptors of the unscale and clip launches, kept and grown.
+    descs: std::sync::Mutex<Option<CudaSlice<GradDesc>>>,
 }
+
+/// One gradient of a launch over all of a step's gradients (`GradDesc` in optim.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct GradDesc {
+    g: u64,
+    n: u64,
+    kind: i32,
+    first_block: u32,
+    nblocks: u32,
+    pad: u32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for GradDesc {}
 
 impl DeviceScaler {
     /// The device copy of a scaler's state (`scale`, growth and hysteresis trackers).
@@ -220,6 +237,7 @@ impl DeviceScaler {
             dev: dev.clone(),
             scale,
             state,
+            descs: std::sync::Mutex::new(None),
         })
     }
 
@@ -239,12 +257,62 @@ impl DeviceScaler {
     /// Queues `_amp_foreach_non_finite_check_and_unscale_` over `grads` (in place).
     pub fn unscale(&self, grads: &[&Tensor]) -> Result<()> {
         let (sp, st) = (self.scale_ptr()?, self.state_ptr());
-        for g in grads {
-            let (gp, k) = arg(g, "unscale")?;
-            let n = g.numel() as u64;
-            launch!(self.dev, "amp_unscale", n, &gp, &k, &n, &sp, &st);
+        self.over_grads(grads, "unscale", |d, count, blocks| {
+            let cfg = cudarc::driver::LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (crate::device::cuda::THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch_with!(self.dev, "amp_unscale_multi", cfg, d, &count, &sp, &st);
+            Ok(())
+        })
+    }
+
+    /// Uploads one descriptor per gradient (each on its own range of blocks, enough to fill
+    /// a GPU) into the kept buffer and calls `launch` with it, the count and the total
+    /// blocks: one launch for every gradient. Nothing for no gradients.
+    fn over_grads(
+        &self,
+        grads: &[&Tensor],
+        op: &str,
+        launch: impl FnOnce(&CudaSlice<GradDesc>, u32, u32) -> Result<()>,
+    ) -> Result<()> {
+        if grads.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let mut descs = Vec::with_capacity(grads.len());
+        let mut blocks = 0u32;
+        for g in grads {
+            let (gp, kind) = arg(g, op)?;
+            let n = g.numel() as u64;
+            let nblocks = stats_config(n).grid_dim.0;
+            descs.push(GradDesc {
+                g: gp,
+                n,
+                kind,
+                first_block: blocks,
+                nblocks,
+                pad: 0,
+            });
+            blocks = blocks
+                .checked_add(nblocks)
+                .ok_or_else(|| Error::Device(format!("{op}: more than 2^32 blocks")))?;
+        }
+        let s = self.dev.stream();
+        let mut kept = self.descs.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.as_ref().is_none_or(|d| d.len() < descs.len()) {
+            let cap = descs.len().next_power_of_two().max(64);
+            // SAFETY: every descriptor a launch reads is written by the copy below first.
+            *kept = Some(
+                unsafe { s.alloc::<GradDesc>(cap) }
+                    .map_err(|e| dev_err("gradient descriptors")(&e))?,
+            );
+        }
+        let buf = kept.as_mut().expect("allocated above");
+        // The copy is ordered after the launches that read the previous contents.
+        s.memcpy_htod(&descs[..], &mut buf.slice_mut(..descs.len()))
+            .map_err(|e| dev_err("gradient descriptors")(&e))?;
+        launch(buf, descs.len() as u32, blocks)
     }
 
     /// Queues the scale update of `cfg`'s policy from this step's inf checks.
@@ -301,22 +369,30 @@ impl DeviceScaler {
         let norms = output(&self.dev, &[grads.len().max(1)], DType::F32)?;
         let (np, _) = arg(&norms, "clip_grad_norm")?;
         let mut norm_dtype = None;
-        for (i, g) in grads.iter().enumerate() {
+        for g in grads {
             if inf == 1 && g.numel() == 0 {
                 return Err(Error::tensor(
                     "clip_grad_norm",
                     "the inf norm of an empty gradient is undefined",
                 ));
             }
-            let (gp, k) = arg(g, "clip_grad_norm")?;
-            let n = g.numel() as u64;
-            let at = np + 4 * i as u64;
-            launch!(self.dev, "amp_grad_norm", 1, &gp, &k, &n, &inf, &at);
             norm_dtype = Some(norm_dtype.map_or(g.dtype(), |d| DType::promote(d, g.dtype())));
         }
         let Some(nd) = norm_dtype else {
             return Ok(());
         };
+        self.over_grads(grads, "clip_grad_norm", |d, count, _| {
+            launch!(
+                self.dev,
+                "amp_grad_norm_multi",
+                count as u64,
+                d,
+                &count,
+                &inf,
+                &np
+            );
+            Ok(())
+        })?;
         let nk = kind(nd)?;
         let st = self.state_ptr();
         launch!(
@@ -330,11 +406,15 @@ impl DeviceScaler {
             &max_norm,
             &st
         );
-        for g in grads {
-            let (gp, k) = arg(g, "clip_grad_norm")?;
-            let n = g.numel() as u64;
-            launch!(self.dev, "amp_clip_apply", n, &gp, &k, &n, &st);
-        }
+        self.over_grads(grads, "clip_grad_norm", |d, count, blocks| {
+            let cfg = cudarc::driver::LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (crate::device::cuda::THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch_with!(self.dev, "amp_clip_apply_multi", cfg, d, &count, &st);
+            Ok(())
+        })?;
         // `norms` is freed on return; the stream orders that after the kernels above.
         Ok(())
     }

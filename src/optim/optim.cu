@@ -37,15 +37,43 @@ __device__ __forceinline__ bool first_thread() {
     return blockIdx.x == 0 && threadIdx.x == 0;
 }
 
+// A launch over many tensors: descriptor k owns blocks first_block .. first_block +
+// nblocks. The descriptor whose blocks hold this block (descriptors in block order).
+template <typename D>
+__device__ __forceinline__ const D* desc_of_block(const D* d, u32 count) {
+    u32 lo = 0, hi = count;
+    while (hi - lo > 1) {
+        u32 mid = (lo + hi) / 2;
+        if (d[mid].first_block <= blockIdx.x) lo = mid; else hi = mid;
+    }
+    return &d[lo];
+}
+
+// One gradient of a launch over all of a step's gradients.
+struct GradDesc {
+    void* g;
+    u64 n;
+    int kind;
+    u32 first_block;
+    u32 nblocks;
+    u32 pad;
+};
+
 // g = round(g * (1/scale)) in place, the reciprocal in f64 rounded to f32 as PyTorch's
 // `scale.double().reciprocal().float()`; any inf/NaN element sets found_inf. Over- and
 // underflow are counted for finite elements only, as the scaler reports them.
-extern "C" __global__ void amp_unscale(void* g, int kind, u64 n, const float* scale,
-                                       u32* state) {
+// Every gradient of the step in one launch (GradDesc).
+extern "C" __global__ void amp_unscale_multi(const GradDesc* descs, u32 count,
+                                             const float* scale, u32* state) {
+    const GradDesc* d = desc_of_block(descs, count);
+    void* g = d->g;
+    int kind = d->kind;
+    u64 n = d->n;
+    u32 block = blockIdx.x - d->first_block;
     float inv = (float)(1.0 / (double)scale[0]);
     u32 found = 0, over = 0, under = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = (u64)block * blockDim.x + threadIdx.x; i < n;
+         i += (u64)d->nblocks * blockDim.x) {
         float x = load_f32(g, kind, i);
         bool finite = isfinite(x);
         found |= finite ? 0u : 1u;
@@ -82,11 +110,15 @@ __device__ float seq_norm(const void* p, int kind, u64 n, int inf_norm) {
     return isinf((float)s) ? __int_as_float(0x7f800000) : (float)sqrt(s);
 }
 
-// The norm of one gradient, rounded to the gradient's dtype.
-extern "C" __global__ void amp_grad_norm(const void* g, int kind, u64 n, int inf_norm,
-                                         float* out) {
-    if (!first_thread()) return;
-    out[0] = round_kind(kind, seq_norm(g, kind, n, inf_norm));
+// The norm of each gradient, rounded to the gradient's dtype, into out[k]: one thread
+// per gradient.
+extern "C" __global__ void amp_grad_norm_multi(const GradDesc* descs, u32 count, int inf_norm,
+                                               float* out) {
+    for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < count;
+         k += gridDim.x * blockDim.x) {
+        const GradDesc* d = &descs[k];
+        out[k] = round_kind(d->kind, seq_norm(d->g, d->kind, d->n, inf_norm));
+    }
 }
 
 // The total norm of `count` per-gradient norms, in `norm_kind` (the promoted dtype), and
@@ -104,10 +136,16 @@ extern "C" __global__ void amp_clip_coef(const float* norms, u64 count, int norm
 }
 
 // g = round(g * coef) in place (every gradient, even when coef is 1, as PyTorch does).
-extern "C" __global__ void amp_clip_apply(void* g, int kind, u64 n, const u32* state) {
+extern "C" __global__ void amp_clip_apply_multi(const GradDesc* descs, u32 count,
+                                                const u32* state) {
+    const GradDesc* d = desc_of_block(descs, count);
+    void* g = d->g;
+    int kind = d->kind;
+    u64 n = d->n;
+    u32 block = blockIdx.x - d->first_block;
     float coef = __uint_as_float(state[AMP_CLIP_COEF]);
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
+    for (u64 i = (u64)block * blockDim.x + threadIdx.x; i < n;
+         i += (u64)d->nblocks * blockDim.x) {
         float y = round_kind(kind, load_f32(g, kind, i) * coef);
         if (kind == KIND_F32) ((float*)g)[i] = y;
         else ((u16*)g)[i] = kind == KIND_F16 ? f32_to_f16_bits(y) : f32_to_bf16_bits(y);
@@ -294,15 +332,6 @@ struct UpdateDesc {
     u32 pad;
 };
 
-// The descriptor whose blocks hold this block (descriptors in block order).
-__device__ __forceinline__ const UpdateDesc* desc_of_block(const UpdateDesc* d, u32 count) {
-    u32 lo = 0, hi = count;
-    while (hi - lo > 1) {
-        u32 mid = (lo + hi) / 2;
-        if (d[mid].first_block <= blockIdx.x) lo = mid; else hi = mid;
-    }
-    return &d[lo];
-}
 
 extern "C" __global__ void amp_sgd_multi(const UpdateDesc* descs, u32 count, const u32* state) {
     const UpdateDesc* d = desc_of_block(descs, count);
