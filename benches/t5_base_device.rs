@@ -14,13 +14,12 @@
 //! Run with the simulated device on the library path:
 //! `LD_LIBRARY_PATH="$(scripts/cudasim.sh):<NVRTC's lib dir>" cargo bench --bench t5_base_device`.
 
+mod common;
+
 use amprobe::amp::mode::Precision;
-use amprobe::backend::BackendKind;
 use amprobe::device::cuda::counters::{measure_traffic, sim_counters, SimCounters};
 use amprobe::device::{detect, Detection};
-use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
-use amprobe::optim::{OptimizerConfig, SgdConfig};
-use amprobe::train::{Synthetic, TrainConfig, Trainer};
+use amprobe::train::Trainer;
 use std::time::Instant;
 
 /// Sequence length (T5-base's pre-training length).
@@ -101,23 +100,13 @@ struct Measured {
 }
 
 fn trainer(precision: Precision, probes: bool, layers: usize, batch: usize) -> Trainer {
-    let cfg = T5Config::relu(768, 3072, (12, 64), layers, VOCAB);
-    let model = T5Encoder::new(cfg);
-    let params = model.init(0).expect("init");
-    let train = TrainConfig {
-        precision,
-        probes,
-        backend: BackendKind::Cuda,
-        optimizer: OptimizerConfig::Sgd(SgdConfig {
-            lr: 0.01,
-            ..SgdConfig::default()
-        }),
-        ..TrainConfig::default()
+    let size = common::Size {
+        layers,
+        batch,
+        seq: SEQ,
+        vocab: VOCAB,
     };
-    let data = Synthetic(move |step, micro| {
-        synthetic_ids(VOCAB, batch, SEQ, 0, step * 1024 + micro as u64)
-    });
-    Trainer::new(train, Box::new(model), params, Box::new(data)).expect("trainer")
+    common::t5_base_trainer(precision, probes, size).expect("trainer")
 }
 
 /// Step 2 of a probed and an unprobed trainer, traffic measured; steps 0 and 1 fill the

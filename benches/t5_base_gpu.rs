@@ -25,13 +25,11 @@
 //!     [--allow-simulated]
 //! ```
 
+mod common;
+
 use amprobe::amp::mode::Precision;
-use amprobe::amp::scaler::ScalerConfig;
-use amprobe::backend::BackendKind;
 use amprobe::device::{detect, Detection};
-use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
-use amprobe::optim::{OptimizerConfig, SgdConfig};
-use amprobe::train::{Synthetic, TrainConfig, Trainer};
+use amprobe::train::Trainer;
 use std::time::Instant;
 
 /// The bench's settings (PyTorch script's defaults).
@@ -103,26 +101,13 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn trainer(a: &Args, mode: &str, probes: bool) -> amprobe::Result<Trainer> {
-    let cfg = T5Config::relu(768, 3072, (12, 64), a.layers, a.vocab);
-    let model = T5Encoder::new(cfg);
-    let params = model.init(0)?;
-    let precision = Precision::parse(mode)?;
-    let train = TrainConfig {
-        precision,
-        probes,
-        backend: BackendKind::Cuda,
-        optimizer: OptimizerConfig::Sgd(SgdConfig {
-            lr: 0.01,
-            ..SgdConfig::default()
-        }),
-        scaler: ScalerConfig::default(),
-        ..TrainConfig::default()
+    let size = common::Size {
+        layers: a.layers,
+        batch: a.batch,
+        seq: a.seq,
+        vocab: a.vocab,
     };
-    let (vocab, batch, seq) = (a.vocab, a.batch, a.seq);
-    let data = Synthetic(move |step, micro| {
-        synthetic_ids(vocab, batch, seq, 0, step * 1024 + micro as u64)
-    });
-    Trainer::new(train, Box::new(model), params, Box::new(data))
+    common::t5_base_trainer(Precision::parse(mode)?, probes, size)
 }
 
 /// Median and minimum step time (ms) of one mode with probes on or off.
