@@ -68,7 +68,7 @@ pub fn sum(
     kept: &[usize],
     div: Option<f64>,
     out_shape: &[usize],
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[x])?;
     let full = x.shape();
@@ -93,7 +93,23 @@ pub fn sum(
     let n = y.numel() as u64;
     let init = sum_to_init(full, kept);
     let (d, has) = (div.unwrap_or(1.0), div.is_some() as i32);
-    launch!(dev, "amp_sum", n, &xp, &yp, &k, &n, &geo, &n_reduced, &init, &d, &has, &counts);
+    let o = sink.for_output(&y, n)?;
+    launch_with!(
+        dev,
+        "amp_sum",
+        o.cfg,
+        &xp,
+        &yp,
+        &k,
+        &n,
+        &geo,
+        &n_reduced,
+        &init,
+        &d,
+        &has,
+        &o.counts,
+        &o.partials
+    );
     Ok(y)
 }
 
@@ -105,7 +121,7 @@ pub fn expand(
     kept: &[usize],
     full: &[usize],
     div: Option<f64>,
-    counts: u64,
+    sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[g])?;
     let geo = ExpandGeometry {
@@ -116,10 +132,11 @@ pub fn expand(
     let ((gp, k), (yp, _)) = (arg(g, op)?, arg(&y, op)?);
     let n = y.numel() as u64;
     let (d, has) = (div.unwrap_or(1.0) as f32, div.is_some() as i32);
-    launch!(
+    let o = sink.for_output(&y, n)?;
+    launch_with!(
         dev,
         "amp_expand",
-        n,
+        o.cfg,
         &gp,
         &yp,
         &k,
@@ -127,7 +144,8 @@ pub fn expand(
         &geo,
         &d,
         &has,
-        &counts
+        &o.counts,
+        &o.partials
     );
     Ok(y)
 }

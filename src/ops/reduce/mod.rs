@@ -108,8 +108,8 @@ impl Engine {
         let dtype = x.dtype();
         let div = mean.then_some(count);
         let out = if x.storage().is_device() {
-            let (slot, counts) = super::device_counts(x)?;
-            Computed::pending(cuda::sum(op, x, &kept, div, &out_shape, counts)?, slot)
+            let (slot, sink) = super::device_out(x)?;
+            Computed::pending(cuda::sum(op, x, &kept, div, &out_shape, sink)?, slot)
         } else {
             super::with_float!(x, op, |d| sum_fwd(
                 d,
@@ -124,9 +124,9 @@ impl Engine {
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, op)?;
             if g.storage().is_device() {
-                let (slot, counts) = super::device_counts(g)?;
+                let (slot, sink) = super::device_out(g)?;
                 let gk = g.view_as(&kept)?;
-                let dx = cuda::expand(op, &gk, &kept, &full, div, counts)?;
+                let dx = cuda::expand(op, &gk, &kept, &full, div, sink)?;
                 return Ok(vec![grad(Computed::pending(dx, slot))]);
             }
             let r = super::with_float!(g, op, |gd| expand_grad(gd, &kept, &full, div, dtype))?;

@@ -22,8 +22,10 @@ struct SumGeometry {
 // Rust's `Sum`, whose identity is -0.0, or copies without adding).
 extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
                                    SumGeometry g, u64 n_reduced, double init, double div,
-                                   int has_div, u64* counts) {
+                                   int has_div, u64* counts, double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
          t += (u64)gridDim.x * blockDim.x) {
         u64 base = 0, rest = t;
@@ -46,8 +48,10 @@ extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
         }
         if (has_div) acc = acc / div;
         store_round_f64(y, kind, t, acc, &over, &under);
+        out_add(&st, y, kind, t);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n_out);
 }
 
 // The gradient of a sum or mean: g (strides sg over the full shape, 0 where summed)
@@ -58,8 +62,10 @@ struct ExpandGeometry {
 };
 
 extern "C" __global__ void amp_expand(const void* g, void* y, int kind, u64 n, ExpandGeometry geo,
-                                      float div, int has_div, u64* counts) {
+                                      float div, int has_div, u64* counts, double* partials) {
     u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, j = 0;
@@ -71,8 +77,10 @@ extern "C" __global__ void amp_expand(const void* g, void* y, int kind, u64 n, E
         float v = load_f32(g, kind, j);
         if (has_div) v = v / div;
         store_round(y, kind, i, v, &over, &under);
+        out_add(&st, y, kind, i);
     }
     block_add_counts(over, under, counts);
+    out_end(&st, n);
 }
 
 // Line l of an (outer, n, inner) split starts at (l / inner) * n * inner + l % inner and
