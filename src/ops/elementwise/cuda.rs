@@ -17,8 +17,6 @@ pub const KERNELS: &[&str] = &[
     "amp_binary_grad",
     "amp_inf_flag_clear",
     "amp_inf_flag",
-    "amp_clamp_on_inf",
-    "amp_clamp_on_inf_backward",
 ];
 
 /// Kernel code and scalar parameters of a unary op.
@@ -48,13 +46,37 @@ fn unary_code(op: Unary) -> (i32, f64, f64, i32, i32) {
     }
 }
 
-/// `y = f(x)` in x's dtype.
-pub fn unary(op: Unary, x: &Tensor, sink: Out) -> Result<Tensor> {
+/// Where a unary op's two scalar parameters switch on the device: while `flag` (from
+/// [`inf_flag`]) is set, `p0` and `p1` replace the op's own (transformers' T5 clamp, whose
+/// bound is larger once an inf has been seen), with no read on the host.
+#[derive(Clone, Copy)]
+pub struct Switch<'a> {
+    /// A one-word device flag.
+    pub flag: &'a Tensor,
+    /// The first parameter while it is set.
+    pub p0: f64,
+    /// The second parameter while it is set.
+    pub p1: f64,
+}
+
+impl Switch<'_> {
+    /// The kernel's switch arguments: the flag's address (0: none) and the parameters.
+    fn args(s: Option<Self>, name: &str) -> Result<(u64, f64, f64)> {
+        match s {
+            Some(s) => Ok((arg(s.flag, name)?.0, s.p0, s.p1)),
+            None => Ok((0, 0.0, 0.0)),
+        }
+    }
+}
+
+/// `y = f(x)` in x's dtype, its parameters switched by `switch` where given.
+pub fn unary(op: Unary, x: &Tensor, switch: Option<Switch<'_>>, sink: Out) -> Result<Tensor> {
     let name = op.name();
     let dev = device_of(name, &[x])?;
     let y = output(&dev, x.shape(), x.dtype())?;
     let ((xp, k), (yp, _)) = (arg(x, name)?, arg(&y, name)?);
     let (c, p0, p1, h0, h1) = unary_code(op);
+    let (fp, q0, q1) = Switch::args(switch, name)?;
     let n = x.numel() as u64;
     let o = sink.for_output(&y, n)?;
     launch_with!(
@@ -70,14 +92,23 @@ pub fn unary(op: Unary, x: &Tensor, sink: Out) -> Result<Tensor> {
         &p1,
         &h0,
         &h1,
+        &fp,
+        &q0,
+        &q1,
         &o.counts,
         &o.partials
     );
     Ok(y)
 }
 
-/// `dx = f'(x)·g` from the forward input `x`, output `y` and output gradient `g`.
-pub fn unary_backward(op: Unary, x: &Tensor, y: &Tensor, g: &Tensor, sink: Out) -> Result<Tensor> {
+/// `dx = f'(x)·g` from the forward input `x`, output `y` and output gradient `g`, with the
+/// forward's `switch`.
+pub fn unary_backward(
+    op: Unary,
+    (x, y, g): (&Tensor, &Tensor, &Tensor),
+    switch: Option<Switch<'_>>,
+    sink: Out,
+) -> Result<Tensor> {
     let name = op.name();
     let dt = same_dtype(name, &[x, y, g])?;
     if x.shape() != y.shape() || x.shape() != g.shape() {
@@ -88,6 +119,7 @@ pub fn unary_backward(op: Unary, x: &Tensor, y: &Tensor, g: &Tensor, sink: Out) 
     let ((xp, k), (yp, _), (gp, _), (dp, _)) =
         (arg(x, name)?, arg(y, name)?, arg(g, name)?, arg(&dx, name)?);
     let (c, p0, p1, h0, h1) = unary_code(op);
+    let (fp, q0, q1) = Switch::args(switch, name)?;
     let n = x.numel() as u64;
     let o = sink.for_output(&dx, n)?;
     launch_with!(
@@ -105,6 +137,9 @@ pub fn unary_backward(op: Unary, x: &Tensor, y: &Tensor, g: &Tensor, sink: Out) 
         &p1,
         &h0,
         &h1,
+        &fp,
+        &q0,
+        &q1,
         &o.counts,
         &o.partials
     );
@@ -121,80 +156,6 @@ pub fn inf_flag(x: &Tensor) -> Result<Tensor> {
     launch!(dev, "amp_inf_flag_clear", 1u64, &fp);
     launch!(dev, "amp_inf_flag", n, &xp, &k, &n, &fp);
     Ok(flag)
-}
-
-/// `clamp(x, ±on_inf)` where `flag` is set, else `clamp(x, ±clean)`.
-pub fn clamp_on_inf(
-    x: &Tensor,
-    clean: f64,
-    on_inf: f64,
-    flag: &Tensor,
-    sink: Out,
-) -> Result<Tensor> {
-    let name = "clamp";
-    let dev = device_of(name, &[x, flag])?;
-    let y = output(&dev, x.shape(), x.dtype())?;
-    let ((xp, k), (yp, _), (fp, _)) = (arg(x, name)?, arg(&y, name)?, arg(flag, name)?);
-    let n = x.numel() as u64;
-    let o = sink.for_output(&y, n)?;
-    launch_with!(
-        dev,
-        "amp_clamp_on_inf",
-        o.cfg,
-        &xp,
-        &yp,
-        &k,
-        &n,
-        &clean,
-        &on_inf,
-        &fp,
-        &o.counts,
-        &o.partials
-    );
-    Ok(y)
-}
-
-/// The gradient of [`clamp_on_inf`] with the same `flag`.
-#[allow(clippy::too_many_arguments)]
-pub fn clamp_on_inf_backward(
-    x: &Tensor,
-    y: &Tensor,
-    g: &Tensor,
-    clean: f64,
-    on_inf: f64,
-    flag: &Tensor,
-    sink: Out,
-) -> Result<Tensor> {
-    let name = "clamp";
-    let dt = same_dtype(name, &[x, y, g])?;
-    let dev = device_of(name, &[x, y, g, flag])?;
-    let dx = output(&dev, x.shape(), dt)?;
-    let ((xp, k), (yp, _), (gp, _), (dp, _), (fp, _)) = (
-        arg(x, name)?,
-        arg(y, name)?,
-        arg(g, name)?,
-        arg(&dx, name)?,
-        arg(flag, name)?,
-    );
-    let n = x.numel() as u64;
-    let o = sink.for_output(&dx, n)?;
-    launch_with!(
-        dev,
-        "amp_clamp_on_inf_backward",
-        o.cfg,
-        &xp,
-        &yp,
-        &gp,
-        &dp,
-        &k,
-        &n,
-        &clean,
-        &on_inf,
-        &fp,
-        &o.counts,
-        &o.partials
-    );
-    Ok(dx)
 }
 
 fn binary_code(op: Binary) -> i32 {

@@ -109,12 +109,15 @@ __device__ float unary_df(int op, float x, float y, float g, double p0, double p
     return __int_as_float(0x7fc00000);
 }
 
+// `flag` (null: none) switches the scalar parameters: while it is set, q0 and q1 replace
+// p0 and p1 (transformers' T5 clamp, whose bound depends on whether an inf was seen).
 extern "C" __global__ void amp_unary(const void* x, void* y, int kind, u64 n, int op,
-                                     double p0, double p1, int has0, int has1, u64* counts,
-                                     double* partials) {
+                                     double p0, double p1, int has0, int has1, const u32* flag,
+                                     double q0, double q1, u64* counts, double* partials) {
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
+    if (flag && flag[0]) { p0 = q0; p1 = q1; }
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         float v = unary_f(op, load_f32(x, kind, i), p0, p1, has0, has1);
@@ -127,11 +130,13 @@ extern "C" __global__ void amp_unary(const void* x, void* y, int kind, u64 n, in
 
 extern "C" __global__ void amp_unary_backward(const void* x, const void* y, const void* g,
                                               void* dx, int kind, u64 n, int op, double p0,
-                                              double p1, int has0, int has1, u64* counts,
+                                              double p1, int has0, int has1, const u32* flag,
+                                              double q0, double q1, u64* counts,
                                               double* partials) {
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
+    if (flag && flag[0]) { p0 = q0; p1 = q1; }
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         float d = unary_df(op, load_f32(x, kind, i), load_f32(y, kind, i), load_f32(g, kind, i),
@@ -145,7 +150,8 @@ extern "C" __global__ void amp_unary_backward(const void* x, const void* y, cons
 
 // transformers' T5 fp16 clamp, decided on the device: `flag` is set when any value of x is
 // infinite, and the clamp bound is then `on_inf`, else `clean` (torch.where on the device,
-// no host read). Cleared by one thread, set by atomics, read by the clamp and its backward.
+// no host read). Cleared by one thread, set by atomics, read by amp_unary and its backward
+// as their switch.
 extern "C" __global__ void amp_inf_flag_clear(u32* flag) {
     if (blockIdx.x == 0 && threadIdx.x == 0) flag[0] = 0;
 }
@@ -156,42 +162,6 @@ extern "C" __global__ void amp_inf_flag(const void* x, int kind, u64 n, u32* fla
          i += (u64)gridDim.x * blockDim.x)
         any |= isinf(load_f32(x, kind, i)) ? 1u : 0u;
     if (any) atomicOr(flag, 1u);
-}
-
-extern "C" __global__ void amp_clamp_on_inf(const void* x, void* y, int kind, u64 n, double clean,
-                                            double on_inf, const u32* flag, u64* counts,
-                                            double* partials) {
-    u32 over = 0, under = 0;
-    OutStats st;
-    out_begin(&st, counts, partials, kind);
-    double b = flag[0] ? on_inf : clean;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        float v = unary_f(U_CLAMP, load_f32(x, kind, i), -b, b, 1, 1);
-        store_round(y, kind, i, v, &over, &under);
-        out_add(&st, y, kind, i);
-    }
-    block_add_counts(over, under, counts);
-    out_end(&st, n);
-}
-
-extern "C" __global__ void amp_clamp_on_inf_backward(const void* x, const void* y, const void* g,
-                                                     void* dx, int kind, u64 n, double clean,
-                                                     double on_inf, const u32* flag,
-                                                     u64* counts, double* partials) {
-    u32 over = 0, under = 0;
-    OutStats st;
-    out_begin(&st, counts, partials, kind);
-    double b = flag[0] ? on_inf : clean;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        float d = unary_df(U_CLAMP, load_f32(x, kind, i), load_f32(y, kind, i),
-                           load_f32(g, kind, i), -b, b, 1, 1);
-        store_round(dx, kind, i, d, &over, &under);
-        out_add(&st, dx, kind, i);
-    }
-    block_add_counts(over, under, counts);
-    out_end(&st, n);
 }
 
 // Broadcast geometry: the output shape and each operand's strides over it (0 where the

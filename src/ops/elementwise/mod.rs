@@ -223,15 +223,39 @@ pub fn add_same(a: &Tensor, b: &Tensor) -> Result<Computed> {
     })
 }
 
+/// The device switch of [`Engine::unary_with`]: its flag with the parameters it selects.
+fn switch(flag: &Option<Tensor>, on_inf: Option<(f64, f64)>) -> Option<cuda::Switch<'_>> {
+    flag.as_ref()
+        .zip(on_inf)
+        .map(|(flag, (p0, p1))| cuda::Switch { flag, p0, p1 })
+}
+
 impl Engine {
     /// Applies a unary elementwise op, recording it.
     pub fn unary(&mut self, op: Unary, x: &Tensor) -> Result<Tensor> {
+        self.unary_with(op, x, None)
+    }
+
+    /// [`Engine::unary`]; on a device, `on_inf` are the two parameters that replace the
+    /// op's own when the input holds an inf, decided there by a flag kernel (the host
+    /// decides by looking before it calls this, so it passes none).
+    fn unary_with(&mut self, op: Unary, x: &Tensor, on_inf: Option<(f64, f64)>) -> Result<Tensor> {
         expect_float(x, op.name(), "input")?;
         let ins = self.prepare(op.name(), &[x])?;
         let x = &ins[0];
+        let flag = match on_inf {
+            Some(_) if x.storage().is_device() => Some(cuda::inf_flag(x)?),
+            Some(_) => {
+                return Err(crate::Error::Device(format!(
+                    "{}: a parameter switch on an inf is decided on a device only",
+                    op.name()
+                )))
+            }
+            None => None,
+        };
         let out = if x.storage().is_device() {
             let (slot, sink) = device_out(x)?;
-            Computed::pending(cuda::unary(op, x, sink)?, slot)
+            Computed::pending(cuda::unary(op, x, switch(&flag, on_inf), sink)?, slot)
         } else {
             with_float!(x, op.name(), |d| cpu::unary(d, op, x.shape(), x.dtype()))?
         };
@@ -239,7 +263,7 @@ impl Engine {
         let bw = Box::new(move |g: &Tensor| {
             if xs.storage().is_device() {
                 let (slot, sink) = device_out(&xs)?;
-                let dx = cuda::unary_backward(op, &xs, &ys, g, sink)?;
+                let dx = cuda::unary_backward(op, (&xs, &ys, g), switch(&flag, on_inf), sink)?;
                 return Ok(vec![grad(Computed::pending(dx, slot))]);
             }
             let r = match (
@@ -429,19 +453,11 @@ impl Engine {
             let v = if any_inf { on_inf } else { clean };
             return self.clamp(x, Some(-v), Some(v));
         }
-        expect_float(x, "clamp", "input")?;
-        let ins = self.prepare("clamp", &[x])?;
-        let x = &ins[0];
-        let flag = cuda::inf_flag(x)?;
-        let (slot, sink) = device_out(x)?;
-        let out = Computed::pending(cuda::clamp_on_inf(x, clean, on_inf, &flag, sink)?, slot);
-        let (xs, ys) = (x.clone(), out.tensor.clone());
-        let bw = Box::new(move |g: &Tensor| {
-            let (slot, sink) = device_out(&xs)?;
-            let dx = cuda::clamp_on_inf_backward(&xs, &ys, g, clean, on_inf, &flag, sink)?;
-            Ok(vec![grad(Computed::pending(dx, slot))])
-        });
-        self.record("clamp", &[x], &["input"], out, Some(bw))
+        self.unary_with(
+            Unary::Clamp(Some(-clean), Some(clean)),
+            x,
+            Some((-on_inf, on_inf)),
+        )
     }
 
     /// clamp(x, lo, hi)
