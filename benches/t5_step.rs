@@ -49,6 +49,16 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
+    // AMPROBE_BENCH_ONLY=fp32:off (or fp16:on, ...) runs one configuration alone, for a
+    // profiler; it prints its median and nothing else.
+    if let Ok(only) = std::env::var("AMPROBE_BENCH_ONLY") {
+        let (mode, probes) = only.split_once(':').unwrap_or((&only, "off"));
+        let m = Precision::parse(mode).expect("AMPROBE_BENCH_ONLY: a precision mode");
+        let mut t = trainer(m, probes == "on");
+        t.step(0).expect("warm-up");
+        println!("{only}: {:.1} ms", median_ms(&mut t, 1, reps));
+        return;
+    }
     let modes = [Precision::Fp32, Precision::Fp16, Precision::Bf16];
     let mut rows = Vec::new();
     for &m in &modes {
