@@ -60,9 +60,69 @@ pub(crate) trait Finish: Real {
     fn finish(data: Vec<Self>, shape: &[usize], dtype: DType) -> Result<Computed>;
     /// Builds the tensor from f64 accumulators, rounding each once to `dtype`.
     fn finish_acc(acc: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Computed>;
+    /// Rounds a piece of an output to `dtype` in place (one thread), counting over- and
+    /// underflow.
+    fn round_piece(dtype: DType, piece: &mut [Self]) -> RoundCounts;
+    /// Builds the tensor from values [`Finish::round_piece`] has already rounded.
+    fn finish_rounded(
+        data: Vec<Self>,
+        rounding: RoundCounts,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Computed>;
+}
+
+/// Outputs at least this long are produced over rayon's threads.
+pub(crate) const PAR_MIN: usize = 64 * 1024;
+/// The piece of an output one thread computes and rounds at a time (small enough to stay
+/// in cache between the two).
+pub(crate) const PIECE: usize = 8 * 1024;
+
+/// Produces an op's `n` output values piece by piece: `f(start, piece)` writes elements
+/// `start..start + piece.len()`, and each piece is rounded to `dtype` right after, while it
+/// is in cache. Long outputs run over rayon's threads; every element is computed alone, so
+/// the values and counts are those of one thread.
+pub(crate) fn produce<T: Finish>(
+    n: usize,
+    shape: &[usize],
+    dtype: DType,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) -> Result<Computed> {
+    use rayon::prelude::*;
+    let mut out = vec![T::zero(); n];
+    let rounding = if n >= PAR_MIN {
+        out.par_chunks_mut(PIECE)
+            .enumerate()
+            .map(|(c, piece)| {
+                f(c * PIECE, piece);
+                T::round_piece(dtype, piece)
+            })
+            .reduce(RoundCounts::default, |mut a, b| {
+                a.add(b);
+                a
+            })
+    } else {
+        f(0, &mut out);
+        T::round_piece(dtype, &mut out)
+    };
+    T::finish_rounded(out, rounding, shape, dtype)
 }
 
 impl Finish for f32 {
+    fn round_piece(dtype: DType, piece: &mut [f32]) -> RoundCounts {
+        round_slice(dtype, piece)
+    }
+    fn finish_rounded(
+        data: Vec<f32>,
+        rounding: RoundCounts,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Computed> {
+        Ok(Computed::new(
+            Tensor::from_exact(data, shape, dtype)?,
+            rounding,
+        ))
+    }
     fn finish(mut data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Computed> {
         let rounding = round_slice(dtype, &mut data);
         Ok(Computed::new(
@@ -100,6 +160,20 @@ impl Finish for f32 {
 }
 
 impl Finish for f64 {
+    fn round_piece(_dtype: DType, _piece: &mut [f64]) -> RoundCounts {
+        RoundCounts::default()
+    }
+    fn finish_rounded(
+        data: Vec<f64>,
+        _rounding: RoundCounts,
+        shape: &[usize],
+        _dtype: DType,
+    ) -> Result<Computed> {
+        Ok(Computed::new(
+            Tensor::from_f64(data, shape)?,
+            RoundCounts::default(),
+        ))
+    }
     fn finish(data: Vec<f64>, shape: &[usize], _dtype: DType) -> Result<Computed> {
         Ok(Computed::new(
             Tensor::from_f64(data, shape)?,

@@ -1,36 +1,126 @@
 //! The elementwise kernels on the host: compute in `T` (f32, or f64 for the reference),
 //! round once to the output dtype.
+//!
+//! Each kernel is instantiated per op variant (the `per_*` macros), so the loop over the
+//! elements carries no dispatch and compiles to straight-line code; [`produce`] computes
+//! and rounds the output piece by piece over rayon's threads.
 
 use super::{Binary, Unary};
+use crate::dtype::DType;
 use crate::engine::Computed;
 use crate::error::Result;
-use crate::ops::{bstrides, for_each_offset, sum_to, Finish, Pattern};
+use crate::ops::{bstrides, for_each_offset, produce, sum_to, Finish, Pattern};
 
-/// Tensors at least this long are computed over rayon's threads (each element on its own,
-/// so the result is the same).
-const PAR_MIN: usize = 64 * 1024;
+/// Runs `$body` with `$o` bound to a closure that returns `$op`: a closure type per
+/// variant, so `$o().f(..)` and `$o().df(..)` inline to the one arm inside the loops (a
+/// captured enum value would be matched on per element).
+macro_rules! per_unary {
+    ($op:expr, |$o:ident| $body:expr) => {
+        match $op {
+            Unary::Neg => {
+                let $o = move || Unary::Neg;
+                $body
+            }
+            Unary::Relu => {
+                let $o = move || Unary::Relu;
+                $body
+            }
+            Unary::GeluErf => {
+                let $o = move || Unary::GeluErf;
+                $body
+            }
+            Unary::GeluTanh => {
+                let $o = move || Unary::GeluTanh;
+                $body
+            }
+            Unary::Silu => {
+                let $o = move || Unary::Silu;
+                $body
+            }
+            Unary::Tanh => {
+                let $o = move || Unary::Tanh;
+                $body
+            }
+            Unary::Sigmoid => {
+                let $o = move || Unary::Sigmoid;
+                $body
+            }
+            Unary::Exp => {
+                let $o = move || Unary::Exp;
+                $body
+            }
+            Unary::Log => {
+                let $o = move || Unary::Log;
+                $body
+            }
+            Unary::Sqrt => {
+                let $o = move || Unary::Sqrt;
+                $body
+            }
+            Unary::Rsqrt => {
+                let $o = move || Unary::Rsqrt;
+                $body
+            }
+            Unary::Pow(p) => {
+                let $o = move || Unary::Pow(p);
+                $body
+            }
+            Unary::Clamp(lo, hi) => {
+                let $o = move || Unary::Clamp(lo, hi);
+                $body
+            }
+            Unary::MulScalar(s) => {
+                let $o = move || Unary::MulScalar(s);
+                $body
+            }
+            Unary::AddScalar(s) => {
+                let $o = move || Unary::AddScalar(s);
+                $body
+            }
+        }
+    };
+}
 
-/// `f(i)` for every index below `n`, in order, over rayon's threads when `n` is large.
-fn map_indexed<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
-    use rayon::prelude::*;
-    if n >= PAR_MIN {
-        (0..n)
-            .into_par_iter()
-            .with_min_len(PAR_MIN / 4)
-            .map(f)
-            .collect()
-    } else {
-        (0..n).map(f).collect()
-    }
+/// [`per_unary`] for the binary ops.
+macro_rules! per_binary {
+    ($op:expr, |$o:ident| $body:expr) => {
+        match $op {
+            Binary::Add => {
+                let $o = move || Binary::Add;
+                $body
+            }
+            Binary::Sub => {
+                let $o = move || Binary::Sub;
+                $body
+            }
+            Binary::Mul => {
+                let $o = move || Binary::Mul;
+                $body
+            }
+            Binary::Div => {
+                let $o = move || Binary::Div;
+                $body
+            }
+        }
+    };
 }
 
 pub(super) fn unary<T: Finish>(
     x: &[T],
     op: Unary,
     shape: &[usize],
-    dtype: crate::dtype::DType,
+    dtype: DType,
 ) -> Result<Computed> {
-    T::finish(map_indexed(x.len(), |i| op.f(x[i])), shape, dtype)
+    per_unary!(op, |o| produce(
+        x.len(),
+        shape,
+        dtype,
+        |s, out: &mut [T]| {
+            for (y, &v) in out.iter_mut().zip(&x[s..]) {
+                *y = o().f(v);
+            }
+        }
+    ))
 }
 
 pub(super) fn unary_backward<T: Finish>(
@@ -39,10 +129,100 @@ pub(super) fn unary_backward<T: Finish>(
     g: &[T],
     op: Unary,
     shape: &[usize],
-    dtype: crate::dtype::DType,
+    dtype: DType,
 ) -> Result<Computed> {
     let n = x.len().min(y.len()).min(g.len());
-    T::finish(map_indexed(n, |i| op.df(x[i], y[i], g[i])), shape, dtype)
+    per_unary!(op, |o| produce(n, shape, dtype, |s, out: &mut [T]| {
+        let e = s + out.len();
+        for (((d, &xv), &yv), &gv) in out.iter_mut().zip(&x[s..e]).zip(&y[s..e]).zip(&g[s..e]) {
+            *d = o().df(xv, yv, gv);
+        }
+    }))
+}
+
+/// How a broadcast operand of an elementwise op is read, element by element of the
+/// output.
+#[derive(Clone, Copy)]
+enum Read<'a, T> {
+    /// Same shape as the output.
+    Same(&'a [T]),
+    /// Output element i reads operand element i % len (a bias).
+    Tile(&'a [T]),
+    /// Output element i reads operand element i / r (a per-row scale).
+    Repeat(&'a [T], usize),
+}
+
+impl<'a, T: Copy> Read<'a, T> {
+    fn of(data: &'a [T], shape: &[usize], out: &[usize]) -> Option<Read<'a, T>> {
+        if shape == out {
+            return Some(Read::Same(data));
+        }
+        match Pattern::of(shape, out) {
+            Pattern::Tile(k) if k == data.len() => Some(Read::Tile(data)),
+            Pattern::Repeat(r) => Some(Read::Repeat(data, r)),
+            _ => None,
+        }
+    }
+
+    /// Calls `f(j, v)` for output elements `s..s + n`, `v` this operand's value there.
+    #[inline(always)]
+    fn run(self, s: usize, n: usize, mut f: impl FnMut(usize, T)) {
+        match self {
+            Read::Same(d) => {
+                for (j, &v) in d[s..s + n].iter().enumerate() {
+                    f(j, v);
+                }
+            }
+            Read::Tile(d) => {
+                let k = d.len();
+                let (mut j, mut i) = (0, s % k);
+                while j < n {
+                    let take = (k - i).min(n - j);
+                    for (t, &v) in d[i..i + take].iter().enumerate() {
+                        f(j + t, v);
+                    }
+                    j += take;
+                    i = 0;
+                }
+            }
+            Read::Repeat(d, r) => {
+                let mut j = 0;
+                while j < n {
+                    let at = s + j;
+                    let take = (r - at % r).min(n - j);
+                    let v = d[at / r];
+                    for t in 0..take {
+                        f(j + t, v);
+                    }
+                    j += take;
+                }
+            }
+        }
+    }
+}
+
+/// `h(a, b)` over the broadcast output shape, for the patterns [`Read`] knows: `None`
+/// when an operand is laid out otherwise.
+fn broadcast2<T: Finish>(
+    (a, sa): (&[T], &[usize]),
+    (b, sb): (&[T], &[usize]),
+    out: &[usize],
+    dtype: DType,
+    h: impl Fn(T, T) -> T + Sync + Send,
+) -> Option<Result<Computed>> {
+    let n: usize = out.iter().product();
+    let (ra, rb) = (Read::of(a, sa, out)?, Read::of(b, sb, out)?);
+    Some(produce(n, out, dtype, |s, piece: &mut [T]| {
+        if let (Read::Same(a), Read::Same(b)) = (ra, rb) {
+            let e = s + piece.len();
+            for ((y, &x), &z) in piece.iter_mut().zip(&a[s..e]).zip(&b[s..e]) {
+                *y = h(x, z);
+            }
+            return;
+        }
+        ra.run(s, piece.len(), |j, x| piece[j] = x);
+        rb.run(s, piece.len(), |j, z| piece[j] = h(piece[j], z));
+    }))
 }
 
 pub(super) fn binary<T: Finish>(
@@ -52,43 +232,18 @@ pub(super) fn binary<T: Finish>(
     sb: &[usize],
     out: &[usize],
     op: Binary,
-    dtype: crate::dtype::DType,
+    dtype: DType,
 ) -> Result<Computed> {
-    let n: usize = out.iter().product();
-    if sa == out && sb == out {
-        let m = a.len().min(b.len());
-        return T::finish(map_indexed(m, |i| op.f(a[i], b[i])), out, dtype);
-    }
-    let mut res = Vec::with_capacity(n);
-    match (sa == out, sb == out) {
-        (true, false) if Pattern::of(sb, out) == Pattern::Tile(b.len()) => {
-            for rowv in a.chunks_exact(b.len()) {
-                res.extend(rowv.iter().zip(b).map(|(&x, &y)| op.f(x, y)));
-            }
+    per_binary!(op, |o| {
+        if let Some(r) = broadcast2((a, sa), (b, sb), out, dtype, |x, y| o().f(x, y)) {
+            return r;
         }
-        (true, false) if matches!(Pattern::of(sb, out), Pattern::Repeat(_)) => {
-            let r = n / b.len();
-            for (rowv, &y) in a.chunks_exact(r).zip(b) {
-                res.extend(rowv.iter().map(|&x| op.f(x, y)));
-            }
-        }
-        (false, true) if Pattern::of(sa, out) == Pattern::Tile(a.len()) => {
-            for rowv in b.chunks_exact(a.len()) {
-                res.extend(a.iter().zip(rowv).map(|(&x, &y)| op.f(x, y)));
-            }
-        }
-        (false, true) if matches!(Pattern::of(sa, out), Pattern::Repeat(_)) => {
-            let r = n / a.len();
-            for (rowv, &x) in b.chunks_exact(r).zip(a) {
-                res.extend(rowv.iter().map(|&y| op.f(x, y)));
-            }
-        }
-        _ => {
-            let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
-            for_each_offset(out, [&ta, &tb], |[i, j]| res.push(op.f(a[i], b[j])));
-        }
-    }
-    T::finish(res, out, dtype)
+        let n: usize = out.iter().product();
+        let mut res = Vec::with_capacity(n);
+        let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
+        for_each_offset(out, [&ta, &tb], |[i, j]| res.push(o().f(a[i], b[j])));
+        T::finish(res, out, dtype)
+    })
 }
 
 /// Gradient of one operand of a broadcast binary op: `h(a, b, g)` at the full shape,
@@ -103,19 +258,148 @@ pub(super) fn binary_grad<T: Finish>(
     g: &[T],
     out: &[usize],
     target: &[usize],
-    dtype: crate::dtype::DType,
+    dtype: DType,
     h: impl Fn(T, T, T) -> T + Sync + Send,
 ) -> Result<Computed> {
     let n: usize = out.iter().product();
     if sa == out && sb == out {
         let m = a.len().min(b.len()).min(g.len());
-        return T::finish(map_indexed(m, |i| h(a[i], b[i], g[i])), target, dtype);
+        return produce(m, target, dtype, |s, piece: &mut [T]| {
+            let e = s + piece.len();
+            for (((d, &x), &y), &gv) in piece.iter_mut().zip(&a[s..e]).zip(&b[s..e]).zip(&g[s..e]) {
+                *d = h(x, y, gv);
+            }
+        });
     }
-    let mut full = Vec::with_capacity(n);
-    let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
-    let tg = crate::tensor::strides(out);
-    for_each_offset(out, [&ta, &tb, &tg], |[i, j, k]| {
-        full.push(h(a[i], b[j], g[k]))
-    });
+    if target == out {
+        // The gradient of the operand that has the output's shape: nothing to sum, so it
+        // is produced (and rounded) directly.
+        let fast = match (Read::of(a, sa, out), Read::of(b, sb, out)) {
+            (Some(ra), Some(rb)) => Some(produce(n, target, dtype, |s, piece: &mut [T]| {
+                let m = piece.len();
+                let mut bv = vec![T::zero(); m];
+                ra.run(s, m, |j, x| piece[j] = x);
+                rb.run(s, m, |j, y| bv[j] = y);
+                for ((d, &y), &gv) in piece.iter_mut().zip(&bv).zip(&g[s..s + m]) {
+                    *d = h(*d, y, gv);
+                }
+            })),
+            _ => None,
+        };
+        if let Some(r) = fast {
+            return r;
+        }
+    }
+    let full = match (Read::of(a, sa, out), Read::of(b, sb, out)) {
+        (Some(ra), Some(rb)) if g.len() >= n => {
+            let (mut full, mut bv) = (vec![T::zero(); n], vec![T::zero(); n]);
+            ra.run(0, n, |j, x| full[j] = x);
+            rb.run(0, n, |j, y| bv[j] = y);
+            for ((d, &y), &gv) in full.iter_mut().zip(&bv).zip(g) {
+                *d = h(*d, y, gv);
+            }
+            full
+        }
+        _ => {
+            let mut full = Vec::with_capacity(n);
+            let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
+            let tg = crate::tensor::strides(out);
+            for_each_offset(out, [&ta, &tb, &tg], |[i, j, k]| {
+                full.push(h(a[i], b[j], g[k]))
+            });
+            full
+        }
+    };
     sum_to(&full, out, target, dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Tensor;
+
+    /// Values that overflow and underflow fp16 now and then, so the counts are exercised.
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let k = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+                let v = (k % 2001) as f32 - 1000.0;
+                match k % 97 {
+                    0 => v * 1e3,
+                    1 => v * 1e-9,
+                    _ => v * 0.37,
+                }
+            })
+            .collect()
+    }
+
+    /// The general path's values for `h` over the broadcast shape.
+    fn general(a: &[f32], sa: &[usize], b: &[f32], sb: &[usize], out: &[usize]) -> Vec<f32> {
+        let mut r = Vec::new();
+        let (ta, tb) = (bstrides(sa, out), bstrides(sb, out));
+        for_each_offset(out, [&ta, &tb], |[i, j]| r.push(a[i] * b[j] - a[i]));
+        r
+    }
+
+    fn same(c: &Computed, want: Vec<f32>, shape: &[usize], dtype: DType) {
+        let w = Tensor::from_f32(want.clone(), shape, dtype).unwrap();
+        let mut expect = want;
+        let counts = crate::dtype::round_slice(dtype, &mut expect);
+        let got = c.tensor.f32s().unwrap();
+        assert_eq!(got.len(), expect.len());
+        for (i, (x, y)) in got.iter().zip(w.f32s().unwrap()).enumerate() {
+            assert_eq!(x.to_bits(), y.to_bits(), "element {i} of {shape:?}");
+        }
+        assert_eq!(c.rounding, counts, "{shape:?}");
+    }
+
+    #[test]
+    fn broadcast_fast_paths_match_the_general_path_bit_for_bit() {
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[4, 300, 70], &[70]),
+            (&[4, 300, 70], &[4, 300, 1]),
+            (&[70], &[4, 300, 70]),
+            (&[4, 300, 1], &[4, 300, 70]),
+            (&[2, 256, 256], &[256]),
+            (&[2, 256, 256], &[2, 256, 1]),
+            (&[2, 256, 256], &[2, 256, 256]),
+            (&[3, 1, 5], &[3, 7, 5]),
+        ];
+        for &(sa, sb) in cases {
+            let out = crate::ops::broadcast_shape(sa, sb, "test").unwrap();
+            let (a, b) = (data(sa.iter().product(), 1), data(sb.iter().product(), 2));
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let h = |x: f32, y: f32| x * y - x;
+                let r = match broadcast2((&a, sa), (&b, sb), &out, dtype, h) {
+                    Some(r) => r.unwrap(),
+                    None => continue,
+                };
+                same(&r, general(&a, sa, &b, sb, &out), &out, dtype);
+                // The gradient of the output-shaped operand goes through its own fast path.
+                let n: usize = out.iter().product();
+                let g = data(n, 3);
+                for (target, other) in [(sa, sb), (sb, sa)] {
+                    if target != out.as_slice() {
+                        continue;
+                    }
+                    let k = |x: f32, y: f32, gv: f32| gv * x + y;
+                    let got = if target == sa {
+                        binary_grad(&a, sa, &b, sb, &g, &out, target, dtype, k)
+                    } else {
+                        binary_grad(&b, sb, &a, sa, &g, &out, target, dtype, k)
+                    }
+                    .unwrap();
+                    let (t, o) = if target == sa { (&a, &b) } else { (&b, &a) };
+                    let mut want = Vec::new();
+                    let (tt, to) = (bstrides(target, &out), bstrides(other, &out));
+                    let mut idx = 0;
+                    for_each_offset(&out, [&tt, &to], |[i, j]| {
+                        want.push(k(t[i], o[j], g[idx]));
+                        idx += 1;
+                    });
+                    same(&got, want, &out, dtype);
+                }
+            }
+        }
+    }
 }

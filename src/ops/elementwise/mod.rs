@@ -68,7 +68,7 @@ impl Unary {
     }
 
     /// f(x), computed in T.
-    #[inline]
+    #[inline(always)]
     pub fn f<T: Real>(self, x: T) -> T {
         let half = T::of(0.5);
         let one = T::one();
@@ -120,7 +120,7 @@ impl Unary {
     }
 
     /// dL/dx from the input x, the output y and dL/dy, computed in T.
-    #[inline]
+    #[inline(always)]
     pub fn df<T: Real>(self, x: T, y: T, g: T) -> T {
         let one = T::one();
         let half = T::of(0.5);
@@ -203,7 +203,7 @@ impl Binary {
             Binary::Div => "div",
         }
     }
-    #[inline]
+    #[inline(always)]
     pub(crate) fn f<T: Real>(self, a: T, b: T) -> T {
         match self {
             Binary::Add => a + b,
