@@ -59,6 +59,45 @@ pub(super) fn argmax_lines<T: Real>(x: &[T], outer: usize, n: usize, inner: usiz
     idx
 }
 
+/// Produces an output of `outer` contiguous lines of `n` values: `f(line, out)` writes one
+/// line. Groups of lines run over rayon's threads, each group rounded to `dtype` while it
+/// is in cache; every line is computed alone, so the result is that of one thread.
+fn produce_lines<T: Finish>(
+    outer: usize,
+    n: usize,
+    shape: &[usize],
+    dtype: crate::DType,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) -> Result<Computed> {
+    use crate::dtype::RoundCounts;
+    use crate::ops::{PAR_MIN, PIECE};
+    use rayon::prelude::*;
+    let total = outer * n;
+    let mut out = vec![T::zero(); total];
+    if total == 0 {
+        return T::finish_rounded(out, RoundCounts::default(), shape, dtype);
+    }
+    let per = (PIECE / n).max(1);
+    let work = |(c, piece): (usize, &mut [T])| {
+        for (k, line) in piece.chunks_mut(n).enumerate() {
+            f(c * per + k, line);
+        }
+        T::round_piece(dtype, piece)
+    };
+    let rounding = if total >= PAR_MIN && outer > 1 {
+        out.par_chunks_mut(per * n).enumerate().map(work).reduce(
+            RoundCounts::default,
+            |mut a, b| {
+                a.add(b);
+                a
+            },
+        )
+    } else {
+        work((0, &mut out))
+    };
+    T::finish_rounded(out, rounding, shape, dtype)
+}
+
 pub(super) fn softmax_fwd<T: Finish>(
     x: &[T],
     (outer, n, inner): (usize, usize, usize),
@@ -66,6 +105,30 @@ pub(super) fn softmax_fwd<T: Finish>(
     shape: &[usize],
     dtype: crate::DType,
 ) -> Result<Computed> {
+    if inner == 1 {
+        return produce_lines(outer, n, shape, dtype, |l, y| {
+            let x = &x[l * n..(l + 1) * n];
+            let m = x
+                .iter()
+                .fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
+            let mut s = 0f64;
+            for (yi, &xi) in y.iter_mut().zip(x) {
+                *yi = (xi - m).exp();
+                s += yi.f64();
+            }
+            if log {
+                let l = T::of(s.ln());
+                for (yi, &xi) in y.iter_mut().zip(x) {
+                    *yi = xi - m - l;
+                }
+            } else {
+                let s = T::of(s);
+                for yi in y.iter_mut() {
+                    *yi = *yi / s;
+                }
+            }
+        });
+    }
     let mut y = vec![T::zero(); x.len()];
     let mut e = vec![T::zero(); n];
     for_each_line(outer, n, inner, |base, st| {
@@ -103,6 +166,27 @@ pub(super) fn softmax_bwd<T: Finish>(
     shape: &[usize],
     dtype: crate::DType,
 ) -> Result<Computed> {
+    if inner == 1 {
+        return produce_lines(outer, n, shape, dtype, |l, gx| {
+            let (y, g) = (&y[l * n..(l + 1) * n], &g[l * n..(l + 1) * n]);
+            if log {
+                let s = T::of(g.iter().map(|v| v.f64()).sum::<f64>());
+                for ((d, &gv), &yv) in gx.iter_mut().zip(g).zip(y) {
+                    *d = gv - yv.exp() * s;
+                }
+            } else {
+                let s = T::of(
+                    g.iter()
+                        .zip(y)
+                        .map(|(&gv, &yv)| (gv * yv).f64())
+                        .sum::<f64>(),
+                );
+                for ((d, &gv), &yv) in gx.iter_mut().zip(g).zip(y) {
+                    *d = yv * (gv - s);
+                }
+            }
+        });
+    }
     let mut gx = vec![T::zero(); y.len()];
     for_each_line(outer, n, inner, |base, st| {
         let at = |i: usize| base + i * st;
