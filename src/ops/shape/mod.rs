@@ -80,6 +80,83 @@ pub(crate) fn scatter(parts: &[(&Storage, &[usize])], n: usize, op: &str) -> Res
     })
 }
 
+/// A new host storage holding, in row-major order over `shape`, the elements of `src` laid
+/// out with `strides` from `base` (a permuted or sliced copy without an index list). Large
+/// copies run over rayon's threads, one slab of the first dim each.
+fn gather_strided(
+    src: &Storage,
+    shape: &[usize],
+    strides: &[usize],
+    base: usize,
+    op: &str,
+) -> Result<Storage> {
+    fn copy<T: Copy + Default + Send + Sync>(
+        v: &[T],
+        shape: &[usize],
+        strides: &[usize],
+        base: usize,
+    ) -> Arc<Vec<T>> {
+        use rayon::prelude::*;
+        let n = numel(shape);
+        let mut out = vec![T::default(); n];
+        let slab = |o: &mut [T], sub: &[usize], st: &[usize], b: usize| {
+            let mut k = 0;
+            for_each_offset(sub, [st], |[i]| {
+                o[k] = v[b + i];
+                k += 1;
+            });
+        };
+        if n >= super::PAR_MIN && shape.len() > 1 && shape[0] > 1 {
+            let inner = n / shape[0];
+            out.par_chunks_mut(inner)
+                .enumerate()
+                .for_each(|(i, o)| slab(o, &shape[1..], &strides[1..], base + i * strides[0]));
+        } else if n > 0 {
+            slab(&mut out, shape, strides, base);
+        }
+        Arc::new(out)
+    }
+    Ok(match src {
+        Storage::F32(v) => Storage::F32(copy(v, shape, strides, base)),
+        Storage::F64(v) => Storage::F64(copy(v, shape, strides, base)),
+        Storage::I64(v) => Storage::I64(copy(v, shape, strides, base)),
+        Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
+    })
+}
+
+/// The gradient of [`gather_strided`]: a zero host storage of `n` elements with `g`'s
+/// elements (row-major over `shape`) written where the copy read them.
+fn scatter_strided(
+    g: &Storage,
+    n: usize,
+    shape: &[usize],
+    strides: &[usize],
+    base: usize,
+    op: &str,
+) -> Result<Storage> {
+    fn put<T: Copy + Default>(
+        g: &[T],
+        n: usize,
+        shape: &[usize],
+        strides: &[usize],
+        base: usize,
+    ) -> Arc<Vec<T>> {
+        let mut out = vec![T::default(); n];
+        let mut k = 0;
+        for_each_offset(shape, [strides], |[i]| {
+            out[base + i] = g[k];
+            k += 1;
+        });
+        Arc::new(out)
+    }
+    Ok(match g {
+        Storage::F32(v) => Storage::F32(put(v, n, shape, strides, base)),
+        Storage::F64(v) => Storage::F64(put(v, n, shape, strides, base)),
+        Storage::I64(v) => Storage::I64(put(v, n, shape, strides, base)),
+        Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
+    })
+}
+
 /// Flat offsets, in row-major order over `shape`, of elements laid out with `strides`
 /// starting at `base`.
 pub(crate) fn strided_offsets(shape: &[usize], strides: &[usize], base: usize) -> Vec<usize> {
@@ -167,29 +244,27 @@ impl Engine {
         route: Option<Route>,
     ) -> Result<Tensor> {
         let device = x.storage().is_device();
-        let src = match &route {
-            Some(r) if !device => Some(strided_offsets(&out_shape, &r.strides, r.base)),
-            _ => None,
-        };
         let mut slot = None;
-        let out = match (&route, &src) {
-            (Some(r), _) if device => {
+        let out = match &route {
+            Some(r) if device => {
                 let (s, sink) = super::device_out(x)?;
                 slot = Some(s);
                 cuda::gather_strided(op, x, &out_shape, (&r.strides, r.base), sink)?
             }
-            (_, Some(idx)) => {
-                Tensor::from_storage(gather(x.storage(), idx, op)?, &out_shape, x.dtype())?
-            }
-            _ => Tensor::from_storage(x.storage().clone(), &out_shape, x.dtype())?,
+            Some(r) => Tensor::from_storage(
+                gather_strided(x.storage(), &out_shape, &r.strides, r.base, op)?,
+                &out_shape,
+                x.dtype(),
+            )?,
+            None => Tensor::from_storage(x.storage().clone(), &out_shape, x.dtype())?,
         };
         let backward: Option<BackwardFn> = if x.dtype().is_float() {
             let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
             Some(Box::new(move |g: &Tensor| {
                 check_grad(g, &out_shape, op)?;
                 let mut slot = None;
-                let tensor = match (&route, &src) {
-                    (Some(r), _) if g.storage().is_device() => {
+                let tensor = match &route {
+                    Some(r) if g.storage().is_device() => {
                         let (s, sink) = super::device_out(g)?;
                         slot = Some(s);
                         cuda::scatter_strided(
@@ -201,13 +276,19 @@ impl Engine {
                             sink,
                         )?
                     }
-                    (_, Some(idx)) => Tensor::from_storage(
-                        scatter(&[(g.storage(), idx)], numel(&in_shape), op)?,
+                    Some(r) => Tensor::from_storage(
+                        scatter_strided(
+                            g.storage(),
+                            numel(&in_shape),
+                            &out_shape,
+                            &r.strides,
+                            r.base,
+                            op,
+                        )?,
                         &in_shape,
                         dtype,
                     )?,
-                    (Some(_), None) => return Err(super::no_device_kernel(op)),
-                    (None, _) => Tensor::from_storage(g.storage().clone(), &in_shape, dtype)?,
+                    None => Tensor::from_storage(g.storage().clone(), &in_shape, dtype)?,
                 };
                 Ok(vec![Some(Grad {
                     tensor,
