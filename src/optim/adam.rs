@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::{check_hparam, check_state_len, slots_to_update, Optimizer, ParamSlot, StatePrecision};
-use crate::dtype::{round_slice, round_to};
+use crate::dtype::{round_slice, round_to, DType};
 use crate::Result;
 
 /// Hyper-parameters of [`Adam`], with `torch.optim.Adam`'s defaults.
@@ -171,7 +171,7 @@ impl Adam {
 }
 
 /// `start.lerp_(end, weight)` for one element, as ATen's vectorized CPU kernel.
-#[inline]
+#[inline(always)]
 fn lerp(start: f32, end: f32, weight: f32) -> f32 {
     let diff = end - start;
     if weight.abs() < 0.5 {
@@ -190,6 +190,68 @@ fn maximum(a: f32, b: f32) -> f32 {
         a
     } else {
         b
+    }
+}
+
+/// One parameter's Adam/AdamW update, element by element, as `torch.optim.Adam`'s
+/// single-tensor path computes it.
+struct AdamKernel<'a> {
+    data: &'a mut [f32],
+    grad: &'a [f32],
+    exp_avg: &'a mut [f32],
+    exp_avg_sq: &'a mut [f32],
+    /// AMSGrad's running maximum of the second moment.
+    vmax: Option<&'a mut [f32]>,
+    maximize: bool,
+    use_wd: bool,
+    decoupled: bool,
+    /// The dtype each op rounds to.
+    od: DType,
+    decay_factor: f32,
+    wd: f32,
+    lerp_weight: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    bc2_sqrt: f32,
+    eps: f32,
+    neg_step_size: f32,
+}
+
+impl super::Kernel for AdamKernel<'_> {
+    #[inline(always)]
+    fn run(self) {
+        let od = self.od;
+        let r = |x: f32| round_to(od, x);
+        let mut vmax = self.vmax;
+        for (j, (p, &g0)) in self.data.iter_mut().zip(self.grad).enumerate() {
+            let mut g = if self.maximize { -g0 } else { g0 };
+            if self.use_wd {
+                if self.decoupled {
+                    // param.mul_(1 - lr * weight_decay)
+                    *p = r(*p * self.decay_factor);
+                } else {
+                    // grad.add(param, alpha=weight_decay)
+                    g = r(p.mul_add(self.wd, g));
+                }
+            }
+            // exp_avg.lerp_(grad, 1 - beta1)
+            let m = r(lerp(self.exp_avg[j], g, self.lerp_weight));
+            self.exp_avg[j] = m;
+            // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            let v = r((self.one_minus_beta2 * g).mul_add(g, r(self.exp_avg_sq[j] * self.beta2)));
+            self.exp_avg_sq[j] = v;
+            let second = match vmax.as_deref_mut() {
+                Some(vmax) => {
+                    vmax[j] = maximum(vmax[j], v);
+                    vmax[j]
+                }
+                None => v,
+            };
+            // (second.sqrt() / bias_correction2_sqrt).add_(eps)
+            let denom = r(r(r(second.sqrt()) / self.bc2_sqrt) + self.eps);
+            // param.addcdiv_(exp_avg, denom, value=-step_size)
+            *p += (self.neg_step_size * m) / denom;
+        }
     }
 }
 
@@ -243,40 +305,30 @@ impl Optimizer for Adam {
             let bc2_sqrt = bias_correction2.powf(0.5) as f32;
             let neg_step_size = (-step_size) as f32;
 
-            let mut vmax = if c.amsgrad {
+            let vmax = if c.amsgrad {
                 st.max_exp_avg_sq.as_deref_mut()
             } else {
                 None
             };
-            for (j, (p, &g0)) in slot.data.iter_mut().zip(grad).enumerate() {
-                let mut g = if c.maximize { -g0 } else { g0 };
-                if use_wd {
-                    if c.decoupled {
-                        // param.mul_(1 - lr * weight_decay)
-                        *p = r(*p * decay_factor);
-                    } else {
-                        // grad.add(param, alpha=weight_decay)
-                        g = r(p.mul_add(wd, g));
-                    }
-                }
-                // exp_avg.lerp_(grad, 1 - beta1)
-                let m = r(lerp(st.exp_avg[j], g, lerp_weight));
-                st.exp_avg[j] = m;
-                // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                let v = r((one_minus_beta2 * g).mul_add(g, r(st.exp_avg_sq[j] * beta2_f)));
-                st.exp_avg_sq[j] = v;
-                let second = match vmax.as_deref_mut() {
-                    Some(vmax) => {
-                        vmax[j] = maximum(vmax[j], v);
-                        vmax[j]
-                    }
-                    None => v,
-                };
-                // (second.sqrt() / bias_correction2_sqrt).add_(eps)
-                let denom = r(r(r(second.sqrt()) / bc2_sqrt) + eps);
-                // param.addcdiv_(exp_avg, denom, value=-step_size)
-                *p += (neg_step_size * m) / denom;
-            }
+            super::run_kernel(AdamKernel {
+                data: slot.data,
+                grad,
+                exp_avg: &mut st.exp_avg,
+                exp_avg_sq: &mut st.exp_avg_sq,
+                vmax,
+                maximize: c.maximize,
+                use_wd,
+                decoupled: c.decoupled,
+                od,
+                decay_factor,
+                wd,
+                lerp_weight,
+                beta2: beta2_f,
+                one_minus_beta2,
+                bc2_sqrt,
+                eps,
+                neg_step_size,
+            });
             round_slice(slot.dtype, slot.data);
         }
         Ok(())
@@ -318,6 +370,58 @@ mod tests {
     use super::*;
     use crate::dtype::{round_bf16, round_f16, DType};
     use crate::optim::StatePrecision;
+    use crate::optim::{kernel_test_data, run_kernel, Kernel};
+
+    #[test]
+    fn the_fma_copy_of_the_update_loop_gives_the_plain_loops_bits() {
+        let n = 5000;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for od in [DType::F32, DType::F16, DType::BF16] {
+            for (decoupled, amsgrad) in [(false, false), (true, true), (false, true)] {
+                let grad = kernel_test_data(n, 1);
+                let mut a: Vec<Vec<f32>> = (2..6).map(|s| kernel_test_data(n, s)).collect();
+                for v in &mut a[2..] {
+                    v.iter_mut().for_each(|x| *x = x.abs());
+                }
+                let mut b = a.clone();
+                fn k<'a>(
+                    s: &'a mut [Vec<f32>],
+                    grad: &'a [f32],
+                    (od, decoupled, amsgrad): (DType, bool, bool),
+                ) -> AdamKernel<'a> {
+                    let [p, m, v, vm] = s else { unreachable!() };
+                    AdamKernel {
+                        data: p,
+                        grad,
+                        exp_avg: m,
+                        exp_avg_sq: v,
+                        vmax: amsgrad.then_some(vm.as_mut_slice()),
+                        maximize: false,
+                        use_wd: true,
+                        decoupled,
+                        od,
+                        decay_factor: 0.9999,
+                        wd: 0.01,
+                        lerp_weight: 0.1,
+                        beta2: 0.999,
+                        one_minus_beta2: 0.001,
+                        bc2_sqrt: 0.0447,
+                        eps: 1e-8,
+                        neg_step_size: -0.01,
+                    }
+                }
+                run_kernel(k(&mut a, &grad, (od, decoupled, amsgrad)));
+                k(&mut b, &grad, (od, decoupled, amsgrad)).run();
+                for (x, y) in a.iter().zip(&b) {
+                    assert_eq!(
+                        bits(x),
+                        bits(y),
+                        "{od} decoupled={decoupled} amsgrad={amsgrad}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Independent f64 model of Adam/AdamW/AMSGrad in the textbook form of PyTorch's docs.
     struct RefAdam {

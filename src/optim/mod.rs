@@ -166,6 +166,33 @@ pub fn build_optimizer(cfg: &OptimizerConfig) -> Result<Box<dyn Optimizer>> {
 
 /// Checks every slot that has a gradient: float dtype, gradient as long as the data, and
 /// no name used twice. Returns the indices of the slots to update.
+/// An optimizer's element loop over one parameter, run by [`run_kernel`]. `run` is
+/// `#[inline(always)]` in each implementation, so that it is compiled into the FMA copy.
+pub(crate) trait Kernel {
+    /// Updates every element.
+    fn run(self);
+}
+
+/// Runs `k` in code compiled for FMA and AVX2 where the CPU has them, so its `mul_add`s
+/// are one instruction each (and its loop vectorizes) instead of a call to libm's `fmaf`
+/// per element. The values are the same either way: a fused multiply-add rounds once by
+/// definition, in hardware or in libm.
+pub(crate) fn run_kernel<K: Kernel>(k: K) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "fma,avx2")]
+        fn with_fma<K: Kernel>(k: K) {
+            k.run()
+        }
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU was just checked to have both features.
+            return unsafe { with_fma(k) };
+        }
+    }
+    k.run()
+}
+
 pub(crate) fn slots_to_update(optimizer: &str, params: &[ParamSlot<'_>]) -> Result<Vec<usize>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
@@ -229,6 +256,23 @@ pub(crate) fn check_hparam(ok: bool, field: &str, value: f64, expected: &str) ->
             format!("{expected}, got {value}"),
         ))
     }
+}
+
+/// Values for holding an element loop's FMA copy to its plain copy: ordinary magnitudes,
+/// with now and then one near fp16's limits.
+#[cfg(test)]
+pub(crate) fn kernel_test_data(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let k = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 7;
+            let v = ((k % 4001) as f32 - 2000.0) / 977.0;
+            match k % 53 {
+                0 => v * 3e4,
+                1 => v * 1e-6,
+                _ => v,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::{check_hparam, check_state_len, slots_to_update, Optimizer, ParamSlot, StatePrecision};
-use crate::dtype::{round_slice, round_to};
+use crate::dtype::{round_slice, round_to, DType};
 use crate::Result;
 
 /// Hyper-parameters of [`Sgd`], with PyTorch's defaults.
@@ -119,6 +119,59 @@ impl Sgd {
     }
 }
 
+/// One parameter's SGD update, element by element, as `torch.optim.SGD`'s single-tensor
+/// path computes it.
+struct SgdKernel<'a> {
+    data: &'a mut [f32],
+    grad: &'a [f32],
+    buf: Option<&'a mut [f32]>,
+    first: bool,
+    maximize: bool,
+    use_wd: bool,
+    nesterov: bool,
+    /// The dtype each op rounds to.
+    od: DType,
+    neg_lr: f32,
+    wd: f32,
+    momentum_alpha: f32,
+    momentum: f32,
+    one_minus_damp: f32,
+}
+
+impl super::Kernel for SgdKernel<'_> {
+    #[inline(always)]
+    fn run(self) {
+        let od = self.od;
+        let r = |x: f32| round_to(od, x);
+        let mut buf = self.buf;
+        for (j, (p, &g0)) in self.data.iter_mut().zip(self.grad).enumerate() {
+            let mut g = if self.maximize { -g0 } else { g0 };
+            if self.use_wd {
+                // grad.add(param, alpha=wd)
+                g = r(p.mul_add(self.wd, g));
+            }
+            if let Some(buf) = buf.as_deref_mut() {
+                let b = if self.first {
+                    // PyTorch clones the gradient into the fresh buffer.
+                    g
+                } else {
+                    // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+                    r(g.mul_add(self.one_minus_damp, r(buf[j] * self.momentum)))
+                };
+                buf[j] = b;
+                // grad.add(buf, alpha=momentum)
+                g = if self.nesterov {
+                    r(b.mul_add(self.momentum_alpha, g))
+                } else {
+                    b
+                };
+            }
+            // param.add_(grad, alpha=-lr)
+            *p = g.mul_add(self.neg_lr, *p);
+        }
+    }
+}
+
 impl Optimizer for Sgd {
     fn step(&mut self, params: &mut [ParamSlot<'_>]) -> Result<()> {
         let todo = slots_to_update("sgd", params)?;
@@ -156,32 +209,21 @@ impl Optimizer for Sgd {
             if use_momentum && first {
                 st.momentum_buffer = Some(vec![0.0; grad.len()]);
             }
-            let mut buf = st.momentum_buffer.as_deref_mut();
-            for (j, (p, &g0)) in slot.data.iter_mut().zip(grad).enumerate() {
-                let mut g = if c.maximize { -g0 } else { g0 };
-                if use_wd {
-                    // grad.add(param, alpha=wd)
-                    g = r(p.mul_add(wd, g));
-                }
-                if let Some(buf) = buf.as_deref_mut() {
-                    let b = if first {
-                        // PyTorch clones the gradient into the fresh buffer.
-                        g
-                    } else {
-                        // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
-                        r(g.mul_add(one_minus_damp, r(buf[j] * momentum)))
-                    };
-                    buf[j] = b;
-                    // grad.add(buf, alpha=momentum)
-                    g = if c.nesterov {
-                        r(b.mul_add(momentum_alpha, g))
-                    } else {
-                        b
-                    };
-                }
-                // param.add_(grad, alpha=-lr)
-                *p = g.mul_add(neg_lr, *p);
-            }
+            super::run_kernel(SgdKernel {
+                data: slot.data,
+                grad,
+                buf: st.momentum_buffer.as_deref_mut(),
+                first,
+                maximize: c.maximize,
+                use_wd,
+                nesterov: c.nesterov,
+                od,
+                neg_lr,
+                wd,
+                momentum_alpha,
+                momentum,
+                one_minus_damp,
+            });
             round_slice(slot.dtype, slot.data);
             st.updates += 1.0;
         }
@@ -216,6 +258,51 @@ impl Optimizer for Sgd {
 mod tests {
     use super::*;
     use crate::dtype::{round_f16, DType};
+    use crate::optim::{kernel_test_data, run_kernel, Kernel};
+
+    #[test]
+    fn the_fma_copy_of_the_update_loop_gives_the_plain_loops_bits() {
+        let n = 5000;
+        for od in [DType::F32, DType::F16, DType::BF16] {
+            for (first, nesterov, use_wd) in [
+                (true, false, true),
+                (false, true, true),
+                (false, false, false),
+            ] {
+                let grad = kernel_test_data(n, 1);
+                let (mut p1, mut b1) = (kernel_test_data(n, 2), kernel_test_data(n, 3));
+                let (mut p2, mut b2) = (p1.clone(), b1.clone());
+                let k = |data, buf| SgdKernel {
+                    data,
+                    grad: &grad,
+                    buf: Some(buf),
+                    first,
+                    maximize: false,
+                    use_wd,
+                    nesterov,
+                    od,
+                    neg_lr: -0.0123,
+                    wd: 0.031,
+                    momentum_alpha: 0.9,
+                    momentum: 0.9,
+                    one_minus_damp: 0.75,
+                };
+                run_kernel(k(&mut p1, &mut b1));
+                k(&mut p2, &mut b2).run();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&p1),
+                    bits(&p2),
+                    "{od} first={first} nesterov={nesterov}"
+                );
+                assert_eq!(
+                    bits(&b1),
+                    bits(&b2),
+                    "{od} first={first} nesterov={nesterov}"
+                );
+            }
+        }
+    }
 
     /// Independent f64 model of PyTorch's SGD (the documented algorithm, no f32 rounding).
     struct RefSgd {
