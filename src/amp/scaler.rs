@@ -957,9 +957,33 @@ impl GradScaler {
 /// Checks `data` for inf/NaN, multiplies it by `inv` in `f32`, rounds once to `dtype`, and
 /// adds the values that overflowed or flushed to zero on the way to `rounding`.
 fn unscale_slice(data: &mut [f32], dtype: DType, inv: f32, rounding: &mut RoundCounts) -> bool {
+    use rayon::prelude::*;
+    /// Gradients at least this long are unscaled over rayon's threads, a piece each (each
+    /// element alone; the flag and counts are an OR and sums of integers).
+    const PAR_MIN: usize = 64 * 1024;
+    let (found_inf, counts) = if data.len() >= PAR_MIN {
+        data.par_chunks_mut(PAR_MIN / 8)
+            .map(|piece| unscale_piece(piece, dtype, inv))
+            .reduce(
+                || (false, RoundCounts::default()),
+                |(fa, mut ca), (fb, cb)| {
+                    ca.add(cb);
+                    (fa | fb, ca)
+                },
+            )
+    } else {
+        unscale_piece(data, dtype, inv)
+    };
+    rounding.add(counts);
+    found_inf
+}
+
+/// [`unscale_slice`] on one thread: whether a value was Inf/NaN, and the rounding's counts.
+fn unscale_piece(data: &mut [f32], dtype: DType, inv: f32) -> (bool, RoundCounts) {
     const CHUNK: usize = 1024;
     let mut before = [0f32; CHUNK];
     let mut found_inf = false;
+    let mut rounding = RoundCounts::default();
     for chunk in data.chunks_mut(CHUNK) {
         let n = chunk.len();
         before[..n].copy_from_slice(chunk);
@@ -967,6 +991,14 @@ fn unscale_slice(data: &mut [f32], dtype: DType, inv: f32, rounding: &mut RoundC
             found_inf |= !x.is_finite();
             // ATen skips the multiply for inv_scale == 1; x * 1 == x, so no special case.
             *x *= inv;
+        }
+        if dtype == DType::F32 {
+            // An f32 product over- or underflows f32 itself: nothing rounds further.
+            for (&a, &b) in before[..n].iter().zip(chunk.iter()) {
+                rounding.overflow += (a.is_finite() & b.is_infinite()) as u64;
+                rounding.underflow += (a.is_finite() & (a != 0.0) & (b == 0.0)) as u64;
+            }
+            continue;
         }
         round_slice(dtype, chunk);
         for (&a, &b) in before[..n].iter().zip(chunk.iter()) {
@@ -976,7 +1008,7 @@ fn unscale_slice(data: &mut [f32], dtype: DType, inv: f32, rounding: &mut RoundC
             }
         }
     }
-    found_inf
+    (found_inf, rounding)
 }
 
 #[cfg(test)]

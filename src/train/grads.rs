@@ -157,6 +157,39 @@ impl StepGrads {
         }
     }
 
+    /// Every parameter's record (gradient statistics against its value; None without a
+    /// gradient), computed over rayon's threads, one parameter each.
+    pub fn records(
+        &self,
+        params: &[crate::models::Param],
+        scale: f32,
+    ) -> Result<Vec<Option<ParamRecord>>> {
+        use rayon::prelude::*;
+        params
+            .par_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let r = ParamRef {
+                    name: &p.name,
+                    value: &p.value,
+                };
+                self.record(i, &r, scale)
+            })
+            .collect()
+    }
+
+    /// Parameter `i`'s gradient as a tensor of `shape` (None without a gradient), moved
+    /// out of the host buffers, which no longer hold it.
+    pub fn take_tensor(&mut self, i: usize, shape: &[usize]) -> Result<Option<Tensor>> {
+        match self {
+            StepGrads::Host(bufs) => bufs[i]
+                .take()
+                .map(|(g, d)| Tensor::from_exact(g, shape, d))
+                .transpose(),
+            StepGrads::Device(ts) => Ok(ts[i].clone()),
+        }
+    }
+
     /// Parameter `i`'s record (gradient statistics against its value), or None without a
     /// gradient.
     pub fn record(&self, i: usize, p: &ParamRef<'_>, scale: f32) -> Result<Option<ParamRecord>> {

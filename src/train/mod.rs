@@ -379,7 +379,7 @@ impl Trainer {
             self.optimizer_step(&grads)?;
         }
         let upd = self.update(&mut st)?;
-        self.finish(st, &grads, decision, upd)
+        self.finish(st, grads, decision, upd)
     }
 
     /// Starts a step: the scale it begins with and what a replay needs.
@@ -569,21 +569,15 @@ impl Trainer {
     fn finish(
         &mut self,
         st: StepState,
-        grads: &StepGrads,
+        mut grads: StepGrads,
         decision: StepDecision,
         upd: UpdateOutcome,
     ) -> Result<StepRecord> {
-        let mut records = Vec::with_capacity(self.params.params.len());
+        let records = grads.records(&self.params.params, st.scale_before)?;
         for (i, p) in self.params.params.iter().enumerate() {
-            let r = ParamRef {
-                name: &p.name,
-                value: &p.value,
-            };
-            let rec = grads.record(i, &r, st.scale_before)?;
-            if rec.is_some() {
-                self.last_grads[i] = grads.tensor(i, p.value.shape())?;
+            if records[i].is_some() {
+                self.last_grads[i] = grads.take_tensor(i, p.value.shape())?;
             }
-            records.push(rec);
         }
         self.record_step(st, records, decision, upd)
     }
