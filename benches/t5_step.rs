@@ -2,7 +2,11 @@
 //! off. T5EncoderModel with the relu FFN, d_model 256, d_ff 1024, 4 layers, 4 heads,
 //! d_kv 64, vocab 512, batch 8, seq 128, the LM objective on the tied embedding, SGD.
 //! Run with `cargo bench --bench t5_step`; `scripts/bench_t5_torch.py` measures PyTorch
-//! on the same workload.
+//! on the same workload, and `scripts/bench-cpu.py` prints both side by side.
+//!
+//! `AMPROBE_BENCH_ONLY=fp32:off` (mode fp32|fp16|bf16, probes on|off) runs one
+//! configuration alone; with `AMPROBE_BENCH_JSON=1` as well it also prints one JSON line
+//! (`{"side":"amprobe","config":"fp32:off",...,"times_ms":[...]}`) for `bench-cpu.py`.
 
 use amprobe::amp::mode::Precision;
 use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
@@ -32,31 +36,58 @@ fn trainer(precision: Precision, probes: bool) -> Trainer {
     Trainer::new(train, Box::new(model), params, Box::new(data)).expect("trainer")
 }
 
-fn median_ms(t: &mut Trainer, start: u64, reps: u64) -> f64 {
-    let mut v: Vec<f64> = (0..reps)
+/// Wall time of each of `reps` steps, in milliseconds, in step order.
+fn step_times_ms(t: &mut Trainer, start: u64, reps: u64) -> Vec<f64> {
+    (0..reps)
         .map(|s| {
             let t0 = Instant::now();
             t.step(start + s).expect("step");
             t0.elapsed().as_secs_f64() * 1e3
         })
-        .collect();
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+fn median_ms(t: &mut Trainer, start: u64, reps: u64) -> f64 {
+    median(step_times_ms(t, start, reps))
 }
 
 fn main() {
     let reps = std::env::var("AMPROBE_BENCH_REPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(5)
+        .max(1);
     // AMPROBE_BENCH_ONLY=fp32:off (or fp16:on, ...) runs one configuration alone, for a
-    // profiler; it prints its median and nothing else.
+    // profiler; it prints its median and nothing else, unless AMPROBE_BENCH_JSON is set
+    // (and not 0), which adds one JSON line with every step's time.
     if let Ok(only) = std::env::var("AMPROBE_BENCH_ONLY") {
         let (mode, probes) = only.split_once(':').unwrap_or((&only, "off"));
         let m = Precision::parse(mode).expect("AMPROBE_BENCH_ONLY: a precision mode");
         let mut t = trainer(m, probes == "on");
+        let t0 = Instant::now();
         t.step(0).expect("warm-up");
-        println!("{only}: {:.1} ms", median_ms(&mut t, 1, reps));
+        let warmup_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let times = step_times_ms(&mut t, 1, reps);
+        let med = median(times.clone());
+        println!("{only}: {med:.1} ms");
+        if std::env::var("AMPROBE_BENCH_JSON").is_ok_and(|v| !v.is_empty() && v != "0") {
+            let line = serde_json::json!({
+                "side": "amprobe",
+                "config": only,
+                "mode": m.name(),
+                "probes": probes == "on",
+                "reps": reps,
+                "warmup_ms": warmup_ms,
+                "median_ms": med,
+                "times_ms": times,
+            });
+            println!("{line}");
+        }
         return;
     }
     let modes = [Precision::Fp32, Precision::Fp16, Precision::Bf16];

@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""amprobe and PyTorch side by side on the T5-mini CPU training step, in one command.
+
+    /path/to/venv-with-torch/bin/python scripts/bench-cpu.py      # both halves
+    python3 scripts/bench-cpu.py                                  # amprobe alone if no torch
+    python3 scripts/bench-cpu.py --rounds 1 --reps 3              # quicker, noisier
+
+Run it from anywhere inside the repository checkout. It builds the bench with
+`cargo bench --bench t5_step --no-run --message-format=json-render-diagnostics` (the
+binary's path comes from cargo's JSON), then runs every configuration in a child process
+of its own:
+
+  amprobe  (benches/t5_step.rs, AMPROBE_BENCH_ONLY=MODE:on|off AMPROBE_BENCH_JSON=1):
+           fp32, fp16 autocast, bf16 autocast, each with probes on and off;
+  PyTorch  (scripts/bench_t5_torch.py CONFIG --json, run with the python running this
+           script): fp32, bf16 autocast, fp16 autocast, fp32 + per-module forward hooks,
+           fp32 + autograd anomaly mode.
+
+PyTorch is used only when `import torch, transformers` works in the python that runs this
+script (sys.executable); otherwise the table has amprobe's half alone and says PyTorch was
+not found.
+
+Timing: each child does one untimed warm-up step, then --reps timed steps (default 5;
+PyTorch fp16 autocast, 5 s or more a step on CPU, does --torch-fp16-reps, default 2, in the
+first round only). There are --rounds rounds (default 5); within a round the amprobe and
+PyTorch children alternate, and the order rotates from one round to the next. The time
+shown is the median of all the timed steps of a configuration, pooled over its rounds.
+Both sides use --threads threads (default 2; RAYON_NUM_THREADS for amprobe,
+torch.set_num_threads for PyTorch). Progress goes to stderr, the table to stdout. The
+defaults take about 3 to 5 minutes on an idle 2-core machine. Other work on the machine
+spoils the figures (PyTorch's OpenMP threads slow down many times over when they share
+their cores with another process), so the table shows how many cores other processes
+kept busy during the runs (from /proc/stat, less this script's own CPU time), and a note
+under it names every configuration whose single-process medians differ by more than 25%
+(a time goal that involves one of them has "(noisy)" after its mark).
+
+Peak resident memory: the parent reaps each child with os.wait4(), which returns that one
+child's resource usage, and reads its ru_maxrss (KiB on Linux): the kernel's high-water
+mark of the child's resident set over its whole life, including start-up and, for
+PyTorch, the Python interpreter and the torch/transformers imports. That is the same
+counter resource.getrusage(RUSAGE_CHILDREN).ru_maxrss reports, but per child:
+RUSAGE_CHILDREN keeps the largest value over every child reaped so far (cargo included),
+so it could not tell one configuration from the next. The same measurement is applied to
+both sides; the table shows the largest value over a configuration's rounds, and, for
+scale, the peak of a child that only imports torch and transformers.
+
+The goal lines (marked from the measured numbers) are those of the "CPU step speed"
+issue: amprobe fp32 probes-off / PyTorch fp32 <= 1.2; amprobe fp16 and bf16 probes-off /
+amprobe fp32 probes-off <= 1.2; probes on / off per mode <= 1.10; amprobe / PyTorch peak
+RSS for the fp32 step <= 1.5. Exit status: 0 once the table is printed (whatever the goal
+marks), 1 if cargo, a child process or the output of one fails, 2 for bad arguments.
+Standard library only; Linux (os.wait4, /proc/cpuinfo).
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH_SCRIPT = os.path.join(ROOT, "scripts", "bench_t5_torch.py")
+
+AMPROBE_MODES = [("fp32", "fp32"), ("fp16", "fp16 autocast"), ("bf16", "bf16 autocast")]
+# PyTorch configurations: (bench_t5_torch.py name, table row, amprobe mode on that row or None).
+TORCH_CONFIGS = [
+    ("fp32", "fp32", "fp32"),
+    ("fp16", "fp16 autocast", "fp16"),
+    ("bf16", "bf16 autocast", "bf16"),
+    ("hooks", "fp32 + per-module hooks", None),
+    ("anomaly", "fp32 + anomaly mode", None),
+]
+GOAL_SPEED = 1.2
+GOAL_PROBES = 1.10
+GOAL_RSS = 1.5
+# Child medians of one configuration further apart than this (largest / smallest) get a note
+# under the table: the machine was probably busy.
+NOISY = 1.25
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_bench():
+    """Builds benches/t5_step.rs; returns the path of its executable."""
+    cmd = ["cargo", "bench", "--bench", "t5_step", "--no-run", "--message-format=json-render-diagnostics"]
+    log(f"building: {shlex.join(cmd)}")
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        raise BenchError("cargo was not found on PATH; install Rust (https://rustup.rs) or put cargo on PATH")
+    if p.returncode != 0:
+        raise BenchError(f"`{shlex.join(cmd)}` failed with exit status {p.returncode} (cargo's messages are above)")
+    exe = None
+    for line in p.stdout.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "t5_step" \
+                and msg.get("executable"):
+            exe = msg["executable"]
+    if not exe or not os.path.isfile(exe):
+        raise BenchError(f"`{shlex.join(cmd)}` succeeded but named no t5_step executable in its JSON output")
+    return exe
+
+
+def spawn(argv, env, label):
+    """Runs one child to completion: (exit status, stdout, stderr, peak RSS in KiB, seconds)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        except OSError as e:
+            raise BenchError(f"{label}: could not start {shlex.join(argv)}: {e}")
+        try:
+            # wait4 gives this child's own rusage; ru_maxrss is its peak resident set in KiB.
+            _, status, usage = os.wait4(p.pid, 0)
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        p.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        return (p.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                usage.ru_maxrss, wall)
+
+
+def run_child(argv, env, label):
+    """Runs one configuration's child; returns (its JSON result, its peak RSS in KiB, seconds)."""
+    rc, stdout, stderr, kib, wall = spawn(argv, env, label)
+    if rc != 0:
+        tail = "\n".join((stdout + stderr).strip().splitlines()[-25:]) or "(it printed nothing)"
+        raise BenchError(f"{label}: `{shlex.join(argv)}` failed with exit status {rc}:\n{tail}")
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                res = json.loads(line)
+            except ValueError:
+                break
+            if res.get("times_ms"):
+                return res, kib, wall
+    raise BenchError(f"{label}: `{shlex.join(argv)}` printed no JSON result line; its output was:\n"
+                     + ((stdout[-2000:] + stderr[-2000:]).strip() or "(nothing)"))
+
+
+def torch_probe(env):
+    """Imports torch and transformers in a child of this python: ((torch version, transformers
+    version), None, the child's peak RSS in KiB) when both import, else (None, the error, None)."""
+    code = "import torch, transformers; print(torch.__version__, transformers.__version__)"
+    try:
+        rc, stdout, stderr, kib, _ = spawn([sys.executable, "-c", code], env, "import torch")
+    except BenchError as e:
+        return None, str(e), None
+    if rc != 0:
+        lines = stderr.strip().splitlines()
+        return None, (lines[-1] if lines else f"exit status {rc}"), None
+    return tuple(stdout.split()[:2]), None, kib
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":")[0].strip() in ("model name", "Model", "Hardware"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def git_rev():
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    except OSError:
+        return None
+    return (rev + (" (with uncommitted changes)" if dirty else "")) if rev else None
+
+
+def cpu_busy_s():
+    """(seconds of CPU time the whole machine has spent busy, seconds this process and its reaped
+    children have used), or None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is in user.
+    busy = sum(fields[:8]) - fields[3] - fields[4]
+    own = sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    return busy / os.sysconf("SC_CLK_TCK"), own
+
+
+def cell(s):
+    return str(s).replace("|", "\\|")
+
+
+def row(*cells):
+    return "| " + " | ".join(cell(c) for c in cells) + " |"
+
+
+def fmt_ms(x):
+    return "–" if x is None else f"{x:.1f}"
+
+
+def fmt_mib(kib):
+    return "–" if kib is None else f"{kib / 1024:.0f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="child processes per configuration (default 5)")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per child after one warm-up (default 5)")
+    ap.add_argument("--torch-fp16-reps", type=int, default=2,
+                    help="timed steps of PyTorch fp16 autocast, run in the first round only (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="threads on both sides (default 2)")
+    ap.add_argument("--no-torch", action="store_true", help="amprobe's half alone")
+    ap.add_argument("--bench-exe", help="use this t5_step executable instead of building it with cargo")
+    args = ap.parse_args()
+    for name in ("rounds", "reps", "torch_fp16_reps", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+
+    command = shlex.join([sys.executable] + sys.argv)
+    exe = args.bench_exe or build_bench()
+    base_env = dict(os.environ)
+    base_env["RAYON_NUM_THREADS"] = str(args.threads)
+    base_env.pop("AMPROBE_BENCH_ONLY", None)
+    if args.no_torch:
+        versions, torch_err, import_kib = None, "--no-torch", None
+    else:
+        log(f"checking for torch and transformers in {sys.executable}")
+        versions, torch_err, import_kib = torch_probe(base_env)
+    have_torch = versions is not None
+    if not have_torch:
+        log(f"PyTorch was not found ({torch_err}); measuring amprobe alone")
+
+    def amprobe_job(mode, probes):
+        env = dict(base_env, AMPROBE_BENCH_ONLY=f"{mode}:{probes}", AMPROBE_BENCH_JSON="1",
+                   AMPROBE_BENCH_REPS=str(args.reps))
+        return (("amprobe", mode, probes), f"amprobe {mode} probes {probes}", [exe], env)
+
+    def torch_job(name, reps):
+        argv = [sys.executable, TORCH_SCRIPT, name, "--json", "--reps", str(reps), "--threads", str(args.threads)]
+        return (("torch", name), f"PyTorch {name}", argv, base_env)
+
+    a_jobs = [amprobe_job(m, p) for m, _ in AMPROBE_MODES for p in ("off", "on")]
+    t_jobs = [torch_job(n, args.reps) for n, _, _ in TORCH_CONFIGS if n != "fp16"] if have_torch else []
+
+    times = {}  # key -> pooled step times
+    child_medians = {}  # key -> each child's own median
+    labels = {}
+    rss = {}  # key -> largest peak RSS (KiB)
+    busy_start = cpu_busy_s()
+    t_start = time.perf_counter()
+    for r in range(args.rounds):
+        # Alternate the two sides, rotating the order each round.
+        ka, kt = r % len(a_jobs), (r % len(t_jobs)) if t_jobs else 0
+        aj, tj = a_jobs[ka:] + a_jobs[:ka], t_jobs[kt:] + t_jobs[:kt]
+        jobs = []
+        for i in range(max(len(aj), len(tj))):
+            jobs += aj[i:i + 1] + tj[i:i + 1]
+        if have_torch and r == 0:
+            jobs.append(torch_job("fp16", args.torch_fp16_reps))
+        for key, label, argv, env in jobs:
+            res, kib, wall = run_child(argv, env, label)
+            times.setdefault(key, []).extend(res["times_ms"])
+            child_medians.setdefault(key, []).append(statistics.median(res["times_ms"]))
+            labels[key] = label
+            rss[key] = max(rss.get(key, 0), kib)
+            log(f"round {r + 1}/{args.rounds}: {label:<28} median {res['median_ms']:8.1f} ms  "
+                f"peak RSS {kib / 1024:6.0f} MiB  ({wall:.1f} s)")
+    elapsed = time.perf_counter() - t_start
+    busy_end = cpu_busy_s()
+    # Cores kept busy by processes other than this script and its children, on average.
+    others = None
+    if busy_start and busy_end and elapsed > 0:
+        others = max(0.0, (busy_end[0] - busy_start[0]) - (busy_end[1] - busy_start[1])) / elapsed
+
+    def med(key):
+        v = times.get(key)
+        return statistics.median(v) if v else None
+
+    def steps(key):
+        return len(times.get(key, ()))
+
+    a_off = {m: med(("amprobe", m, "off")) for m, _ in AMPROBE_MODES}
+    a_on = {m: med(("amprobe", m, "on")) for m, _ in AMPROBE_MODES}
+
+    out = []
+    out.append("| | |")
+    out.append("|---|---|")
+    out.append(row("CPU", f"{cpu_model()}, {os.cpu_count()} logical cores"))
+    out.append(row("threads", f"{args.threads} on each side"))
+    if others is not None:
+        out.append(row("other load", f"other processes kept {others:.2f} of {os.cpu_count()} cores busy "
+                                     f"on average during the runs (/proc/stat less this script's own)"))
+    if have_torch:
+        out.append(row("PyTorch", f"torch {versions[0]}, transformers {versions[1]}"))
+    else:
+        out.append(row("PyTorch", f"not found in {sys.executable} ({torch_err}); amprobe alone"))
+    rev = git_rev()
+    if rev:
+        out.append(row("amprobe", f"git {rev}"))
+    out.append(row("command", f"`{command}`"))
+    fp16_note = f"; PyTorch fp16: 1 child x {args.torch_fp16_reps} steps" if have_torch else ""
+    out.append(row("timing", f"median of {args.rounds} child process(es) x {args.reps} steps per configuration, "
+                             f"after one warm-up step each{fp16_note}; {elapsed / 60:.1f} min in all"))
+    out.append(row("peak RSS", "ru_maxrss of each configuration's own process (os.wait4), largest over its runs"))
+    if have_torch:
+        out.append(row("PyTorch baseline", f"`import torch, transformers` alone peaks at {fmt_mib(import_kib)} MiB"))
+    out.append("")
+
+    head = ["configuration", "amprobe probes off ms", "amprobe probes on ms", "probes on / off",
+            "amprobe peak RSS MiB (off / on)"]
+    if have_torch:
+        head += ["PyTorch ms", "PyTorch peak RSS MiB", "amprobe off / PyTorch"]
+    out.append(row(*head))
+    out.append("|" + "---|" * len(head))
+    rows = [(label, mode, torch_name) for torch_name, label, mode in TORCH_CONFIGS] if have_torch else \
+        [(label, mode, None) for mode, label in AMPROBE_MODES]
+    for label, mode, torch_name in rows:
+        cells = [label]
+        if mode:
+            off, on = a_off[mode], a_on[mode]
+            cells += [fmt_ms(off), fmt_ms(on), f"{on / off:.3f}",
+                      f"{fmt_mib(rss.get(('amprobe', mode, 'off')))} / {fmt_mib(rss.get(('amprobe', mode, 'on')))}"]
+        else:
+            cells += ["–", "–", "–", "–"]
+        if have_torch:
+            tm = med(("torch", torch_name))
+            cells += [fmt_ms(tm), fmt_mib(rss.get(("torch", torch_name))),
+                      f"{a_off[mode] / tm:.2f}" if mode else "–"]
+        out.append(row(*cells))
+    out.append("")
+
+    out.append(row("goal", "measured", "target", "met"))
+    out.append("|---|---|---|---|")
+
+    noisy_keys = {k for k, v in child_medians.items() if len(v) > 1 and max(v) > NOISY * min(v)}
+
+    def goal(name, value, limit, keys=()):
+        # A time goal whose configurations ran noisily gets "(noisy)" after its mark.
+        mark = ("✓" if value <= limit else "✗") + (" (noisy)" if noisy_keys.intersection(keys) else "")
+        out.append(row(name, f"{value:.3f}", f"<= {limit:.2f}", mark))
+
+    t32, a32 = ("torch", "fp32"), ("amprobe", "fp32", "off")
+    if have_torch:
+        goal("amprobe fp32 probes off / PyTorch fp32 (time)", a_off["fp32"] / med(t32), GOAL_SPEED, (a32, t32))
+    for m in ("fp16", "bf16"):
+        goal(f"amprobe {m} probes off / amprobe fp32 probes off (time)", a_off[m] / a_off["fp32"], GOAL_SPEED,
+             (("amprobe", m, "off"), a32))
+    for m, _ in AMPROBE_MODES:
+        goal(f"amprobe {m} probes on / probes off (time)", a_on[m] / a_off[m], GOAL_PROBES,
+             (("amprobe", m, "on"), ("amprobe", m, "off")))
+    if have_torch:
+        for p in ("off", "on"):
+            goal(f"amprobe fp32 probes {p} / PyTorch fp32 (peak RSS)", rss[("amprobe", "fp32", p)] / rss[t32],
+                 GOAL_RSS)
+    else:
+        out.append("")
+        out.append(f"PyTorch was not found ({torch_err}), so the PyTorch columns and the two goals against "
+                   f"PyTorch are left out; run this script with a python that has torch and transformers.")
+    if noisy_keys:
+        ranges = [f"{labels[k]} {min(v):.0f}–{max(v):.0f} ms" for k, v in child_medians.items() if k in noisy_keys]
+        out.append("")
+        out.append(f"Note (noisy): the medians of single child processes differed by more than {NOISY - 1:.0%} "
+                   f"for " + "; ".join(ranges) + ". The machine was probably busy; rerun on an idle one.")
+    print("\n".join(out), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        print(f"bench-cpu.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("bench-cpu.py: interrupted", file=sys.stderr)
+        sys.exit(130)
