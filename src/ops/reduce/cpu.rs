@@ -1,6 +1,7 @@
 //! The reduction and softmax kernels on the host: f64 accumulators, one rounding.
 
 use super::*;
+use crate::ops::Pattern;
 
 /// Sums `x` (shape `full`) down to `kept` in f64, divides by `count` when given (mean),
 /// rounds once.
@@ -28,6 +29,19 @@ pub(super) fn expand_grad<T: Finish>(
     count: Option<f64>,
     dtype: crate::DType,
 ) -> Result<Computed> {
+    if let Pattern::Repeat(r) = Pattern::of(kept, full) {
+        // A per-row value (a reduction over the trailing dims): each row is filled with it.
+        let c = count.map(T::of);
+        return crate::ops::produce(numel(full), full, dtype, |s, piece: &mut [T]| {
+            for (k, y) in piece.iter_mut().enumerate() {
+                let v = g[(s + k) / r];
+                *y = match c {
+                    Some(c) => v / c,
+                    None => v,
+                };
+            }
+        });
+    }
     let s = bstrides(kept, full);
     let mut out = Vec::with_capacity(numel(full));
     match count {
