@@ -12,13 +12,17 @@ pub(super) fn cast(x: &Tensor, to: DType) -> Result<Computed> {
             Tensor::from_f64(v.iter().map(|&a| a as f64).collect(), x.shape())?,
             RoundCounts::default(),
         )),
-        (Storage::F32(v), _) => {
-            let mut data = v.to_vec();
-            let rounding = crate::dtype::round_slice(to, &mut data);
+        (Storage::F32(_), DType::F32) => {
+            // fp16, bf16 and f32 values are all f32 values: the same storage, nothing rounds.
             Ok(Computed::new(
-                Tensor::from_exact(data, x.shape(), to)?,
-                rounding,
+                Tensor::from_storage(x.storage().clone(), x.shape(), DType::F32)?,
+                RoundCounts::default(),
             ))
+        }
+        (Storage::F32(v), _) => {
+            crate::ops::produce(v.len(), x.shape(), to, |s, piece: &mut [f32]| {
+                piece.copy_from_slice(&v[s..s + piece.len()]);
+            })
         }
         (Storage::F64(_), DType::F64) => Ok(Computed::new(x.clone(), RoundCounts::default())),
         (Storage::F64(v), _) => {
