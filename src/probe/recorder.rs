@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{CudaStorage, Storage, Tensor, TensorId};
 use crate::trace::record::{OpRecord, OpRef, Origins, TensorMeta};
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
 
 /// Non-finite content of a tensor.
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,7 +58,15 @@ pub struct Recorder {
     input_flags: Vec<Finiteness>,
     /// Device probes that could not be queued.
     errors: Vec<String>,
+    /// Statistics computed this step, by the host storage they came from and the dtype
+    /// they were counted for: an op whose output shares that storage (a view, a gradient
+    /// passed through) has the same values, so the same statistics. The storage is held
+    /// weakly, so that a freed storage's address is never taken for a live one.
+    shared: HashMap<(usize, DType), SharedStats>,
 }
+
+/// A storage held weakly, with the statistics computed from it.
+type SharedStats = (Weak<Vec<f32>>, TensorStats);
 
 /// Where an op's output statistics come from: computed on the host when the op ran, or
 /// gathered on the device into an arena slot and known after the step's one arena read
@@ -254,6 +263,20 @@ impl Recorder {
         &self.errors
     }
 
+    /// The statistics of host values held as `dtype`, computed once per storage and dtype
+    /// in a step.
+    fn host_stats(&mut self, v: &Arc<Vec<f32>>, dtype: DType) -> TensorStats {
+        let key = (Arc::as_ptr(v) as usize, dtype);
+        if let Some((w, st)) = self.shared.get(&key) {
+            if w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, v)) {
+                return st.clone();
+            }
+        }
+        let st = TensorStats::compute(dtype, v);
+        self.shared.insert(key, (Arc::downgrade(v), st.clone()));
+        st
+    }
+
     fn finiteness(&mut self, t: &Tensor) -> Finiteness {
         *self.tensors.entry(t.id()).or_insert_with(|| scan(t))
     }
@@ -270,7 +293,7 @@ impl Observer for Recorder {
     fn on_op(&mut self, ev: &OpEvent<'_>) {
         let out = ev.output;
         let (stats, handle) = match out.storage() {
-            Storage::F32(v) => (TensorStats::compute(out.dtype(), v), StatsHandle::Ready),
+            Storage::F32(v) => (self.host_stats(v, out.dtype()), StatsHandle::Ready),
             Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
             Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
             Storage::Cuda(c) => match self.queue_device_probe(c, out.dtype(), ev.slot) {
@@ -328,5 +351,34 @@ impl Observer for Recorder {
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_are_shared_only_with_a_live_storage_of_the_same_dtype() {
+        let mut r = Recorder::new();
+        let a = Arc::new(vec![1.0f32, -2.0, 3.0e-6, 0.0]);
+        let sa = r.host_stats(&a, DType::F32);
+        assert_eq!(sa, TensorStats::compute(DType::F32, &a));
+        // The same storage as fp16: counted for that dtype (3e-6 is subnormal there).
+        let sh = r.host_stats(&a, DType::F16);
+        assert_eq!(sh, TensorStats::compute(DType::F16, &a));
+        assert_ne!(sa.subnormal, sh.subnormal);
+        // A storage freed and another allocated, at the same address or not: computed anew.
+        let addr = Arc::as_ptr(&a) as usize;
+        drop(a);
+        for _ in 0..8 {
+            let b = Arc::new(vec![5.0f32, f32::INFINITY, 7.0, 8.0]);
+            let reused = Arc::as_ptr(&b) as usize == addr;
+            assert_eq!(
+                r.host_stats(&b, DType::F32),
+                TensorStats::compute(DType::F32, &b),
+                "address reused: {reused}"
+            );
+        }
     }
 }

@@ -322,10 +322,24 @@ impl Engine {
                 return Ok(grads);
             }
             let (sa, sb, dt) = (at.shape(), bt.shape(), at.dtype());
+            // The gradient of an operand that is the output's shape and dtype, passed
+            // through unchanged: the same storage, nothing rounds.
+            let pass = |target: &[usize]| -> Result<Option<crate::engine::Computed>> {
+                if target != out_shape.as_slice() || g.dtype() != dt || g.shape() != target {
+                    return Ok(None);
+                }
+                Ok(Some(crate::engine::Computed::new(
+                    Tensor::from_storage(g.storage().clone(), target, dt)?,
+                    Default::default(),
+                )))
+            };
             macro_rules! grads {
                 ($x:ident, $y:ident, $gg:ident) => {{
                     let ga = match op {
-                        Binary::Add | Binary::Sub => sum_to($gg, &out_shape, sa, dt)?,
+                        Binary::Add | Binary::Sub => match pass(sa)? {
+                            Some(c) => c,
+                            None => sum_to($gg, &out_shape, sa, dt)?,
+                        },
                         Binary::Mul => {
                             cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| {
                                 g * b
@@ -338,7 +352,10 @@ impl Engine {
                         }
                     };
                     let gb = match op {
-                        Binary::Add => sum_to($gg, &out_shape, sb, dt)?,
+                        Binary::Add => match pass(sb)? {
+                            Some(c) => c,
+                            None => sum_to($gg, &out_shape, sb, dt)?,
+                        },
                         Binary::Sub => {
                             cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |_, _, g| -g)?
                         }
