@@ -290,6 +290,44 @@ pub(super) fn binary_grad<T: Finish>(
             return r;
         }
     }
+    if let (Some(ra), Some(rb), true) = (Read::of(a, sa, out), Read::of(b, sb, out), g.len() >= n) {
+        // Summed to a bias (Tile) or a per-row value (Repeat): the terms are summed as they
+        // are made, in the order `sum_to` sums the full product.
+        match Pattern::of(target, out) {
+            Pattern::Tile(k) if k > 0 && n % k == 0 && target != out => {
+                let mut acc = vec![0f64; k];
+                let mut row = vec![T::zero(); k];
+                let mut bv = vec![T::zero(); k];
+                for r in 0..n / k {
+                    let s = r * k;
+                    ra.run(s, k, |j, x| row[j] = x);
+                    rb.run(s, k, |j, y| bv[j] = y);
+                    for (((t, &x), &y), &gv) in acc.iter_mut().zip(&row).zip(&bv).zip(&g[s..s + k])
+                    {
+                        *t += h(x, y, gv).f64();
+                    }
+                }
+                return T::finish_acc(acc, target, dtype);
+            }
+            Pattern::Repeat(r) if r > 0 && n % r == 0 && target != out => {
+                let (mut row, mut bv) = (vec![T::zero(); r], vec![T::zero(); r]);
+                let acc: Vec<f64> = (0..n / r)
+                    .map(|i| {
+                        let s = i * r;
+                        ra.run(s, r, |j, x| row[j] = x);
+                        rb.run(s, r, |j, y| bv[j] = y);
+                        row.iter()
+                            .zip(&bv)
+                            .zip(&g[s..s + r])
+                            .map(|((&x, &y), &gv)| h(x, y, gv).f64())
+                            .sum()
+                    })
+                    .collect();
+                return T::finish_acc(acc, target, dtype);
+            }
+            _ => {}
+        }
+    }
     let full = match (Read::of(a, sa, out), Read::of(b, sb, out)) {
         (Some(ra), Some(rb)) if g.len() >= n => {
             let (mut full, mut bv) = (vec![T::zero(); n], vec![T::zero(); n]);
@@ -380,6 +418,28 @@ mod tests {
                 let g = data(n, 3);
                 for (target, other) in [(sa, sb), (sb, sa)] {
                     if target != out.as_slice() {
+                        // Summed down to the operand: against the general full product
+                        // summed by `sum_to`.
+                        let k = |x: f32, y: f32, gv: f32| gv * x - y;
+                        let mut full = Vec::new();
+                        let (ta, tb) = (bstrides(sa, &out), bstrides(sb, &out));
+                        let mut idx = 0;
+                        for_each_offset(&out, [&ta, &tb], |[i, j]| {
+                            full.push(k(a[i], b[j], g[idx]));
+                            idx += 1;
+                        });
+                        let want = sum_to(&full, &out, target, dtype).unwrap();
+                        let got = binary_grad(&a, sa, &b, sb, &g, &out, target, dtype, k).unwrap();
+                        let bits = |c: &Computed| {
+                            c.tensor
+                                .f32s()
+                                .unwrap()
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect::<Vec<_>>()
+                        };
+                        assert_eq!(bits(&got), bits(&want), "{sa:?} {sb:?} -> {target:?}");
+                        assert_eq!(got.rounding, want.rounding);
                         continue;
                     }
                     let k = |x: f32, y: f32, gv: f32| gv * x + y;
