@@ -100,6 +100,16 @@ fn gather_strided(
         let n = numel(shape);
         let mut out = vec![T::default(); n];
         let slab = |o: &mut [T], sub: &[usize], st: &[usize], b: usize| {
+            if let (Some((&inner, outer)), Some((&1, ost))) = (sub.split_last(), st.split_last()) {
+                // Rows contiguous in the source: copied a row at a time.
+                if inner > 0 {
+                    for (row, dst) in o.chunks_exact_mut(inner).enumerate() {
+                        let at = b + row_offset(row, outer, ost);
+                        dst.copy_from_slice(&v[at..at + inner]);
+                    }
+                }
+                return;
+            }
             let mut k = 0;
             for_each_offset(sub, [st], |[i]| {
                 o[k] = v[b + i];
@@ -124,6 +134,16 @@ fn gather_strided(
     })
 }
 
+/// The flat offset of row `row` (row-major over the dims `shape`) laid out with `strides`.
+fn row_offset(mut row: usize, shape: &[usize], strides: &[usize]) -> usize {
+    let mut off = 0;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        off += (row % d) * s;
+        row /= d;
+    }
+    off
+}
+
 /// The gradient of [`gather_strided`]: a zero host storage of `n` elements with `g`'s
 /// elements (row-major over `shape`) written where the copy read them.
 fn scatter_strided(
@@ -142,6 +162,17 @@ fn scatter_strided(
         base: usize,
     ) -> Arc<Vec<T>> {
         let mut out = vec![T::default(); n];
+        if let (Some((&inner, outer)), Some((&1, ost))) = (shape.split_last(), strides.split_last())
+        {
+            // Rows contiguous in the destination: written a row at a time.
+            if inner > 0 {
+                for (row, src) in g[..numel(shape)].chunks_exact(inner).enumerate() {
+                    let at = base + row_offset(row, outer, ost);
+                    out[at..at + inner].copy_from_slice(src);
+                }
+            }
+            return Arc::new(out);
+        }
         let mut k = 0;
         for_each_offset(shape, [strides], |[i]| {
             out[base + i] = g[k];
