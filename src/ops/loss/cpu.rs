@@ -24,12 +24,18 @@ pub(super) fn ce_fwd<T: Finish>(
     valid: usize,
     dtype: crate::DType,
 ) -> Result<Computed> {
+    use rayon::prelude::*;
+    // Each row's loss alone (over rayon's threads for large inputs), then summed in row order.
+    let row_loss =
+        |(row, &y): (&[T], &i64)| (Some(y) != ignore).then(|| (lse(row) - row[y as usize]).f64());
+    let losses: Vec<Option<f64>> = if x.len() >= crate::ops::PAR_MIN && c > 0 {
+        x.par_chunks(c).zip(t.par_iter()).map(row_loss).collect()
+    } else {
+        x.chunks(c.max(1)).zip(t).map(row_loss).collect()
+    };
     let mut total = 0f64;
-    for (row, &y) in x.chunks(c).zip(t) {
-        if Some(y) == ignore {
-            continue;
-        }
-        total += (lse(row) - row[y as usize]).f64();
+    for l in losses.into_iter().flatten() {
+        total += l;
     }
     T::finish_acc(vec![total / valid as f64], &[], dtype)
 }
@@ -47,10 +53,11 @@ pub(super) fn ce_bwd<T: Finish>(
     dtype: crate::DType,
 ) -> Result<Computed> {
     let scale = g / T::of(valid as f64);
+    use rayon::prelude::*;
     let mut out = vec![T::zero(); x.len()];
-    for ((row, o), &y) in x.chunks(c).zip(out.chunks_mut(c)).zip(t) {
+    let row_grad = |((row, o), &y): ((&[T], &mut [T]), &i64)| {
         if Some(y) == ignore {
-            continue;
+            return;
         }
         let l = lse(row);
         for (j, (v, oo)) in row.iter().zip(o.iter_mut()).enumerate() {
@@ -58,6 +65,14 @@ pub(super) fn ce_bwd<T: Finish>(
             let onehot = if j == y as usize { T::one() } else { T::zero() };
             *oo = (p - onehot) * scale;
         }
+    };
+    if x.len() >= crate::ops::PAR_MIN && c > 0 {
+        x.par_chunks(c)
+            .zip(out.par_chunks_mut(c))
+            .zip(t.par_iter())
+            .for_each(row_grad);
+    } else if c > 0 {
+        x.chunks(c).zip(out.chunks_mut(c)).zip(t).for_each(row_grad);
     }
     T::finish(out, shape, dtype)
 }
