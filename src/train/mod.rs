@@ -362,6 +362,14 @@ impl Trainer {
         if self.device.is_some() {
             return self.device_step(step);
         }
+        // The host step runs on one of rayon's threads, so that each op's parallel loop
+        // starts on the thread that reaches it instead of handing the work to the pool and
+        // sleeping until a pool thread has picked it up (hundreds of hand-offs a step).
+        rayon::scope(|_| self.host_step(step))
+    }
+
+    /// [`Trainer::step`] on the host backend.
+    fn host_step(&mut self, step: u64) -> Result<StepRecord> {
         let mut st = self.begin(step);
         for micro in 0..self.cfg.accumulate {
             let out = self.forward(&mut st, micro)?;
