@@ -164,8 +164,6 @@ pub fn build_optimizer(cfg: &OptimizerConfig) -> Result<Box<dyn Optimizer>> {
     })
 }
 
-/// Checks every slot that has a gradient: float dtype, gradient as long as the data, and
-/// no name used twice. Returns the indices of the slots to update.
 /// An optimizer's element loop over one parameter, run by [`run_kernel`]. `run` is
 /// `#[inline(always)]` in each implementation, so that it is compiled into the FMA copy.
 pub(crate) trait Kernel {
@@ -193,6 +191,8 @@ pub(crate) fn run_kernel<K: Kernel>(k: K) {
     k.run()
 }
 
+/// Checks every slot that has a gradient: float dtype, gradient as long as the data, and
+/// no name used twice. Returns the indices of the slots to update.
 pub(crate) fn slots_to_update(optimizer: &str, params: &[ParamSlot<'_>]) -> Result<Vec<usize>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
