@@ -88,14 +88,26 @@ pub(crate) fn produce<T: Finish>(
     dtype: DType,
     f: impl Fn(usize, &mut [T]) + Sync + Send,
 ) -> Result<Computed> {
+    produce_in(PIECE, n, shape, dtype, f)
+}
+
+/// [`produce`] with pieces of `piece` values (at least 1; a multiple of a line's length
+/// for kernels that write whole lines).
+pub(crate) fn produce_in<T: Finish>(
+    piece: usize,
+    n: usize,
+    shape: &[usize],
+    dtype: DType,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) -> Result<Computed> {
     use rayon::prelude::*;
     let mut out = vec![T::zero(); n];
     let rounding = if n >= PAR_MIN {
-        out.par_chunks_mut(PIECE)
+        out.par_chunks_mut(piece)
             .enumerate()
-            .map(|(c, piece)| {
-                f(c * PIECE, piece);
-                T::round_piece(dtype, piece)
+            .map(|(c, p)| {
+                f(c * piece, p);
+                T::round_piece(dtype, p)
             })
             .reduce(RoundCounts::default, |mut a, b| {
                 a.add(b);

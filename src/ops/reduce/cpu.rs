@@ -74,8 +74,8 @@ pub(super) fn argmax_lines<T: Real>(x: &[T], outer: usize, n: usize, inner: usiz
 }
 
 /// Produces an output of `outer` contiguous lines of `n` values: `f(line, out)` writes one
-/// line. Groups of lines run over rayon's threads, each group rounded to `dtype` while it
-/// is in cache; every line is computed alone, so the result is that of one thread.
+/// line. Groups of whole lines are the pieces of [`crate::ops::produce_in`] (over rayon's
+/// threads, each rounded while in cache); every line is computed alone.
 fn produce_lines<T: Finish>(
     outer: usize,
     n: usize,
@@ -83,33 +83,14 @@ fn produce_lines<T: Finish>(
     dtype: crate::DType,
     f: impl Fn(usize, &mut [T]) + Sync + Send,
 ) -> Result<Computed> {
-    use crate::dtype::RoundCounts;
-    use crate::ops::{PAR_MIN, PIECE};
-    use rayon::prelude::*;
-    let total = outer * n;
-    let mut out = vec![T::zero(); total];
-    if total == 0 {
-        return T::finish_rounded(out, RoundCounts::default(), shape, dtype);
-    }
-    let per = (PIECE / n).max(1);
-    let work = |(c, piece): (usize, &mut [T])| {
-        for (k, line) in piece.chunks_mut(n).enumerate() {
-            f(c * per + k, line);
+    // A line of no values still makes a whole number of lines per piece.
+    let w = n.max(1);
+    let per = (crate::ops::PIECE / w).max(1) * w;
+    crate::ops::produce_in(per, outer * n, shape, dtype, |s, piece: &mut [T]| {
+        for (k, line) in piece.chunks_mut(w).enumerate() {
+            f(s / w + k, line);
         }
-        T::round_piece(dtype, piece)
-    };
-    let rounding = if total >= PAR_MIN && outer > 1 {
-        out.par_chunks_mut(per * n).enumerate().map(work).reduce(
-            RoundCounts::default,
-            |mut a, b| {
-                a.add(b);
-                a
-            },
-        )
-    } else {
-        work((0, &mut out))
-    };
-    T::finish_rounded(out, rounding, shape, dtype)
+    })
 }
 
 pub(super) fn softmax_fwd<T: Finish>(
