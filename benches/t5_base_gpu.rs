@@ -21,9 +21,12 @@
 //!
 //! ```text
 //! cargo bench --bench t5_base_gpu -- [--layers N] [--batch N] [--seq N] [--vocab N]
-//!     [--warmup N] [--steps N] [--modes fp16,bf16,fp32] [--json FILE] [--torch FILE]
-//!     [--allow-simulated]
+//!     [--warmup N] [--steps N] [--modes fp16,bf16,fp32] [--probes off,on] [--json FILE]
+//!     [--torch FILE] [--allow-simulated]
 //! ```
+//!
+//! `--probes off` (or `on`) times one of the two alone, for a profiler
+//! (scripts/gpu-profile.sh).
 
 mod common;
 
@@ -42,6 +45,7 @@ struct Args {
     warmup: u64,
     steps: u64,
     modes: Vec<String>,
+    probes: Vec<bool>,
     json: Option<String>,
     torch: Option<String>,
     allow_simulated: bool,
@@ -56,6 +60,7 @@ fn parse_args() -> Result<Args, String> {
         warmup: 3,
         steps: 10,
         modes: vec!["fp16".into(), "bf16".into(), "fp32".into()],
+        probes: vec![false, true],
         json: None,
         torch: None,
         allow_simulated: false,
@@ -88,6 +93,16 @@ fn parse_args() -> Result<Args, String> {
                 {
                     return Err(format!("--modes: {m:?} is not fp16, bf16 or fp32"));
                 }
+            }
+            "--probes" => {
+                a.probes = value("--probes")?
+                    .split(',')
+                    .map(|p| match p.trim() {
+                        "off" => Ok(false),
+                        "on" => Ok(true),
+                        other => Err(format!("--probes: {other:?} is not off or on")),
+                    })
+                    .collect::<Result<_, _>>()?;
             }
             "--json" => a.json = Some(value("--json")?),
             "--torch" => a.torch = Some(value("--torch")?),
@@ -214,7 +229,7 @@ fn main() {
     );
     let mut rows = Vec::new();
     for mode in &a.modes {
-        for probes in [false, true] {
+        for &probes in &a.probes {
             match time_steps(&a, mode, probes) {
                 Ok(r) => {
                     println!(

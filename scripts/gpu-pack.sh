@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the release binary, the GPU test binaries and the GPU step-time bench here (the GPU
+# Builds the release binary, the GPU test binaries (kernels, parity, the device step, the
+# step engine) and the GPU step-time bench here (the GPU
 # machine has no Rust toolchain) and copies them, stripped, into gpu-bin/ (ignored by git)
 # for the device run:
 #
@@ -12,7 +13,7 @@ tests=$(cargo test --release --no-run --message-format=json 2>/dev/null |
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_parity", "cuda_kernels"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_parity", "cuda_kernels", "device_step", "engine_step"):
         print(m["target"]["name"], m["executable"])
 ')
 bench=$(cargo bench --bench t5_base_gpu --no-run --message-format=json 2>/dev/null |
