@@ -271,6 +271,12 @@ pub fn run_all(dev: &Arc<CudaDevice>, seed: u64, n: usize) -> Result<Vec<Check>>
                 (vec![4, n / 4], vec![n / 4]),
                 (vec![4, 3, 5], vec![4, 1, 1]),
                 (vec![2, 3, 1, 5], vec![3, 7, 1]),
+                // Sums of 32 terms and more, a warp per element: over rows, over a middle
+                // dim, over two dims.
+                (vec![40, 6], vec![6]),
+                (vec![2, 50, 3], vec![2, 1, 3]),
+                (vec![3, 37, 2], vec![1, 37, 1]),
+                (vec![33, 2, 5], vec![5]),
             ] {
                 let a = random_tensor(&mut rng, &sa, dt, 8)?;
                 let b = random_tensor(&mut rng, &sb, dt, 8)?;
@@ -690,13 +696,20 @@ fn family_checks(
             &move |e, t| e.max(&t[0], dim, keep),
         )?;
     }
-    for dim in [-1isize, 1] {
-        let xs = random_tensor(rng, &[3, 4, 5], dt, 3)?;
-        let gy = g(rng, &[3, 4, 5])?;
+    // Short lines, and lines longer than a warp (70 = 2 × 32 + 6), along the last dim and
+    // along a middle one.
+    for (dim, shape) in [
+        (-1isize, [3, 4, 5]),
+        (1, [3, 4, 5]),
+        (-1, [2, 3, 70]),
+        (1, [2, 70, 3]),
+    ] {
+        let xs = random_tensor(rng, &shape, dt, 3)?;
+        let gy = g(rng, &shape)?;
         engine_parity(
             out,
             dev,
-            &format!("softmax dim {dim}"),
+            &format!("softmax dim {dim} of {shape:?}"),
             dt,
             std::slice::from_ref(&xs),
             &one,
@@ -707,7 +720,7 @@ fn family_checks(
         engine_parity(
             out,
             dev,
-            &format!("log_softmax dim {dim}"),
+            &format!("log_softmax dim {dim} of {shape:?}"),
             dt,
             &[xs],
             &one,
@@ -752,6 +765,32 @@ fn family_checks(
         out,
         dev,
         "embedding",
+        dt,
+        &[w, ids],
+        &[true, false],
+        Some(&gy),
+        Exact,
+        &|e, t| e.embedding(&t[0], &t[1]),
+    )?;
+    // Many positions (three chunks of the device's sort by id), a frequent id, rows no
+    // position uses.
+    let w = random_tensor(rng, &[50, 3], dt, 6)?;
+    let ids: Vec<i64> = (0..600)
+        .map(|_| {
+            let r = rng.below(60) as i64;
+            if r >= 40 {
+                3
+            } else {
+                r
+            }
+        })
+        .collect();
+    let ids = Tensor::from_i64(ids, &[20, 30])?;
+    let gy = g(rng, &[20, 30, 3])?;
+    engine_parity(
+        out,
+        dev,
+        "embedding, 600 positions",
         dt,
         &[w, ids],
         &[true, false],

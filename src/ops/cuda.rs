@@ -155,6 +155,14 @@ impl Out {
         }
         Ok(o)
     }
+
+    /// [`Out::for_output`] for a kernel with a warp per line of `n / lines` values: when
+    /// gathering, the warps on at most [`MAX_PARTIALS`] blocks.
+    ///
+    /// [`MAX_PARTIALS`]: crate::device::cuda::arena::MAX_PARTIALS
+    pub fn for_warp_lines(&self, y: &Tensor, n: u64, lines: u64) -> Result<OutArgs> {
+        self.for_lines(y, n, lines * 32)
+    }
 }
 
 /// Pads a shape on the left with ones to `MAX_DIMS`.

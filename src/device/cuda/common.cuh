@@ -296,3 +296,35 @@ __device__ __forceinline__ void out_add(OutStats* o, const void* y, int kind, u6
 __device__ __forceinline__ void out_end(OutStats* o, u64 n) {
     if (o->slot) stats_end(&o->acc, o->slot, o->partials, blockIdx.x, gridDim.x, n);
 }
+
+// ---- Sums in one thread's order, spread over a warp. Each lane computes the terms of its
+// positions of a chunk of 32 (the expensive part: loads, exponentials, index arithmetic);
+// every lane then adds the chunk's terms in position order from shared memory, so each
+// lane holds the sum a single thread would have formed, bit for bit, and the warp reads
+// memory coalesced. Blocks are multiples of 32 threads.
+
+// This warp's 32 slots of shared scratch.
+__device__ double* warp_scratch() {
+    __shared__ double s[STATS_THREADS];
+    return &s[threadIdx.x & ~31u];
+}
+
+// `s` plus the chunk's `count` terms (lane k holds term k; lanes past count are ignored),
+// added in lane order. Every lane of the warp calls it.
+__device__ __forceinline__ double warp_ordered_add(double s, double term, u32 count,
+                                                   double* scratch) {
+    __syncwarp();
+    scratch[threadIdx.x & 31u] = term;
+    __syncwarp();
+    for (u32 k = 0; k < count; ++k) s += scratch[k];
+    return s;
+}
+
+// The largest of the lanes' `m` (NaN-free values), in every lane.
+__device__ __forceinline__ float warp_max(float m) {
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, m, off);
+        m = o > m ? o : m;
+    }
+    return m;
+}

@@ -15,6 +15,8 @@ pub const KERNELS: &[&str] = &[
     "amp_unary_backward",
     "amp_binary",
     "amp_binary_grad",
+    "amp_binary_grad_same",
+    "amp_binary_grad_warp",
     "amp_inf_flag_clear",
     "amp_inf_flag",
 ];
@@ -259,6 +261,45 @@ pub fn binary_grad(
         crate::ops::Pattern::Repeat(_) => -0.0f64,
         _ => 0.0f64,
     };
+    if n_reduced == 1 && a.shape() == full.as_slice() && b.shape() == full.as_slice() {
+        let o = sink.for_output(&out, n)?;
+        launch_with!(
+            dev,
+            "amp_binary_grad_same",
+            o.cfg,
+            &ap,
+            &bp,
+            &gp,
+            &op_,
+            &k,
+            &n,
+            &term,
+            &o.counts,
+            &o.partials
+        );
+        return Ok(out);
+    }
+    if n_reduced >= 32 {
+        // A warp per output element; its statistics come from the arena's own pass.
+        let counts = sink.counts();
+        launch!(
+            dev,
+            "amp_binary_grad_warp",
+            n * 32,
+            &ap,
+            &bp,
+            &gp,
+            &op_,
+            &k,
+            &n,
+            &term,
+            &geo,
+            &n_reduced,
+            &init,
+            &counts
+        );
+        return Ok(out);
+    }
     let o = sink.for_output(&out, n)?;
     launch_with!(
         dev,

@@ -237,6 +237,31 @@ struct GradGeometry {
     u32 reduced[MAX_DIMS];
 };
 
+// x / m and x % m, in 32 bits where both fit (64-bit division is many times slower).
+__device__ __forceinline__ u64 div_rem(u64 x, u64 m, u64* rem) {
+    if (((x | m) >> 32) == 0) {
+        u32 q = (u32)x / (u32)m;
+        *rem = (u32)x - q * (u32)m;
+        return q;
+    }
+    *rem = x % m;
+    return x / m;
+}
+
+// Adds to the offsets the coordinates of index `t` over the dims that are summed
+// (`summed` = 1) or kept (0), the last dim fastest.
+__device__ __forceinline__ void grad_coords(const GradGeometry& geo, u64 t, u32 summed, u64* ia,
+                                            u64* ib, u64* ig) {
+    for (int d = MAX_DIMS - 1; d >= 0; --d) {
+        if (geo.reduced[d] != summed || geo.shape[d] == 1) continue;
+        u64 c;
+        t = div_rem(t, geo.shape[d], &c);
+        *ia += c * geo.sa[d];
+        *ib += c * geo.sb[d];
+        *ig += c * geo.sg[d];
+    }
+}
+
 // One output element per thread: the f32 terms over the reduced dims, summed in f64 in
 // row-major order (the CPU emulator's order, so the sum is bit-identical), rounded once.
 extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const void* g,
@@ -248,27 +273,13 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
     out_begin(&st, counts, partials, kind);
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
          t += (u64)gridDim.x * blockDim.x) {
-        u64 base_a = 0, base_b = 0, base_g = 0, rest = t;
-        for (int d = MAX_DIMS - 1; d >= 0; --d) {
-            if (geo.reduced[d]) continue;
-            u64 c = rest % geo.shape[d];
-            rest /= geo.shape[d];
-            base_a += c * geo.sa[d];
-            base_b += c * geo.sb[d];
-            base_g += c * geo.sg[d];
-        }
+        u64 base_a = 0, base_b = 0, base_g = 0;
+        grad_coords(geo, t, 0, &base_a, &base_b, &base_g);
         // The CPU's sums: one term as it is (its zero's sign kept), more from `init`.
         double acc = init;
         for (u64 r = 0; r < n_reduced; ++r) {
-            u64 ia = base_a, ib = base_b, ig = base_g, rr = r;
-            for (int d = MAX_DIMS - 1; d >= 0; --d) {
-                if (!geo.reduced[d]) continue;
-                u64 c = rr % geo.shape[d];
-                rr /= geo.shape[d];
-                ia += c * geo.sa[d];
-                ib += c * geo.sb[d];
-                ig += c * geo.sg[d];
-            }
+            u64 ia = base_a, ib = base_b, ig = base_g;
+            grad_coords(geo, r, 1, &ia, &ib, &ig);
             double v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
                                          load_f32(g, kind, ig));
             acc = n_reduced == 1 ? v : acc + v;
@@ -278,4 +289,51 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
     }
     block_add_counts(over, under, counts);
     out_end(&st, n_out);
+}
+
+// The gradient where a, b, g and the output share one shape: one term per element.
+extern "C" __global__ void amp_binary_grad_same(const void* a, const void* b, const void* g,
+                                                void* out, int kind, u64 n, int h,
+                                                u64* counts, double* partials) {
+    u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += (u64)gridDim.x * blockDim.x) {
+        float v = grad_term(h, load_f32(a, kind, t), load_f32(b, kind, t), load_f32(g, kind, t));
+        store_round_f64(out, kind, t, (double)v, &over, &under);
+        out_add(&st, out, kind, t);
+    }
+    block_add_counts(over, under, counts);
+    out_end(&st, n);
+}
+
+// amp_binary_grad for sums of at least 32 terms: a warp per output element, the terms
+// computed by the lanes and added in the same row-major order (warp_ordered_add).
+extern "C" __global__ void amp_binary_grad_warp(const void* a, const void* b, const void* g,
+                                                void* out, int kind, u64 n_out, int h,
+                                                GradGeometry geo, u64 n_reduced, double init,
+                                                u64* counts) {
+    u32 over = 0, under = 0;
+    double* scratch = warp_scratch();
+    u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 t = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_out; t += warps) {
+        u64 base_a = 0, base_b = 0, base_g = 0;
+        grad_coords(geo, t, 0, &base_a, &base_b, &base_g);
+        double acc = init;
+        for (u64 c = 0; c < n_reduced; c += 32) {
+            u64 r = c + lane;
+            double v = 0.0;
+            if (r < n_reduced) {
+                u64 ia = base_a, ib = base_b, ig = base_g;
+                grad_coords(geo, r, 1, &ia, &ib, &ig);
+                v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
+                                      load_f32(g, kind, ig));
+            }
+            acc = warp_ordered_add(acc, v, (u32)(n_reduced - c < 32 ? n_reduced - c : 32),
+                                   scratch);
+        }
+        if (lane == 0) store_round_f64(out, kind, t, acc, &over, &under);
+    }
+    block_add_counts(over, under, counts);
 }

@@ -4,8 +4,9 @@
 use crate::device::cuda::DeviceBuffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ops::cuda::{arg, arg_ptr, device_of, launch, output};
+use crate::ops::cuda::{arg, arg_ptr, device_of, launch, launch_with, output};
 use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
 
 /// The kernels of `nn.cu`.
 pub const KERNELS: &[&str] = &[
@@ -14,8 +15,11 @@ pub const KERNELS: &[&str] = &[
     "amp_ln_backward_x",
     "amp_ln_backward_wb",
     "amp_embedding",
+    "amp_embedding_rank",
+    "amp_embedding_chunk_scan",
+    "amp_embedding_offsets",
+    "amp_embedding_scatter",
     "amp_embedding_backward",
-    "amp_round_f64",
     "amp_dropout",
 ];
 
@@ -201,7 +205,7 @@ pub fn embedding(w: &Tensor, ids: &Tensor, out_shape: &[usize]) -> Result<Tensor
 }
 
 /// The embedding weight gradient: rows of `g` added at `ids` in f64 in position order,
-/// rounded once to `[v, d]`.
+/// rounded once to `[v, d]` (the positions sorted by id on the device first, stably).
 pub fn embedding_backward(
     g: &Tensor,
     ids: &Tensor,
@@ -210,34 +214,83 @@ pub fn embedding_backward(
     counts: u64,
 ) -> Result<Tensor> {
     let dev = device_of("embedding", &[g, ids])?;
-    // f64 accumulators in an 8-byte-element buffer, zeroed.
-    let acc = Tensor::on_device(
-        &dev,
-        DeviceBuffer::alloc(&dev, v * d, DType::I64, true)?,
-        &[v * d],
-        DType::I64,
-    )?;
-    let ((gp, k), ip, ap) = (
-        arg(g, "embedding")?,
-        arg_ptr(ids, "embedding")?,
-        arg_ptr(&acc, "embedding")?,
+    let n_ids = ids.numel();
+    let chunks = n_ids.div_ceil(256);
+    let index = |len: usize, zero: bool| -> Result<Tensor> {
+        let len = len.max(1);
+        Tensor::on_device(
+            &dev,
+            DeviceBuffer::alloc(&dev, len, DType::I64, zero)?,
+            &[len],
+            DType::I64,
+        )
+    };
+    let (rank, per_chunk, total) = (
+        index(n_ids, false)?,
+        index(chunks * v, true)?,
+        index(v, false)?,
     );
-    let (n_ids, dd, vv) = (ids.numel() as u64, d as u64, v as u64);
+    let (offset, sorted) = (index(v, false)?, index(n_ids, false)?);
+    let out = output(&dev, &[v, d], g.dtype())?;
+    let p = |t: &Tensor| arg_ptr(t, "embedding");
+    let (ip, rp, cp, tp, op_, sp) = (
+        p(ids)?,
+        p(&rank)?,
+        p(&per_chunk)?,
+        p(&total)?,
+        p(&offset)?,
+        p(&sorted)?,
+    );
+    let ((gp, k), yp) = (arg(g, "embedding")?, p(&out)?);
+    let (nn, cc, dd, vv) = (n_ids as u64, chunks as u64, d as u64, v as u64);
+    if chunks > 0 {
+        let by_chunk = LaunchConfig {
+            grid_dim: (
+                u32::try_from(chunks).map_err(|_| {
+                    Error::Device(format!(
+                        "embedding: {n_ids} positions are too many for one launch"
+                    ))
+                })?,
+                1,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch_with!(dev, "amp_embedding_rank", by_chunk, &ip, &rp, &cp, &nn, &vv);
+    }
+    launch!(dev, "amp_embedding_chunk_scan", vv, &cp, &tp, &cc, &vv);
+    let one_block = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch_with!(dev, "amp_embedding_offsets", one_block, &tp, &op_, &vv);
+    launch!(
+        dev,
+        "amp_embedding_scatter",
+        nn,
+        &ip,
+        &rp,
+        &cp,
+        &op_,
+        &sp,
+        &nn,
+        &vv
+    );
     launch!(
         dev,
         "amp_embedding_backward",
-        dd,
+        vv * dd,
         &gp,
-        &ip,
-        &ap,
+        &sp,
+        &tp,
+        &op_,
+        &yp,
         &k,
-        &n_ids,
         &dd,
-        &vv
+        &vv,
+        &counts
     );
-    let out = output(&dev, &[v, d], g.dtype())?;
-    let op_ = arg_ptr(&out, "embedding")?;
-    let n = (v * d) as u64;
-    launch!(dev, "amp_round_f64", n, &ap, &op_, &k, &n, &counts);
     Ok(out)
 }

@@ -104,28 +104,110 @@ extern "C" __global__ void amp_embedding(const void* w, const long long* ids, vo
     }
 }
 
-// Embedding weight gradient, one thread per column j: the rows of g added in position
-// order into f64 accumulators acc (v × d, zeroed), so each sum has the CPU's order.
-extern "C" __global__ void amp_embedding_backward(const void* g, const long long* ids,
-                                                  double* acc, int kind, u64 n_ids, u64 d,
-                                                  u64 v) {
-    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < d;
-         j += (u64)gridDim.x * blockDim.x) {
-        for (u64 p = 0; p < n_ids; ++p) {
-            long long id = ids[p];
-            if (id < 0 || (u64)id >= v) continue;
-            acc[(u64)id * d + j] += (double)load_f32(g, kind, p * d + j);
+// ---- Embedding weight gradient. The CPU adds the rows of g into each id's row in position
+// order; here the positions are first sorted by id, stably (a counting sort in chunks of
+// 256 positions, integer work with one answer), then one thread per (id, column) adds its
+// id's rows in that order in f64 and rounds once. Ids outside [0, v) add nothing.
+
+// Per chunk (a block of 256 positions): each position's rank among the chunk's earlier
+// positions of its id, and at the id's last position in the chunk, the id's count in the
+// chunk (counts: chunks × v, zeroed).
+extern "C" __global__ void amp_embedding_rank(const long long* ids, long long* rank,
+                                              long long* counts, u64 n_ids, u64 v) {
+    __shared__ long long tile[256];
+    u64 p = (u64)blockIdx.x * 256 + threadIdx.x;
+    long long id = p < n_ids ? ids[p] : -1;
+    tile[threadIdx.x] = id;
+    __syncthreads();
+    if (p >= n_ids || id < 0 || (u64)id >= v) return;
+    u64 m = n_ids - (u64)blockIdx.x * 256;
+    if (m > 256) m = 256;
+    long long r = 0;
+    bool last = true;
+    for (u64 k = 0; k < m; ++k) {
+        if (tile[k] != id) continue;
+        if (k < threadIdx.x) ++r;
+        else if (k > threadIdx.x) last = false;
+    }
+    rank[p] = r;
+    if (last) counts[(u64)blockIdx.x * v + (u64)id] = r + 1;
+}
+
+// Per id: the counts of the chunks before each chunk (in place), and the id's total.
+extern "C" __global__ void amp_embedding_chunk_scan(long long* counts, long long* total,
+                                                    u64 chunks, u64 v) {
+    for (u64 id = (u64)blockIdx.x * blockDim.x + threadIdx.x; id < v;
+         id += (u64)gridDim.x * blockDim.x) {
+        long long run = 0;
+        for (u64 c = 0; c < chunks; ++c) {
+            long long t = counts[c * v + id];
+            counts[c * v + id] = run;
+            run += t;
         }
+        total[id] = run;
     }
 }
 
-// Rounds f64 accumulators once to the storage kind, counting.
-extern "C" __global__ void amp_round_f64(const double* acc, void* y, int kind, u64 n,
-                                         u64* counts) {
+// Where each id's positions start in the sorted list: the exclusive prefix sum of the
+// totals, by one block (each thread a contiguous run of ids).
+extern "C" __global__ void amp_embedding_offsets(const long long* total, long long* offset,
+                                                 u64 v) {
+    __shared__ long long part[256];
+    u64 per = (v + blockDim.x - 1) / blockDim.x;
+    u64 lo = threadIdx.x * per, hi = lo + per < v ? lo + per : v;
+    long long s = 0;
+    for (u64 i = lo; i < hi; ++i) s += total[i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long run = 0;
+        for (u32 t = 0; t < blockDim.x; ++t) {
+            long long x = part[t];
+            part[t] = run;
+            run += x;
+        }
+    }
+    __syncthreads();
+    long long run = part[threadIdx.x];
+    for (u64 i = lo; i < hi; ++i) {
+        offset[i] = run;
+        run += total[i];
+    }
+}
+
+// Every valid position at its place in the id-sorted list.
+extern "C" __global__ void amp_embedding_scatter(const long long* ids, const long long* rank,
+                                                 const long long* counts,
+                                                 const long long* offset, long long* sorted,
+                                                 u64 n_ids, u64 v) {
+    for (u64 p = (u64)blockIdx.x * blockDim.x + threadIdx.x; p < n_ids;
+         p += (u64)gridDim.x * blockDim.x) {
+        long long id = ids[p];
+        if (id < 0 || (u64)id >= v) continue;
+        sorted[offset[id] + counts[(p / 256) * v + (u64)id] + rank[p]] = (long long)p;
+    }
+}
+
+// One thread per (id, column j): the id's rows of g in position order, added in f64 from 0
+// and rounded once into y (v × d), counting.
+extern "C" __global__ void amp_embedding_backward(const void* g, const long long* sorted,
+                                                  const long long* total,
+                                                  const long long* offset, void* y, int kind,
+                                                  u64 d, u64 v, u64* counts) {
     u32 over = 0, under = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < v * d;
          i += (u64)gridDim.x * blockDim.x) {
-        store_round_f64(y, kind, i, acc[i], &over, &under);
+        u64 id = i / d, j = i % d;
+        long long k = offset[id], end = k + total[id];
+        double s = 0.0;
+        // Loads a group ahead of the adds, which stay in order.
+        for (; k + 8 <= end; k += 8) {
+            float t[8];
+            for (int u = 0; u < 8; ++u) t[u] = load_f32(g, kind, (u64)sorted[k + u] * d + j);
+            for (int u = 0; u < 8; ++u) s += (double)t[u];
+        }
+        for (; k < end; ++k) s += (double)load_f32(g, kind, (u64)sorted[k] * d + j);
+        store_round_f64(y, kind, i, s, &over, &under);
     }
     block_add_counts(over, under, counts);
 }

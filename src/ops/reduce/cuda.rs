@@ -215,7 +215,7 @@ pub fn softmax(
     let y = output(&dev, x.shape(), x.dtype())?;
     let ((xp, k), (yp, _)) = (arg(x, op)?, arg(&y, op)?);
     let (lines, n, inner, l) = ((outer * inner) as u64, n as u64, inner as u64, log as i32);
-    let o = sink.for_lines(&y, lines * n, lines)?;
+    let o = sink.for_warp_lines(&y, lines * n, lines)?;
     launch_with!(
         dev,
         "amp_softmax",
@@ -248,7 +248,7 @@ pub fn softmax_backward(
     let ((yp, k), (gp, _), (dp, _)) = (arg(y, op)?, arg(g, op)?, arg(&dx, op)?);
     let (lines, n, inner, l) = ((outer * inner) as u64, n as u64, inner as u64, log as i32);
     let init = sum_identity();
-    let o = sink.for_lines(&dx, lines * n, lines)?;
+    let o = sink.for_warp_lines(&dx, lines * n, lines)?;
     launch_with!(
         dev,
         "amp_softmax_backward",

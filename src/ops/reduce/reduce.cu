@@ -118,37 +118,41 @@ extern "C" __global__ void amp_argmax_backward(const void* g, const long long* i
     }
 }
 
-// Softmax (log = 0) or log-softmax (log = 1) along lines: the max in f32, exponentials in
-// f32 (through f64), their sum in f64, one rounding per output.
-// Gathering statistics (see OutStats), each thread tallies its lines' outputs as it
-// writes them.
+// Softmax (log = 0) or log-softmax (log = 1) along lines, a warp per line: the max in f32
+// (NaNs never win, as on the CPU), exponentials in f32 (through f64), their sum in f64 in
+// position order, one rounding per output.
+// Gathering statistics (see OutStats), each lane tallies the outputs it writes.
 extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lines, u64 n,
                                        u64 inner, int log_, u64* counts, double* partials) {
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
-         l += (u64)gridDim.x * blockDim.x) {
+    double* scratch = warp_scratch();
+    u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 l = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; l < lines; l += warps) {
         u64 base = line_base(l, n, inner);
         float m = __int_as_float(0xff800000);
-        for (u64 i = 0; i < n; ++i) {
+        for (u64 i = lane; i < n; i += 32) {
             float v = load_f32(x, kind, base + i * inner);
             m = v > m ? v : m;
         }
+        m = warp_max(m);
         double s = 0.0;
-        for (u64 i = 0; i < n; ++i) {
-            s += (double)red_exp(load_f32(x, kind, base + i * inner) - m);
+        for (u64 c = 0; c < n; c += 32) {
+            u64 i = c + lane;
+            double t = i < n ? (double)red_exp(load_f32(x, kind, base + i * inner) - m) : 0.0;
+            s = warp_ordered_add(s, t, (u32)(n - c < 32 ? n - c : 32), scratch);
         }
         if (log_) {
             float lg = (float)log(s);
-            for (u64 i = 0; i < n; ++i) {
+            for (u64 i = lane; i < n; i += 32) {
                 u64 k = base + i * inner;
                 store_round(y, kind, k, load_f32(x, kind, k) - m - lg, &over, &under);
                 out_add(&st, y, kind, k);
             }
         } else {
             float sf = (float)s;
-            for (u64 i = 0; i < n; ++i) {
+            for (u64 i = lane; i < n; i += 32) {
                 u64 k = base + i * inner;
                 store_round(y, kind, k, red_exp(load_f32(x, kind, k) - m) / sf, &over, &under);
                 out_add(&st, y, kind, k);
@@ -159,8 +163,9 @@ extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lin
     out_end(&st, lines * n);
 }
 
-// Softmax backward y·(g − Σ g·y), log-softmax backward g − exp(y)·Σ g, line sums in f64
-// from `init` (the identity of Rust's `Sum`, as on the CPU).
+// Softmax backward y·(g − Σ g·y), log-softmax backward g − exp(y)·Σ g, a warp per line,
+// line sums in f64 in position order from `init` (the identity of Rust's `Sum`, as on the
+// CPU).
 extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, void* dx, int kind,
                                                 u64 lines, u64 n, u64 inner, int log_,
                                                 double init, u64* counts,
@@ -168,17 +173,23 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 l = (u64)blockIdx.x * blockDim.x + threadIdx.x; l < lines;
-         l += (u64)gridDim.x * blockDim.x) {
+    double* scratch = warp_scratch();
+    u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 l = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; l < lines; l += warps) {
         u64 base = line_base(l, n, inner);
         double s = init;
-        for (u64 i = 0; i < n; ++i) {
-            u64 k = base + i * inner;
-            float gv = load_f32(g, kind, k);
-            s += log_ ? (double)gv : (double)(gv * load_f32(y, kind, k));
+        for (u64 c = 0; c < n; c += 32) {
+            u64 i = c + lane;
+            double t = 0.0;
+            if (i < n) {
+                u64 k = base + i * inner;
+                float gv = load_f32(g, kind, k);
+                t = log_ ? (double)gv : (double)(gv * load_f32(y, kind, k));
+            }
+            s = warp_ordered_add(s, t, (u32)(n - c < 32 ? n - c : 32), scratch);
         }
         float sf = (float)s;
-        for (u64 i = 0; i < n; ++i) {
+        for (u64 i = lane; i < n; i += 32) {
             u64 k = base + i * inner;
             float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
             float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
