@@ -645,23 +645,25 @@ fn family_checks(
         Exact,
         &|e, t| e.mul(&t[0], &t[0]),
     )?;
-    // Reductions.
-    for (dims, keep) in [
-        (vec![], false),
-        (vec![1], true),
-        (vec![0, 2], false),
-        (vec![2], false),
-        (vec![0], true),
+    // Reductions; the last two sum 40 and 80 terms (a warp per output on the device).
+    for (shape, dims, keep) in [
+        ([3, 4, 5], vec![], false),
+        ([3, 4, 5], vec![1], true),
+        ([3, 4, 5], vec![0, 2], false),
+        ([3, 4, 5], vec![2], false),
+        ([3, 4, 5], vec![0], true),
+        ([2, 40, 3], vec![1], false),
+        ([2, 40, 3], vec![0, 1], true),
     ] {
-        let xs = random_tensor(rng, &[3, 4, 5], dt, 6)?;
+        let xs = random_tensor(rng, &shape, dt, 6)?;
         let mut e = Engine::new();
-        let shape = e.sum(&xs, &dims, keep)?.shape().to_vec();
-        let gy = g(rng, &shape)?;
+        let y_shape = e.sum(&xs, &dims, keep)?.shape().to_vec();
+        let gy = g(rng, &y_shape)?;
         let d2 = dims.clone();
         engine_parity(
             out,
             dev,
-            &format!("sum {dims:?} keepdim {keep}"),
+            &format!("sum {dims:?} of {shape:?} keepdim {keep}"),
             dt,
             std::slice::from_ref(&xs),
             &one,
@@ -673,7 +675,7 @@ fn family_checks(
         engine_parity(
             out,
             dev,
-            &format!("mean {dims:?} keepdim {keep}"),
+            &format!("mean {dims:?} of {shape:?} keepdim {keep}"),
             dt,
             &[xs],
             &one,
@@ -791,6 +793,23 @@ fn family_checks(
         out,
         dev,
         "embedding, 600 positions",
+        dt,
+        &[w, ids],
+        &[true, false],
+        Some(&gy),
+        Exact,
+        &|e, t| e.embedding(&t[0], &t[1]),
+    )?;
+    // Four ids over 600 positions (as relative-position buckets repeat): a warp per
+    // (id, column) on the device.
+    let w = random_tensor(rng, &[4, 3], dt, 6)?;
+    let ids: Vec<i64> = (0..600).map(|_| rng.below(4) as i64).collect();
+    let ids = Tensor::from_i64(ids, &[20, 30])?;
+    let gy = g(rng, &[20, 30, 3])?;
+    engine_parity(
+        out,
+        dev,
+        "embedding, 600 positions of 4 ids",
         dt,
         &[w, ids],
         &[true, false],

@@ -297,6 +297,17 @@ __device__ __forceinline__ void out_end(OutStats* o, u64 n) {
     if (o->slot) stats_end(&o->acc, o->slot, o->partials, blockIdx.x, gridDim.x, n);
 }
 
+// x / m and x % m, in 32 bits where both fit (64-bit division is many times slower).
+__device__ __forceinline__ u64 div_rem(u64 x, u64 m, u64* rem) {
+    if (((x | m) >> 32) == 0) {
+        u32 q = (u32)x / (u32)m;
+        *rem = (u32)x - q * (u32)m;
+        return q;
+    }
+    *rem = x % m;
+    return x / m;
+}
+
 // ---- Sums in one thread's order, spread over a warp. Each lane computes the terms of its
 // positions of a chunk of 32 (the expensive part: loads, exponentials, index arithmetic);
 // every lane then adds the chunk's terms in position order from shared memory, so each

@@ -237,17 +237,6 @@ struct GradGeometry {
     u32 reduced[MAX_DIMS];
 };
 
-// x / m and x % m, in 32 bits where both fit (64-bit division is many times slower).
-__device__ __forceinline__ u64 div_rem(u64 x, u64 m, u64* rem) {
-    if (((x | m) >> 32) == 0) {
-        u32 q = (u32)x / (u32)m;
-        *rem = (u32)x - q * (u32)m;
-        return q;
-    }
-    *rem = x % m;
-    return x / m;
-}
-
 // Adds to the offsets the coordinates of index `t` over the dims that are summed
 // (`summed` = 1) or kept (0), the last dim fastest.
 __device__ __forceinline__ void grad_coords(const GradGeometry& geo, u64 t, u32 summed, u64* ia,

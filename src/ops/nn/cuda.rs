@@ -20,6 +20,7 @@ pub const KERNELS: &[&str] = &[
     "amp_embedding_offsets",
     "amp_embedding_scatter",
     "amp_embedding_backward",
+    "amp_embedding_backward_warp",
     "amp_dropout",
 ];
 
@@ -278,19 +279,12 @@ pub fn embedding_backward(
         &nn,
         &vv
     );
-    launch!(
-        dev,
-        "amp_embedding_backward",
-        vv * dd,
-        &gp,
-        &sp,
-        &tp,
-        &op_,
-        &yp,
-        &k,
-        &dd,
-        &vv,
-        &counts
-    );
+    // Ids averaging 32 positions or more take a warp each (per column), the others a thread.
+    let (kernel, threads) = if nn >= 32 * vv {
+        ("amp_embedding_backward_warp", vv * dd * 32)
+    } else {
+        ("amp_embedding_backward", vv * dd)
+    };
+    launch!(dev, kernel, threads, &gp, &sp, &tp, &op_, &yp, &k, &dd, &vv, &counts);
     Ok(out)
 }

@@ -212,6 +212,30 @@ extern "C" __global__ void amp_embedding_backward(const void* g, const long long
     block_add_counts(over, under, counts);
 }
 
+// amp_embedding_backward for ids with long runs of positions (a relative-position bucket
+// repeated over a whole attention map): a warp per (id, column), the lanes loading the
+// rows and every lane adding them in position order (warp_ordered_add).
+extern "C" __global__ void amp_embedding_backward_warp(const void* g, const long long* sorted,
+                                                       const long long* total,
+                                                       const long long* offset, void* y,
+                                                       int kind, u64 d, u64 v, u64* counts) {
+    u32 over = 0, under = 0;
+    double* scratch = warp_scratch();
+    u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < v * d; i += warps) {
+        u64 id = i / d, j = i % d;
+        long long start = offset[id], cnt = total[id];
+        double s = 0.0;
+        for (long long c = 0; c < cnt; c += 32) {
+            long long k = c + (long long)lane;
+            double t = k < cnt ? (double)load_f32(g, kind, (u64)sorted[start + k] * d + j) : 0.0;
+            s = warp_ordered_add(s, t, (u32)(cnt - c < 32 ? cnt - c : 32), scratch);
+        }
+        if (lane == 0) store_round_f64(y, kind, i, s, &over, &under);
+    }
+    block_add_counts(over, under, counts);
+}
+
 // Dropout: element i is kept when the (i+1)-th SplitMix64 draw after `state` (the
 // stream's state after its derivation, as in the CPU's `Rng`), as a 53-bit uniform, is
 // below `keep`; kept values are scaled, dropped ones multiplied by zero (NaN stays NaN).

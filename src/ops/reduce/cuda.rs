@@ -13,6 +13,7 @@ use cudarc::driver::DeviceRepr;
 /// The kernels of `reduce.cu`.
 pub const KERNELS: &[&str] = &[
     "amp_sum",
+    "amp_sum_warp",
     "amp_expand",
     "amp_argmax",
     "amp_argmax_backward",
@@ -93,6 +94,26 @@ pub fn sum(
     let n = y.numel() as u64;
     let init = sum_to_init(full, kept);
     let (d, has) = (div.unwrap_or(1.0), div.is_some() as i32);
+    if n_reduced >= 32 {
+        // A warp per output element; its statistics come from the arena's own pass.
+        let counts = sink.counts();
+        launch!(
+            dev,
+            "amp_sum_warp",
+            n * 32,
+            &xp,
+            &yp,
+            &k,
+            &n,
+            &geo,
+            &n_reduced,
+            &init,
+            &d,
+            &has,
+            &counts
+        );
+        return Ok(y);
+    }
     let o = sink.for_output(&y, n)?;
     launch_with!(
         dev,

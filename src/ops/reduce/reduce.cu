@@ -1,8 +1,8 @@
 // Sums, means, max along a dim, softmax and log-softmax with the CPU emulator's order of
-// operations: one thread per output element (or per line) walks its inputs sequentially
-// in the CPU's order, accumulating in f64. That is slow for long rows on a real GPU (no
-// parallel reduction), but a tree reduction would change the f64 rounding; correctness
-// first.
+// operations: every sum accumulates in f64 in the CPU's sequential order (a tree reduction
+// would change the f64 rounding). Short sums take a thread per output element; long ones
+// and softmax lines a warp, whose lanes load and compute the terms in parallel and add
+// them in order (warp_ordered_add).
 
 #ifndef MAX_DIMS
 #define MAX_DIMS 6
@@ -18,6 +18,18 @@ struct SumGeometry {
     u32 reduced[MAX_DIMS];
 };
 
+// `off` plus the offset of index `t` over the dims that are summed (`summed` = 1) or kept
+// (0), the last dim fastest.
+__device__ __forceinline__ u64 sum_offset(const SumGeometry& g, u64 t, u32 summed, u64 off) {
+    for (int d = MAX_DIMS - 1; d >= 0; --d) {
+        if (g.reduced[d] != summed || g.shape[d] == 1) continue;
+        u64 c;
+        t = div_rem(t, g.shape[d], &c);
+        off += c * g.sx[d];
+    }
+    return off;
+}
+
 // init: the f64 the CPU's accumulation starts from (0.0, or -0.0 where it sums through
 // Rust's `Sum`, whose identity is -0.0, or copies without adding).
 extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
@@ -28,23 +40,10 @@ extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
     out_begin(&st, counts, partials, kind);
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
          t += (u64)gridDim.x * blockDim.x) {
-        u64 base = 0, rest = t;
-        for (int d = MAX_DIMS - 1; d >= 0; --d) {
-            if (g.reduced[d]) continue;
-            u64 c = rest % g.shape[d];
-            rest /= g.shape[d];
-            base += c * g.sx[d];
-        }
+        u64 base = sum_offset(g, t, 0, 0);
         double acc = init;
         for (u64 r = 0; r < n_reduced; ++r) {
-            u64 ix = base, rr = r;
-            for (int d = MAX_DIMS - 1; d >= 0; --d) {
-                if (!g.reduced[d]) continue;
-                u64 c = rr % g.shape[d];
-                rr /= g.shape[d];
-                ix += c * g.sx[d];
-            }
-            acc += (double)load_f32(x, kind, ix);
+            acc += (double)load_f32(x, kind, sum_offset(g, r, 1, base));
         }
         if (has_div) acc = acc / div;
         store_round_f64(y, kind, t, acc, &over, &under);
@@ -52,6 +51,29 @@ extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
     }
     block_add_counts(over, under, counts);
     out_end(&st, n_out);
+}
+
+// amp_sum for sums of at least 32 terms: a warp per output element, the lanes loading and
+// every lane adding in the same row-major order (warp_ordered_add).
+extern "C" __global__ void amp_sum_warp(const void* x, void* y, int kind, u64 n_out,
+                                        SumGeometry g, u64 n_reduced, double init, double div,
+                                        int has_div, u64* counts) {
+    u32 over = 0, under = 0;
+    double* scratch = warp_scratch();
+    u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
+    for (u64 t = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_out; t += warps) {
+        u64 base = sum_offset(g, t, 0, 0);
+        double acc = init;
+        for (u64 c = 0; c < n_reduced; c += 32) {
+            u64 r = c + lane;
+            double v = r < n_reduced ? (double)load_f32(x, kind, sum_offset(g, r, 1, base)) : 0.0;
+            acc = warp_ordered_add(acc, v, (u32)(n_reduced - c < 32 ? n_reduced - c : 32),
+                                   scratch);
+        }
+        if (has_div) acc = acc / div;
+        if (lane == 0) store_round_f64(y, kind, t, acc, &over, &under);
+    }
+    block_add_counts(over, under, counts);
 }
 
 // The gradient of a sum or mean: g (strides sg over the full shape, 0 where summed)
