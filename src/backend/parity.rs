@@ -944,6 +944,22 @@ fn loss_checks(
         Bitwise,
         &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
     )?;
+    // 70 rows (three warp-sized chunks on the device), every third ignored.
+    let many = spread_tensor(rng, &[70, 5], dt, 4)?;
+    let labels: Vec<i64> = (0..70)
+        .map(|r| if r % 3 == 1 { -100 } else { r % 5 })
+        .collect();
+    engine_parity(
+        out,
+        dev,
+        "nll_loss, 70 rows, every third ignored",
+        dt,
+        &[many, Tensor::from_i64(labels, &[70])?],
+        &want,
+        Some(&g),
+        Bitwise,
+        &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
+    )?;
     // One row counts, its log-probability +0: the CPU's sum from -0.0 gives -0.0.
     let zero = Tensor::from_f32(vec![0.0, 1.0], &[1, 2], dt)?;
     engine_parity(

@@ -327,7 +327,28 @@ __device__ __forceinline__ double warp_ordered_add(double s, double term, u32 co
     __syncwarp();
     scratch[threadIdx.x & 31u] = term;
     __syncwarp();
-    for (u32 k = 0; k < count; ++k) s += scratch[k];
+    if (count == 32) {
+        // Unrolled, the loads issue ahead of the chain of adds.
+#ifdef __CUDACC_RTC__
+#pragma unroll
+#endif
+        for (u32 k = 0; k < 32; ++k) s += scratch[k];
+    } else {
+        for (u32 k = 0; k < count; ++k) s += scratch[k];
+    }
+    return s;
+}
+
+// warp_ordered_add of the terms whose lane has `take` set: the others are skipped, not
+// added as zeros (which would turn a -0.0 sum into +0.0).
+__device__ __forceinline__ double warp_ordered_add_taken(double s, double term, bool take,
+                                                         u32 count, double* scratch) {
+    u32 mask = __ballot_sync(0xffffffffu, take);
+    __syncwarp();
+    scratch[threadIdx.x & 31u] = term;
+    __syncwarp();
+    for (u32 k = 0; k < count; ++k)
+        if ((mask >> k) & 1u) s += scratch[k];
     return s;
 }
 

@@ -49,17 +49,23 @@ extern "C" __global__ void amp_loss_mean(const float* terms, const long long* t,
                                          double init, void* out, int kind, long long* valid,
                                          u64* counts) {
     u32 over = 0, under = 0;
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    double* scratch = warp_scratch();
+    // The first warp: the lanes load the rows, every lane adds them in row order.
+    if (blockIdx.x == 0 && threadIdx.x < 32) {
         double total = init;
         long long k = 0;
-        for (u64 r = 0; r < rows; ++r) {
-            if (loss_ignored(t[r], ignore, has_ignore)) continue;
-            double v = (double)terms[r];
-            total += negate ? -v : v;
-            k += 1;
+        for (u64 c = 0; c < rows; c += 32) {
+            u64 r = c + threadIdx.x;
+            bool take = r < rows && !loss_ignored(t[r], ignore, has_ignore);
+            double v = take ? (double)terms[r] : 0.0;
+            total = warp_ordered_add_taken(total, negate ? -v : v, take,
+                                           (u32)(rows - c < 32 ? rows - c : 32), scratch);
+            k += __popc(__ballot_sync(0xffffffffu, take));
         }
-        valid[0] = k;
-        store_round_f64(out, kind, 0, total / (double)k, &over, &under);
+        if (threadIdx.x == 0) {
+            valid[0] = k;
+            store_round_f64(out, kind, 0, total / (double)k, &over, &under);
+        }
     }
     block_add_counts(over, under, counts);
 }
