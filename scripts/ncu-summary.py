@@ -61,8 +61,12 @@ def main(argv):
         for s in wall.get("steps", []):
             if s["probes"] == (a.probes == "on"):
                 ms = s["median_ms"]
+                share = total / n / 1e3 / ms
+                rest = ("the rest is host work and launch gaps" if share < 1 else
+                        "kernels timed one by one under ncu (caches flushed) outlast the "
+                        "unprofiled step: it is bound by its kernels")
                 print(f"step wall time (median, no profiler) {ms:.2f} ms: kernels are "
-                      f"{total / n / 1e3 / ms:.0%} of it, the rest is host work and launch gaps")
+                      f"{share:.0%} of it; {rest}")
     print(f"{'kernel':<60} {'launches':>8} {'ms/step':>9} {'share':>6}  grid x block (most common)")
     for name, (cnt, us, shapes) in sorted(kern.items(), key=lambda kv: -kv[1][1])[: a.top]:
         (grid, block), _ = shapes.most_common(1)[0]
