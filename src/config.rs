@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// Model kind: `mlp` or `t5`.
+    /// Model kind: `mlp`, `t5` or `gpt2` (default: from the Hugging Face `config.json`
+    /// when `hf` or `hf_config` is given, else `mlp`).
     pub kind: Option<String>,
     /// Hugging Face checkpoint directory (`config.json` + `model.safetensors` or a sharded
-    /// index), relative to the config file; implies kind `t5`.
+    /// index), relative to the config file; its `model_type` picks the kind.
     pub hf: Option<PathBuf>,
     /// Hugging Face `config.json` when the weights are elsewhere (`weights`).
     pub hf_config: Option<PathBuf>,

@@ -7,6 +7,7 @@ pub use crate::diagnose::summary::{verdict, ParamSummary, RunSummary, StepSummar
 use crate::dtype::DType;
 use crate::engine::Injection;
 use crate::error::{Error, Result};
+use crate::models::gpt2::{Gpt2, Gpt2Config};
 use crate::models::mlp::{synthetic_batch, Mlp};
 use crate::models::t5::{load_inputs, synthetic_ids, T5Config, T5Encoder};
 use crate::models::weights::{load_safetensors, take};
@@ -42,12 +43,15 @@ pub type Built = (Box<dyn Model>, ParamStore, Box<dyn DataSource>);
 
 /// Builds the model, its parameters and the data source a config describes.
 pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
-    let default_kind = if cfg.model.hf.is_some() || cfg.model.hf_config.is_some() {
-        "t5"
-    } else {
-        "mlp"
+    let detected;
+    let kind = match (&cfg.model.kind, hf_config_path(cfg)) {
+        (Some(k), _) => k.as_str(),
+        (None, Some(path)) => {
+            detected = architecture(&path)?;
+            detected.as_str()
+        }
+        (None, None) => "mlp",
     };
-    let kind = cfg.model.kind.as_deref().unwrap_or(default_kind);
     match kind {
         "mlp" => {
             let m = Mlp {
@@ -123,11 +127,122 @@ pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             };
             Ok((Box::new(m), params, data))
         }
+        "gpt2" => {
+            let (config_path, weights) = hf_paths(cfg, "gpt2")?;
+            let m = Gpt2::new(Gpt2Config::load(&config_path)?);
+            let params = if weights.as_os_str().is_empty() {
+                m.init(train.seed)?
+            } else {
+                m.load(&weights)?
+            };
+            let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.n_positions.min(64))?;
+            Ok((Box::new(m), params, data))
+        }
         other => Err(Error::config(
             "model.kind",
-            format!("unknown model kind `{other}` (expected mlp or t5)"),
+            format!("unknown model kind `{other}` (expected mlp, t5 or gpt2)"),
         )),
     }
+}
+
+/// The architectures `run --hf` takes: `model_type` in `config.json` and the model kind.
+pub const HF_ARCHITECTURES: &[(&str, &str)] = &[("t5", "t5"), ("gpt2", "gpt2")];
+
+/// The `config.json` a config's `[model]` names (`hf` directory or `hf_config`), if any.
+fn hf_config_path(cfg: &RunConfig) -> Option<PathBuf> {
+    match (&cfg.model.hf, &cfg.model.hf_config) {
+        (Some(dir), _) => Some(cfg.resolve(dir).join("config.json")),
+        (None, Some(c)) => Some(cfg.resolve(c)),
+        (None, None) => None,
+    }
+}
+
+/// The model kind of a Hugging Face `config.json`, from `model_type` (or, without it,
+/// `architectures`); an unsupported one is refused with the list of supported ones.
+pub fn architecture(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::config(path.display().to_string(), format!("not valid JSON: {e}")))?;
+    let supported = || {
+        HF_ARCHITECTURES
+            .iter()
+            .map(|(t, _)| format!("`{t}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mt = v.get("model_type").and_then(|x| x.as_str()).or_else(|| {
+        let arch = v.get("architectures")?.as_array()?.first()?.as_str()?;
+        match arch {
+            "T5EncoderModel" | "T5Model" | "T5ForConditionalGeneration" => Some("t5"),
+            "GPT2LMHeadModel" | "GPT2Model" => Some("gpt2"),
+            _ => None,
+        }
+    });
+    match mt {
+        Some(t) => HF_ARCHITECTURES
+            .iter()
+            .find(|(name, _)| *name == t)
+            .map(|(_, kind)| kind.to_string())
+            .ok_or_else(|| {
+                Error::config(
+                    format!("{}: model_type", path.display()),
+                    format!("`{t}` is not supported; supported: {}", supported()),
+                )
+            }),
+        None => Err(Error::config(
+            format!("{}: model_type", path.display()),
+            format!(
+                "missing, and `architectures` names none amprobe knows; supported: {}",
+                supported()
+            ),
+        )),
+    }
+}
+
+/// `config.json` and the weights (a directory or file; empty: seeded init) of a Hugging
+/// Face model of kind `kind`.
+fn hf_paths(cfg: &RunConfig, kind: &str) -> Result<(PathBuf, PathBuf)> {
+    match (&cfg.model.hf, &cfg.model.hf_config, &cfg.model.weights) {
+        (Some(dir), _, w) => {
+            let dir = cfg.resolve(dir);
+            Ok((
+                dir.join("config.json"),
+                w.as_ref().map(|w| cfg.resolve(w)).unwrap_or(dir),
+            ))
+        }
+        (None, Some(c), Some(w)) => Ok((cfg.resolve(c), cfg.resolve(w))),
+        (None, Some(c), None) => Ok((cfg.resolve(c), PathBuf::new())),
+        (None, None, _) => Err(Error::config(
+            "model.hf",
+            format!("a {kind} model needs `hf` (a checkpoint directory) or `hf_config`"),
+        )),
+    }
+}
+
+/// Token batches: `data.inputs` (safetensors with `input_ids`, optional `labels`) or
+/// seeded synthetic ids of `data.batch` × `data.seq` (default 8 × `seq`).
+fn token_data(
+    cfg: &RunConfig,
+    train: &TrainConfig,
+    vocab: usize,
+    seq: usize,
+) -> Result<Box<dyn DataSource>> {
+    Ok(match &cfg.data.inputs {
+        Some(p) => Box::new(FixedBatch(load_inputs(&cfg.resolve(p))?)),
+        None => {
+            let (b, s, seed) = (
+                cfg.data.batch.unwrap_or(8),
+                cfg.data.seq.unwrap_or(seq),
+                train.seed,
+            );
+            if b == 0 || s == 0 {
+                return Err(Error::config("data.batch / data.seq", "must be at least 1"));
+            }
+            Box::new(Synthetic(move |step, micro| {
+                synthetic_ids(vocab, b, s, seed, step * 1024 + micro as u64)
+            }))
+        }
+    })
 }
 
 /// Loads a batch file with `x` [batch, inputs] (float) and `y` [batch] (int64).

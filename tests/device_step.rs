@@ -293,8 +293,9 @@ fn an_op_taking_several_arena_slots_survives_the_arena_growing() {
     );
 }
 
-/// A T5 checkpoint (the overflow sample or a variant of scripts/make_t5_variants.py) built
-/// as the runner builds it, for `backend`.
+/// A Hugging Face checkpoint (the T5 overflow sample, a variant of
+/// scripts/make_t5_variants.py, or the GPT-2 sample) built as the runner builds it, for
+/// `backend`; `clamp` is T5's.
 fn t5_trainer(
     dir: &str,
     precision: Precision,
@@ -479,6 +480,31 @@ fn the_gated_gelu_t5_variant_matches_the_emulator_in_every_precision_mode() {
 #[test]
 fn the_six_layer_t5_variant_matches_the_emulator_in_every_precision_mode() {
     t5_case_in_every_mode(T5_CASES[2]);
+}
+
+/// The GPT-2 sample (scripts/make_gpt2.py's checkpoint, its block 1 attention scores past
+/// fp16's range) in every precision mode on both backends.
+#[test]
+fn the_gpt2_sample_matches_the_emulator_in_every_precision_mode() {
+    if !device_or_skip() {
+        return;
+    }
+    let dir = "samples/gpt2_overflow_tiny";
+    for p in [
+        Precision::Fp32,
+        Precision::Fp16,
+        Precision::Bf16,
+        Precision::O2,
+        Precision::O2Bf16,
+        Precision::Half,
+        Precision::Bf16Pure,
+    ] {
+        let what = format!("{dir} {p:?}");
+        let cpu = t5(dir, p, false, BackendKind::Cpu, 2, |_| {});
+        let dev = t5(dir, p, false, BackendKind::Cuda, 2, |_| {});
+        t5_close(&cpu, &dev, &what);
+        same_ops(&cpu, &dev, &what);
+    }
 }
 
 /// Twenty steps of the T5 sample with transformers' fix (`wo` kept in fp32) from a scale

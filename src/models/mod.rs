@@ -1,5 +1,6 @@
 //! Models: parameters, batches and the forward pass that ends in a loss.
 
+pub mod gpt2;
 pub mod mlp;
 pub mod t5;
 pub mod weights;
@@ -129,6 +130,11 @@ pub trait Model: Send + Sync {
     /// would cost a read (token ids against the vocabulary, for example).
     fn check_batch(&self, _batch: &Batch) -> Result<()> {
         Ok(())
+    }
+    /// The micro-batch as the forward pass takes it, made on the host before any copy to a
+    /// device (a causal LM shifts its labels here, as transformers' loss does).
+    fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
+        Ok(batch)
     }
     /// Turns transformers' fp16 clamp on or off; false when the model has none.
     fn set_clamp(&mut self, _on: bool) -> bool {

@@ -53,12 +53,16 @@ pub struct T5Config {
     pub dropout: f64,
 }
 
-fn field<'a>(v: &'a serde_json::Value, path: &Path, name: &str) -> Result<&'a serde_json::Value> {
+pub(crate) fn field<'a>(
+    v: &'a serde_json::Value,
+    path: &Path,
+    name: &str,
+) -> Result<&'a serde_json::Value> {
     v.get(name)
         .ok_or_else(|| Error::config(format!("{}: {name}", path.display()), "missing"))
 }
 
-fn usize_field(v: &serde_json::Value, path: &Path, name: &str) -> Result<usize> {
+pub(crate) fn usize_field(v: &serde_json::Value, path: &Path, name: &str) -> Result<usize> {
     field(v, path, name)?
         .as_u64()
         .filter(|&n| n > 0)
@@ -257,7 +261,7 @@ impl T5Config {
 }
 
 /// Where a checkpoint's tensors are: one safetensors file or a sharded index.
-fn weight_files(dir_or_file: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn weight_files(dir_or_file: &Path) -> Result<Vec<PathBuf>> {
     if dir_or_file.is_file() {
         return Ok(vec![dir_or_file.to_path_buf()]);
     }

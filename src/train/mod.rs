@@ -417,7 +417,7 @@ impl Trainer {
     /// Forward: the model on micro-batch `micro`, under the precision mode's casts.
     fn forward(&mut self, st: &mut StepState, micro: u32) -> Result<ForwardOutput> {
         self.engine.begin_micro(micro);
-        let batch = self.data.batch(st.step, micro)?;
+        let batch = self.model.prepare_batch(self.data.batch(st.step, micro)?)?;
         if let Some(inputs) = &mut st.inputs {
             inputs.batches.push(batch.clone());
         }

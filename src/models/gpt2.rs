@@ -1,0 +1,590 @@
+//! GPT-2 (`GPT2LMHeadModel`) from Hugging Face files (`config.json` + safetensors),
+//! mirroring the eager forward of transformers' `modeling_gpt2.py` (5.x) with its casts:
+//! token and position embeddings added, LayerNorm before attention and MLP, `Conv1D`
+//! projections (`addmm(bias, x, W)` with `W` stored [in, out], computed here as `linear`
+//! with `Wᵀ`, one rounding), attention scores `q·kᵀ × scaling` plus the additive causal
+//! mask (fp32, `finfo(float32).min` above the diagonal, so under autocast the masked scores
+//! are fp32), softmax, `.type(value.dtype)`, and `gelu_new` written out op by op as
+//! transformers writes it (`pow` and the ops after it run in fp32 under autocast).
+//!
+//! transformers' two fp16 switches are honoured from `config.json`:
+//! `scale_attn_by_inverse_layer_idx` (scores also divided by layer index + 1) and
+//! `reorder_and_upcast_attn` (scores computed in fp32 with autocast off, the scaling folded
+//! into the product, as `baddbmm(alpha=scaling)` does).
+//!
+//! Objective: transformers' `ForCausalLMLoss`: logits (the LM head tied to `wte`) cast to
+//! fp32, labels padded with -100 and shifted left by one (done on the host, see
+//! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
+
+use super::t5::{field, usize_field, weight_files, MAX_INIT_PARAMS};
+use super::weights::load_safetensors;
+use super::{Batch, Model, Output, Param, ParamAccess, ParamStore};
+use crate::dtype::DType;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Most layers a GPT-2 `config.json` may describe.
+pub const MAX_GPT2_LAYERS: usize = 1024;
+/// Most parameters a GPT-2 `config.json` may describe (2^36).
+pub const MAX_GPT2_PARAMS: u64 = 1 << 36;
+
+/// A GPT-2 architecture, read from `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpt2Config {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Learned positions (the longest sequence).
+    pub n_positions: usize,
+    /// Hidden width.
+    pub n_embd: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Attention heads.
+    pub n_head: usize,
+    /// MLP width (`n_inner`, default 4 × n_embd).
+    pub n_inner: usize,
+    /// LayerNorm epsilon.
+    pub eps: f64,
+    /// Scores scaled by 1/√head_dim.
+    pub scale_attn_weights: bool,
+    /// Scores also divided by layer index + 1.
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// Scores in fp32 with autocast off, scaling folded into the product.
+    pub reorder_and_upcast_attn: bool,
+    /// Dropout of embeddings, residual branches and attention probabilities.
+    pub dropout: (f64, f64, f64),
+}
+
+impl Gpt2Config {
+    /// Reads `config.json`; refuses other model types with a message naming the file.
+    pub fn load(path: &Path) -> Result<Gpt2Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Gpt2Config::parse(&text, path)
+    }
+
+    /// [`Gpt2Config::load`] of a file's text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Gpt2Config> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
+        })?;
+        let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
+        if mt != "gpt2" {
+            return Err(Error::config(
+                format!("{}: model_type", path.display()),
+                format!("`{mt}` is not supported here (expected `gpt2`)"),
+            ));
+        }
+        let at = path.display();
+        let act = v
+            .get("activation_function")
+            .and_then(|x| x.as_str())
+            .unwrap_or("gelu_new");
+        if act != "gelu_new" {
+            return Err(Error::config(
+                format!("{at}: activation_function"),
+                format!("`{act}` is not supported (expected `gelu_new`)"),
+            ));
+        }
+        let flag = |name: &str, default: bool| -> Result<bool> {
+            match v.get(name) {
+                None | Some(serde_json::Value::Null) => Ok(default),
+                Some(x) => x.as_bool().ok_or_else(|| {
+                    Error::config(format!("{at}: {name}"), "expected true or false")
+                }),
+            }
+        };
+        let prob = |name: &str| -> Result<f64> {
+            match v.get(name).and_then(|x| x.as_f64()) {
+                None => Ok(0.1),
+                Some(p) if (0.0..1.0).contains(&p) => Ok(p),
+                Some(p) => Err(Error::config(
+                    format!("{at}: {name}"),
+                    format!("{p} is not a dropout probability in [0, 1)"),
+                )),
+            }
+        };
+        let n_embd = usize_field(&v, path, "n_embd")?;
+        let n_head = usize_field(&v, path, "n_head")?;
+        if n_embd % n_head != 0 {
+            return Err(Error::config(
+                format!("{at}: n_head"),
+                format!("{n_head} heads do not divide n_embd {n_embd}"),
+            ));
+        }
+        let n_inner = match v.get("n_inner") {
+            None | Some(serde_json::Value::Null) => n_embd
+                .checked_mul(4)
+                .ok_or_else(|| Error::config(format!("{at}: n_embd"), "too large"))?,
+            Some(_) => usize_field(&v, path, "n_inner")?,
+        };
+        let cfg = Gpt2Config {
+            vocab_size: usize_field(&v, path, "vocab_size")?,
+            n_positions: usize_field(&v, path, "n_positions")?,
+            n_embd,
+            n_layer: usize_field(&v, path, "n_layer")?,
+            n_head,
+            n_inner,
+            eps: v
+                .get("layer_norm_epsilon")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(1e-5),
+            scale_attn_weights: flag("scale_attn_weights", true)?,
+            scale_attn_by_inverse_layer_idx: flag("scale_attn_by_inverse_layer_idx", false)?,
+            reorder_and_upcast_attn: flag("reorder_and_upcast_attn", false)?,
+            dropout: (
+                prob("embd_pdrop")?,
+                prob("resid_pdrop")?,
+                prob("attn_pdrop")?,
+            ),
+        };
+        cfg.check_size(path)?;
+        Ok(cfg)
+    }
+
+    /// The number of parameters, or `None` when it does not fit a `u64`.
+    pub fn param_count(&self) -> Option<u64> {
+        let (d, f) = (self.n_embd as u64, self.n_inner as u64);
+        let attn = (3 * d).checked_mul(d)?.checked_add(3 * d)?;
+        let proj = d.checked_mul(d)?.checked_add(d)?;
+        let mlp = (2 * d).checked_mul(f)?.checked_add(f + d)?;
+        let per_layer = attn
+            .checked_add(proj)?
+            .checked_add(mlp)?
+            .checked_add(4 * d)?;
+        (self.vocab_size as u64)
+            .checked_add(self.n_positions as u64)?
+            .checked_mul(d)?
+            .checked_add(per_layer.checked_mul(self.n_layer as u64)?)?
+            .checked_add(2 * d)
+    }
+
+    fn check_size(&self, path: &Path) -> Result<()> {
+        if self.n_layer > MAX_GPT2_LAYERS {
+            return Err(Error::config(
+                format!("{}: n_layer", path.display()),
+                format!(
+                    "{} layers; at most {MAX_GPT2_LAYERS} are supported",
+                    self.n_layer
+                ),
+            ));
+        }
+        match self.param_count() {
+            Some(n) if n <= MAX_GPT2_PARAMS => Ok(()),
+            n => Err(Error::config(
+                path.display().to_string(),
+                format!(
+                    "the model it describes has {} parameters; at most {MAX_GPT2_PARAMS} are \
+                     supported",
+                    n.map_or("more than 2^64".to_string(), |n| n.to_string())
+                ),
+            )),
+        }
+    }
+
+    /// Parameter names (transformers' `GPT2LMHeadModel`), shapes, and whether each is a
+    /// LayerNorm parameter.
+    pub fn shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        let (d, f) = (self.n_embd, self.n_inner);
+        let mut v = vec![
+            (
+                "transformer.wte.weight".to_string(),
+                vec![self.vocab_size, d],
+                false,
+            ),
+            (
+                "transformer.wpe.weight".to_string(),
+                vec![self.n_positions, d],
+                false,
+            ),
+        ];
+        for i in 0..self.n_layer {
+            let h = format!("transformer.h.{i}");
+            let mut push = |name: &str, shape: Vec<usize>, norm: bool| {
+                v.push((format!("{h}.{name}"), shape, norm));
+            };
+            push("ln_1.weight", vec![d], true);
+            push("ln_1.bias", vec![d], true);
+            push("attn.c_attn.weight", vec![d, 3 * d], false);
+            push("attn.c_attn.bias", vec![3 * d], false);
+            push("attn.c_proj.weight", vec![d, d], false);
+            push("attn.c_proj.bias", vec![d], false);
+            push("ln_2.weight", vec![d], true);
+            push("ln_2.bias", vec![d], true);
+            push("mlp.c_fc.weight", vec![d, f], false);
+            push("mlp.c_fc.bias", vec![f], false);
+            push("mlp.c_proj.weight", vec![f, d], false);
+            push("mlp.c_proj.bias", vec![d], false);
+        }
+        v.push(("transformer.ln_f.weight".to_string(), vec![d], true));
+        v.push(("transformer.ln_f.bias".to_string(), vec![d], true));
+        v
+    }
+}
+
+/// GPT-2 with its tied LM head and the causal LM loss.
+#[derive(Debug, Clone)]
+pub struct Gpt2 {
+    /// Architecture.
+    pub cfg: Gpt2Config,
+    /// Whether dropout is applied.
+    pub train: bool,
+}
+
+impl Gpt2 {
+    /// A model in training mode.
+    pub fn new(cfg: Gpt2Config) -> Gpt2 {
+        Gpt2 { cfg, train: true }
+    }
+
+    /// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
+    /// `model.safetensors` (or a sharded index) or from one file. Names may carry
+    /// transformers' `transformer.` prefix or not (the original checkpoints have none);
+    /// the causal-mask buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) and a
+    /// saved `lm_head.weight` (tied to `wte`) are not parameters.
+    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
+        let mut all: BTreeMap<String, (Tensor, std::path::PathBuf)> = BTreeMap::new();
+        for f in weight_files(weights)? {
+            for (k, t) in load_safetensors(&f)? {
+                let k = if k.starts_with("transformer.") || k.starts_with("lm_head.") {
+                    k
+                } else {
+                    format!("transformer.{k}")
+                };
+                all.insert(k, (t, f.clone()));
+            }
+        }
+        let mut params = Vec::new();
+        for (name, shape, norm) in self.cfg.shapes() {
+            let (t, file) = all.remove(&name).ok_or_else(|| {
+                Error::tensor(
+                    format!("{}: {name}", weights.display()),
+                    format!("missing (expected shape {shape:?})"),
+                )
+            })?;
+            if t.shape() != shape.as_slice() {
+                return Err(Error::tensor(
+                    format!("{}: {name}", file.display()),
+                    format!("has shape {:?}, expected {shape:?}", t.shape()),
+                ));
+            }
+            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+                return Err(Error::tensor(
+                    format!("{}: {name}", file.display()),
+                    format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
+                ));
+            }
+            let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
+            params.push(Param::new(&name, t, norm));
+        }
+        Ok(ParamStore { params })
+    }
+
+    /// Seeded random weights as transformers initialises GPT-2 (normal, std 0.02; biases
+    /// 0; LayerNorm weights 1), for benchmarks.
+    pub fn init(&self, seed: u64) -> Result<ParamStore> {
+        match self.cfg.param_count() {
+            Some(n) if n <= MAX_INIT_PARAMS => {}
+            n => {
+                return Err(Error::config(
+                    "model",
+                    format!(
+                        "a seeded init of {} parameters is more than the {MAX_INIT_PARAMS} \
+                         amprobe makes up; give the checkpoint's weights",
+                        n.map_or("more than 2^64".to_string(), |n| n.to_string())
+                    ),
+                ))
+            }
+        }
+        let mut rng = Rng::derive(seed, &[0x6770_7432]);
+        let mut params = Vec::new();
+        for (name, shape, norm) in self.cfg.shapes() {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else if norm {
+                vec![1.0; n]
+            } else {
+                (0..n).map(|_| (rng.normal() * 0.02) as f32).collect()
+            };
+            params.push(Param::new(
+                &name,
+                Tensor::from_f32(v, &shape, DType::F32)?,
+                norm,
+            ));
+        }
+        Ok(ParamStore { params })
+    }
+
+    fn dropout(&self, e: &mut Engine, x: &Tensor, p: f64, salt: u64) -> Result<Tensor> {
+        e.scope("dropout", |e| e.dropout(x, p, self.train, salt))
+    }
+
+    /// `Conv1D`: `addmm(bias, x, W)` with `W` [in, out].
+    fn conv1d(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        name: &str,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        let w = p.get(e, &format!("{name}.weight"))?;
+        let b = p.get(e, &format!("{name}.bias"))?;
+        e.scope(name, |e| {
+            let wt = e.transpose(&w, 0, 1)?;
+            e.linear(x, &wt, Some(&b))
+        })
+    }
+
+    fn layer_norm(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        name: &str,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        let w = p.get(e, &format!("{name}.weight"))?;
+        let b = p.get(e, &format!("{name}.bias"))?;
+        e.scope(name, |e| {
+            e.layer_norm(x, self.cfg.n_embd, Some(&w), Some(&b), self.cfg.eps)
+        })
+    }
+
+    /// The additive causal mask [1, 1, s, s]: 0 on and below the diagonal,
+    /// `finfo(float32).min` above, fp32, on `like`'s device.
+    fn causal_mask(&self, s: usize, like: &Tensor) -> Result<Tensor> {
+        let mut m = vec![0.0f32; s * s];
+        for q in 0..s {
+            for k in q + 1..s {
+                m[q * s + k] = f32::MIN;
+            }
+        }
+        let t = Tensor::from_f32(m, &[1, 1, s, s], DType::F32)?;
+        match like.device() {
+            Some(d) => t.to_device(d),
+            None => Ok(t),
+        }
+    }
+
+    fn attention(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        layer: usize,
+        x: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (b, s, d) = (x.shape()[0], x.shape()[1], self.cfg.n_embd);
+        let (h, hd) = (self.cfg.n_head, self.cfg.n_embd / self.cfg.n_head);
+        let name = format!("transformer.h.{layer}.attn");
+        let qkv = self.conv1d(e, p, &format!("{name}.c_attn"), x)?;
+        e.push_module(&name);
+        let r = (|| -> Result<Tensor> {
+            let heads = |e: &mut Engine, i: usize| -> Result<Tensor> {
+                let t = e.slice(&qkv, 2, (i * d) as isize, ((i + 1) * d) as isize)?;
+                let t = e.view(&t, &[b as isize, s as isize, h as isize, hd as isize])?;
+                e.transpose(&t, 1, 2)
+            };
+            let (q, k, v) = (heads(e, 0)?, heads(e, 1)?, heads(e, 2)?);
+            let mut scaling = 1.0f64;
+            if self.cfg.scale_attn_weights {
+                scaling = (hd as f64).powf(-0.5);
+            }
+            if self.cfg.scale_attn_by_inverse_layer_idx {
+                scaling /= (layer + 1) as f64;
+            }
+            let kt = e.transpose(&k, 3, 2)?;
+            let scores = if self.cfg.reorder_and_upcast_attn {
+                e.autocast_off(|e| {
+                    let qf = e.to_dtype(&q, DType::F32)?;
+                    let kf = e.to_dtype(&kt, DType::F32)?;
+                    let prod = e.matmul(&qf, &kf)?;
+                    e.mul_scalar(&prod, scaling)
+                })?
+            } else {
+                let prod = e.matmul(&q, &kt)?;
+                e.mul_scalar(&prod, scaling)?
+            };
+            let scores = e.add(&scores, mask)?;
+            let probs = e.softmax(&scores, -1)?;
+            let probs = e.to_dtype(&probs, v.dtype())?;
+            let probs = e.scope("attn_dropout", |e| {
+                e.dropout(&probs, self.cfg.dropout.2, self.train, 1)
+            })?;
+            let ctx = e.matmul(&probs, &v)?;
+            let ctx = e.transpose(&ctx, 1, 2)?;
+            e.reshape(&ctx, &[b as isize, s as isize, d as isize])
+        })();
+        e.pop_module();
+        let ctx = r?;
+        let out = self.conv1d(e, p, &format!("{name}.c_proj"), &ctx)?;
+        e.scope(&name, |e| {
+            e.scope("resid_dropout", |e| {
+                e.dropout(&out, self.cfg.dropout.1, self.train, 2)
+            })
+        })
+    }
+
+    /// transformers' `NewGELUActivation`, op by op:
+    /// `0.5 * x * (1 + tanh(√(2/π) * (x + 0.044715 * x³)))`.
+    fn gelu_new(&self, e: &mut Engine, x: &Tensor) -> Result<Tensor> {
+        let half = e.mul_scalar(x, 0.5)?;
+        let cube = e.pow(x, 3.0)?;
+        let c = e.mul_scalar(&cube, 0.044715)?;
+        let inner = e.add(x, &c)?;
+        let inner = e.mul_scalar(&inner, (2.0 / std::f64::consts::PI).sqrt())?;
+        let t = e.tanh(&inner)?;
+        let t = e.add_scalar(&t, 1.0)?;
+        e.mul(&half, &t)
+    }
+
+    fn mlp(&self, e: &mut Engine, p: &ParamAccess<'_>, layer: usize, x: &Tensor) -> Result<Tensor> {
+        let name = format!("transformer.h.{layer}.mlp");
+        let h = self.conv1d(e, p, &format!("{name}.c_fc"), x)?;
+        let h = e.scope(&format!("{name}.act"), |e| self.gelu_new(e, &h))?;
+        let h = self.conv1d(e, p, &format!("{name}.c_proj"), &h)?;
+        e.scope(&name, |e| self.dropout(e, &h, self.cfg.dropout.1, 3))
+    }
+
+    /// The last hidden state (after `ln_f`) for token ids [batch, seq].
+    pub fn hidden(&self, e: &mut Engine, p: &ParamAccess<'_>, ids: &Tensor) -> Result<Tensor> {
+        if ids.rank() != 2 || ids.dtype() != DType::I64 {
+            return Err(Error::tensor(
+                "input_ids",
+                format!(
+                    "expected int64 [batch, seq], got {} {:?}",
+                    ids.dtype(),
+                    ids.shape()
+                ),
+            ));
+        }
+        let s = ids.shape()[1];
+        if s > self.cfg.n_positions {
+            return Err(Error::tensor(
+                "input_ids",
+                format!(
+                    "a sequence of {s} is longer than the model's {} positions",
+                    self.cfg.n_positions
+                ),
+            ));
+        }
+        let wte = p.get(e, "transformer.wte.weight")?;
+        let wpe = p.get(e, "transformer.wpe.weight")?;
+        let positions = Tensor::from_i64((0..s as i64).collect(), &[1, s])?;
+        let tok = e.scope("transformer.wte", |e| e.embedding(&wte, ids))?;
+        let pos = e.scope("transformer.wpe", |e| e.embedding(&wpe, &positions))?;
+        let mut x = e.scope("transformer", |e| {
+            let x = e.add(&tok, &pos)?;
+            e.scope("drop", |e| e.dropout(&x, self.cfg.dropout.0, self.train, 0))
+        })?;
+        let mask = self.causal_mask(s, &x)?;
+        for i in 0..self.cfg.n_layer {
+            let blk = format!("transformer.h.{i}");
+            let n = self.layer_norm(e, p, &format!("{blk}.ln_1"), &x)?;
+            let a = self.attention(e, p, i, &n, &mask)?;
+            x = e.scope(&blk, |e| e.add(&a, &x))?;
+            let n = self.layer_norm(e, p, &format!("{blk}.ln_2"), &x)?;
+            let m = self.mlp(e, p, i, &n)?;
+            x = e.scope(&blk, |e| e.add(&x, &m))?;
+        }
+        self.layer_norm(e, p, "transformer.ln_f", &x)
+    }
+}
+
+impl Model for Gpt2 {
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        let mut s = format!(
+            "gpt2 n_embd {} n_inner {} layers {} heads {} vocab {} positions {}",
+            c.n_embd, c.n_inner, c.n_layer, c.n_head, c.vocab_size, c.n_positions
+        );
+        if c.scale_attn_by_inverse_layer_idx {
+            s.push_str(", scale_attn_by_inverse_layer_idx");
+        }
+        if c.reorder_and_upcast_attn {
+            s.push_str(", reorder_and_upcast_attn");
+        }
+        s
+    }
+
+    fn clone_model(&self) -> Box<dyn Model> {
+        Box::new(self.clone())
+    }
+
+    fn check_batch(&self, batch: &Batch) -> Result<()> {
+        let v = self.cfg.vocab_size as i64;
+        if let Some((pos, &bad)) = batch
+            .inputs
+            .i64s()?
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t < 0 || t >= v)
+        {
+            return Err(Error::tensor(
+                "input_ids",
+                format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
+            ));
+        }
+        crate::ops::loss::check_labels(&batch.labels, self.cfg.vocab_size, Some(-100))
+    }
+
+    /// Labels as `ForCausalLMLoss` uses them: padded with -100 on the right and shifted
+    /// left by one, so position t is scored against token t + 1.
+    fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
+        let shape = batch.labels.shape().to_vec();
+        if batch.labels.dtype() != DType::I64 || shape.len() != 2 {
+            return Err(Error::tensor(
+                "labels",
+                format!(
+                    "expected int64 [batch, seq], got {} {shape:?}",
+                    batch.labels.dtype()
+                ),
+            ));
+        }
+        let (rows, s) = (shape[0], shape[1]);
+        if s == 0 {
+            return Err(Error::tensor(
+                "labels",
+                "a sequence needs at least one token",
+            ));
+        }
+        let l = batch.labels.i64s()?;
+        let mut shifted = Vec::with_capacity(rows * s);
+        for r in 0..rows {
+            shifted.extend_from_slice(&l[r * s + 1..(r + 1) * s]);
+            shifted.push(-100);
+        }
+        Ok(Batch {
+            inputs: batch.inputs,
+            labels: Tensor::from_i64(shifted, &shape)?,
+        })
+    }
+
+    fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
+        let ids = &batch.inputs;
+        if ids.dtype() != DType::I64 {
+            return Err(Error::tensor(
+                "input_ids",
+                format!("expected int64 token ids, got {}", ids.dtype()),
+            ));
+        }
+        if ids.device().is_none() {
+            self.check_batch(batch)?;
+        }
+        let h = self.hidden(e, p, ids)?;
+        let wte = p.get(e, "transformer.wte.weight")?;
+        let logits = e.scope("lm_head", |e| e.linear(&h, &wte, None))?;
+        let loss = e.scope("loss", |e| {
+            let lf = e.to_dtype(&logits, DType::F32)?;
+            e.cross_entropy(&lf, &batch.labels, Some(-100))
+        })?;
+        Ok(Output {
+            loss,
+            logits,
+            hidden: h,
+        })
+    }
+}
