@@ -244,3 +244,22 @@ fn the_first_inf_and_nan_are_where_transformers_finds_them() {
         }
     }
 }
+
+/// A re-run of a step (as `fix` and `bisect` make) sees the labels shifted once, as the
+/// step did: same loss, bit for bit.
+#[test]
+fn a_replayed_step_has_the_steps_loss() {
+    let dir = PathBuf::from(DIR);
+    let mut cfg = RunConfig::default();
+    cfg.model.hf = Some(dir.clone());
+    cfg.data.inputs = Some(dir.join("inputs.safetensors"));
+    cfg.train.precision = Some("bf16".into());
+    cfg.train.policy = Some("cpu".into());
+    let train = cfg.train_config().unwrap();
+    let (m, p, d) = build(&cfg, &train).unwrap();
+    let mut t = Trainer::new(train, m, p, d).unwrap();
+    let rec = t.step(0).unwrap();
+    let again = t.replay(&amprobe::train::Variant::default()).unwrap();
+    let (a, b) = (rec.loss.unwrap(), again.record.loss.unwrap());
+    assert_eq!(a.to_bits(), b.to_bits(), "step loss {a}, replayed {b}");
+}

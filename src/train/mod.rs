@@ -417,10 +417,13 @@ impl Trainer {
     /// Forward: the model on micro-batch `micro`, under the precision mode's casts.
     fn forward(&mut self, st: &mut StepState, micro: u32) -> Result<ForwardOutput> {
         self.engine.begin_micro(micro);
-        let batch = self.model.prepare_batch(self.data.batch(st.step, micro)?)?;
+        let batch = self.data.batch(st.step, micro)?;
+        // Replays feed the recorded batch through here again: it is kept as the data
+        // source gave it, before the model's preparation.
         if let Some(inputs) = &mut st.inputs {
             inputs.batches.push(batch.clone());
         }
+        let batch = self.model.prepare_batch(batch)?;
         let batch = match self.device {
             Some(_) => self.batch_to_device(&batch)?,
             None => batch,
