@@ -24,6 +24,9 @@ pub struct ModelSection {
     pub hf_config: Option<PathBuf>,
     /// transformers' fp16 clamp in T5Block.
     pub t5_clamp: Option<bool>,
+    /// The model's own fp16 switches from transformers' config to turn on, overriding
+    /// `config.json` (GPT-2: `reorder_and_upcast_attn`, `scale_attn_by_inverse_layer_idx`).
+    pub switches: Option<Vec<String>>,
     /// MLP input features.
     pub inputs: Option<usize>,
     /// MLP hidden units.

@@ -41,8 +41,35 @@ pub struct RunOptions {
 /// A model, its parameters and its data, ready for a [`Trainer`].
 pub type Built = (Box<dyn Model>, ParamStore, Box<dyn DataSource>);
 
-/// Builds the model, its parameters and the data source a config describes.
+/// Builds the model, its parameters and the data source a config describes, with the
+/// model's fp16 switches that `[model] switches` turns on.
 pub fn build(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
+    let (mut m, params, data) = build_model(cfg, train)?;
+    for name in cfg.model.switches.iter().flatten() {
+        if !m.set_switch(name, true) {
+            let known: Vec<String> = m
+                .fp16_switches()
+                .iter()
+                .map(|(s, _)| format!("`{s}`"))
+                .collect();
+            return Err(Error::config(
+                "model.switches",
+                format!(
+                    "`{name}` is not a switch of {}; its switches: {}",
+                    m.describe(),
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        }
+    }
+    Ok((m, params, data))
+}
+
+fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
     let detected;
     let kind = match (&cfg.model.kind, hf_config_path(cfg)) {
         (Some(k), _) => k.as_str(),

@@ -263,3 +263,79 @@ fn a_replayed_step_has_the_steps_loss() {
     let (a, b) = (rec.loss.unwrap(), again.record.loss.unwrap());
     assert_eq!(a.to_bits(), b.to_bits(), "step loss {a}, replayed {b}");
 }
+
+/// transformers' two fp16 switches as remedies: a re-run of the failing fp16 step with each
+/// turned on is finite exactly where PyTorch's forward with it is (reorder_and_upcast_attn
+/// computes the scores in fp32; scale_attn_by_inverse_layer_idx divides them only after the
+/// product has overflowed).
+#[test]
+fn each_switch_fixes_the_step_where_it_fixes_pytorchs_forward() {
+    let exp = expected();
+    let dir = PathBuf::from(DIR);
+    let mut cfg = RunConfig::default();
+    cfg.model.hf = Some(dir.clone());
+    cfg.data.inputs = Some(dir.join("inputs.safetensors"));
+    cfg.train.precision = Some("fp16".into());
+    cfg.train.policy = Some("cpu".into());
+    let train = cfg.train_config().unwrap();
+    let (m, p, d) = build(&cfg, &train).unwrap();
+    let mut t = Trainer::new(train, m, p, d).unwrap();
+    assert!(t.step(0).unwrap().skipped, "the plain fp16 step overflows");
+    let switches = t.model().fp16_switches();
+    assert_eq!(switches.len(), 2);
+    for (name, _) in switches {
+        let r = t
+            .replay(&amprobe::train::Variant {
+                switches: vec![name.to_string()],
+                ..Default::default()
+            })
+            .unwrap();
+        let pytorch_finite = exp["variants"][name]["autocast_fp16"]["first_nan"].is_null();
+        let finite = !r.record.skipped && r.record.loss.is_some_and(f64::is_finite);
+        assert_eq!(
+            finite, pytorch_finite,
+            "{name}: amprobe finite {finite}, PyTorch {pytorch_finite}"
+        );
+    }
+}
+
+#[test]
+fn fix_tries_the_switches_and_run_takes_them() {
+    let bin = env!("CARGO_BIN_EXE_amprobe");
+    let out = std::process::Command::new(bin)
+        .args(["fix", "samples/gpt2_overflow.toml"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("FIXES IT: transformers' `reorder_and_upcast_attn`")
+            && text.contains("does not fix it: transformers' `scale_attn_by_inverse_layer_idx`")
+            && text.contains("Flags: --switch reorder_and_upcast_attn"),
+        "{text}"
+    );
+    let out = std::process::Command::new(bin)
+        .args([
+            "run",
+            "samples/gpt2_overflow.toml",
+            "--switch",
+            "reorder_and_upcast_attn",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("verdict: clean"),
+        "{text}"
+    );
+    let out = std::process::Command::new(bin)
+        .args(["run", "samples/gpt2_overflow.toml", "--switch", "flash"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`flash` is not a switch of gpt2")
+            && err.contains("`reorder_and_upcast_attn`"),
+        "{err}"
+    );
+}

@@ -51,6 +51,10 @@ pub struct RunFlags {
     /// transformers' fp16 clamp in T5Block.
     #[arg(long)]
     t5_clamp: bool,
+    /// Turn on one of the model's fp16 switches from transformers' config (GPT-2:
+    /// reorder_and_upcast_attn, scale_attn_by_inverse_layer_idx); repeatable.
+    #[arg(long = "switch", value_name = "NAME")]
+    switches: Vec<String>,
     /// Precision mode: fp32, fp16, bf16, o2, o2-bf16, half, bfloat16-pure.
     #[arg(long)]
     pub precision: Option<String>,
@@ -127,6 +131,7 @@ impl RunFlags {
             self.batch.is_some(),
             self.seq.is_some(),
             self.t5_clamp,
+            !self.switches.is_empty(),
             self.precision.is_some(),
             self.steps.is_some(),
             self.accumulate.is_some(),
@@ -180,6 +185,14 @@ pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     }
     if a.t5_clamp {
         cfg.model.t5_clamp = Some(true);
+    }
+    if !a.switches.is_empty() {
+        let s = cfg.model.switches.get_or_insert_with(Vec::new);
+        for name in &a.switches {
+            if !s.contains(name) {
+                s.push(name.clone());
+            }
+        }
     }
     let t = &mut cfg.train;
     macro_rules! set {

@@ -6,7 +6,9 @@
 //! - range overflow (`forward-overflow`, `backward-overflow`, or a forward value non-finite
 //!   in a step that was not skipped): bf16 instead of fp16; the modules to keep in fp32
 //!   found by bisection (the minimal set and, when there is one, its generalised pattern);
-//!   transformers' fp16 clamp when the model has one;
+//!   transformers' fp16 clamp when the model has one; each of the model's own fp16
+//!   switches from transformers' config that is off (GPT-2's `reorder_and_upcast_attn`
+//!   and `scale_attn_by_inverse_layer_idx`);
 //! - `scale-too-high`: the safe initial scale from the cause, and bf16;
 //! - `divergence`: none: the step is non-finite in fp32 too.
 
@@ -47,6 +49,9 @@ pub enum RemedyKind {
     Clamp,
     /// A lower initial loss scale.
     LowerScale,
+    /// One of the model's own fp16 switches from transformers' config (GPT-2's
+    /// `reorder_and_upcast_attn`, ...).
+    Switch,
 }
 
 /// One remedy and what re-running the step with it showed.
@@ -278,6 +283,27 @@ pub fn try_remedies(
                 RemedyKind::Clamp,
                 "transformers' fp16 clamp in T5Block (--t5-clamp)".into(),
                 vec!["--t5-clamp".into()],
+                &r,
+                &fp32,
+            )?);
+        }
+    }
+    if all && range && low.is_some() {
+        let model = trainer.model();
+        for (name, what) in model.fp16_switches() {
+            if model.switch(name) {
+                continue;
+            }
+            replays += 1;
+            let r = trainer.replay(&Variant {
+                switches: vec![name.to_string()],
+                probes: Some(true),
+                ..Variant::default()
+            })?;
+            report.remedies.push(result(
+                RemedyKind::Switch,
+                format!("transformers' `{name}` ({what})"),
+                vec!["--switch".into(), name.into()],
                 &r,
                 &fp32,
             )?);

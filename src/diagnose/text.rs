@@ -136,7 +136,9 @@ fn share(w: &HeadroomWarning) -> String {
         format!("{:.0}% of the fp16 max", w.fp16_max_share * 100.0)
     } else {
         let m = w.fp16_max_share;
-        if m >= 10.0 {
+        if m >= 1e6 {
+            format!("{m:.1e}× the fp16 max")
+        } else if m >= 10.0 {
             format!("{m:.0}× the fp16 max")
         } else {
             format!("{m:.2}× the fp16 max")

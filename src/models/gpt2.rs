@@ -514,6 +514,36 @@ impl Model for Gpt2 {
         Box::new(self.clone())
     }
 
+    fn fp16_switches(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            (
+                "reorder_and_upcast_attn",
+                "attention scores in fp32 with autocast off, the scaling folded into the product",
+            ),
+            (
+                "scale_attn_by_inverse_layer_idx",
+                "attention scores also divided by the layer index + 1",
+            ),
+        ]
+    }
+
+    fn set_switch(&mut self, name: &str, on: bool) -> bool {
+        match name {
+            "reorder_and_upcast_attn" => self.cfg.reorder_and_upcast_attn = on,
+            "scale_attn_by_inverse_layer_idx" => self.cfg.scale_attn_by_inverse_layer_idx = on,
+            _ => return false,
+        }
+        true
+    }
+
+    fn switch(&self, name: &str) -> bool {
+        match name {
+            "reorder_and_upcast_attn" => self.cfg.reorder_and_upcast_attn,
+            "scale_attn_by_inverse_layer_idx" => self.cfg.scale_attn_by_inverse_layer_idx,
+            _ => false,
+        }
+    }
+
     fn check_batch(&self, batch: &Batch) -> Result<()> {
         let v = self.cfg.vocab_size as i64;
         if let Some((pos, &bad)) = batch

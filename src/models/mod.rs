@@ -136,6 +136,19 @@ pub trait Model: Send + Sync {
     fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
         Ok(batch)
     }
+    /// The model's own fp16 switches from transformers' config (name, what it does).
+    fn fp16_switches(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
+    /// Turns switch `name` of [`Model::fp16_switches`] on or off; false when the model has
+    /// no such switch.
+    fn set_switch(&mut self, _name: &str, _on: bool) -> bool {
+        false
+    }
+    /// Whether switch `name` is on.
+    fn switch(&self, _name: &str) -> bool {
+        false
+    }
     /// Turns transformers' fp16 clamp on or off; false when the model has none.
     fn set_clamp(&mut self, _on: bool) -> bool {
         false

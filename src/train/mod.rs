@@ -188,6 +188,8 @@ pub struct Variant {
     pub scale: Option<f32>,
     /// transformers' fp16 clamp (None: the model's setting).
     pub clamp: Option<bool>,
+    /// The model's fp16 switches to turn on ([`crate::models::Model::fp16_switches`]).
+    pub switches: Vec<String>,
     /// Probes on or off (None: the trainer's).
     pub probes: Option<bool>,
 }
@@ -323,6 +325,14 @@ impl Trainer {
             if !model.set_clamp(c) && c {
                 return Err(Error::Invalid(format!(
                     "{} has no fp16 clamp",
+                    model.describe()
+                )));
+            }
+        }
+        for s in &v.switches {
+            if !model.set_switch(s, true) {
+                return Err(Error::Invalid(format!(
+                    "{} has no fp16 switch `{s}`",
                     model.describe()
                 )));
             }
