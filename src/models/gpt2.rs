@@ -3,8 +3,8 @@
 //! token and position embeddings added, LayerNorm before attention and MLP, `Conv1D`
 //! projections (`addmm(bias, x, W)` with `W` stored [in, out], computed here as `linear`
 //! with `Wᵀ`, one rounding), attention scores `q·kᵀ × scaling` plus the additive causal
-//! mask (fp32, `finfo(float32).min` above the diagonal, so under autocast the masked scores
-//! are fp32), softmax, `.type(value.dtype)`, and `gelu_new` written out op by op as
+//! mask (in the embeddings' dtype, its `finfo.min` above the diagonal: fp32 under autocast,
+//! so the masked scores are fp32 there), softmax, `.type(value.dtype)`, and `gelu_new` written out op by op as
 //! transformers writes it (`pow` and the ops after it run in fp32 under autocast).
 //!
 //! transformers' two fp16 switches are honoured from `config.json`:
@@ -353,22 +353,6 @@ impl Gpt2 {
         })
     }
 
-    /// The additive causal mask [1, 1, s, s]: 0 on and below the diagonal,
-    /// `finfo(float32).min` above, fp32, on `like`'s device.
-    fn causal_mask(&self, s: usize, like: &Tensor) -> Result<Tensor> {
-        let mut m = vec![0.0f32; s * s];
-        for q in 0..s {
-            for k in q + 1..s {
-                m[q * s + k] = f32::MIN;
-            }
-        }
-        let t = Tensor::from_f32(m, &[1, 1, s, s], DType::F32)?;
-        match like.device() {
-            Some(d) => t.to_device(d),
-            None => Ok(t),
-        }
-    }
-
     fn attention(
         &self,
         e: &mut Engine,
@@ -480,7 +464,7 @@ impl Gpt2 {
             let x = e.add(&tok, &pos)?;
             e.scope("drop", |e| e.dropout(&x, self.cfg.dropout.0, self.train, 0))
         })?;
-        let mask = self.causal_mask(s, &x)?;
+        let mask = causal_mask(s, &x)?;
         for i in 0..self.cfg.n_layer {
             let blk = format!("transformer.h.{i}");
             let n = self.layer_norm(e, p, &format!("{blk}.ln_1"), &x)?;
@@ -491,6 +475,33 @@ impl Gpt2 {
             x = e.scope(&blk, |e| e.add(&x, &m))?;
         }
         self.layer_norm(e, p, "transformer.ln_f", &x)
+    }
+}
+
+/// transformers' additive causal mask for eager attention, [1, 1, s, s]: 0 on and below the
+/// diagonal, the smallest finite value of `like`'s dtype (the embeddings', so fp32 under
+/// autocast and fp16 in a pure-fp16 model) above it, on `like`'s device.
+pub(crate) fn causal_mask(s: usize, like: &Tensor) -> Result<Tensor> {
+    let min = match like.dtype() {
+        DType::F16 => -65504.0,
+        DType::BF16 => -f32::from_bits(0x7f7f_0000),
+        _ => f32::MIN,
+    };
+    let mut m = vec![0.0f32; s * s];
+    for q in 0..s {
+        for k in q + 1..s {
+            m[q * s + k] = min;
+        }
+    }
+    let dtype = if like.dtype().is_float() && like.dtype() != DType::F64 {
+        like.dtype()
+    } else {
+        DType::F32
+    };
+    let t = Tensor::from_f32(m, &[1, 1, s, s], dtype)?;
+    match like.device() {
+        Some(d) => t.to_device(d),
+        None => Ok(t),
     }
 }
 
