@@ -176,6 +176,14 @@ def main(out: Path):
     for n, p in m.named_parameters():
         g = p.grad.detach().double()
         grads[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
+    # The same backward in float64: how far fp32 itself is from the exact gradient.
+    m64 = model_with(state, torch.float64)
+    m64.train()
+    m64(input_ids=ids, labels=ids).loss.backward()
+    grads64 = {}
+    for n, p in m64.named_parameters():
+        g = p.grad.detach()
+        grads64[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
     expected = {
         "about": "transformers GPT2LMHeadModel (eager attention, CPU); first module in completion "
                  "order whose first output holds an Inf / a NaN; the fp32 forward module by "
@@ -186,6 +194,7 @@ def main(out: Path):
         "fp32_loss": float(loss.detach()),
         "fp32_module_trace": module_trace(model_with(state), ids),
         "fp32_grads": grads,
+        "fp64_grads": grads64,
         "variants": variants,
     }
     (out / "expected.json").write_text(json.dumps(expected, indent=1, allow_nan=False))

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// Model kind: `mlp`, `t5` or `gpt2` (default: from the Hugging Face `config.json`
+    /// Model kind: `mlp`, `t5`, `gpt2` or `llama` (default: from the Hugging Face `config.json`
     /// when `hf` or `hf_config` is given, else `mlp`).
     pub kind: Option<String>,
     /// Hugging Face checkpoint directory (`config.json` + `model.safetensors` or a sharded

@@ -8,6 +8,7 @@ use crate::dtype::DType;
 use crate::engine::Injection;
 use crate::error::{Error, Result};
 use crate::models::gpt2::{Gpt2, Gpt2Config};
+use crate::models::llama::{Llama, LlamaConfig};
 use crate::models::mlp::{synthetic_batch, Mlp};
 use crate::models::t5::{load_inputs, synthetic_ids, T5Config, T5Encoder};
 use crate::models::weights::{load_safetensors, take};
@@ -165,15 +166,26 @@ fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.n_positions.min(64))?;
             Ok((Box::new(m), params, data))
         }
+        "llama" => {
+            let (config_path, weights) = hf_paths(cfg, "llama")?;
+            let m = Llama::new(LlamaConfig::load(&config_path)?);
+            let params = if weights.as_os_str().is_empty() {
+                m.init(train.seed)?
+            } else {
+                m.load(&weights)?
+            };
+            let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.max_positions.min(64))?;
+            Ok((Box::new(m), params, data))
+        }
         other => Err(Error::config(
             "model.kind",
-            format!("unknown model kind `{other}` (expected mlp, t5 or gpt2)"),
+            format!("unknown model kind `{other}` (expected mlp, t5, gpt2 or llama)"),
         )),
     }
 }
 
 /// The architectures `run --hf` takes: `model_type` in `config.json` and the model kind.
-pub const HF_ARCHITECTURES: &[(&str, &str)] = &[("t5", "t5"), ("gpt2", "gpt2")];
+pub const HF_ARCHITECTURES: &[(&str, &str)] = &[("t5", "t5"), ("gpt2", "gpt2"), ("llama", "llama")];
 
 /// The `config.json` a config's `[model]` names (`hf` directory or `hf_config`), if any.
 fn hf_config_path(cfg: &RunConfig) -> Option<PathBuf> {
@@ -202,6 +214,7 @@ pub fn architecture(path: &std::path::Path) -> Result<String> {
         match arch {
             "T5EncoderModel" | "T5Model" | "T5ForConditionalGeneration" => Some("t5"),
             "GPT2LMHeadModel" | "GPT2Model" => Some("gpt2"),
+            "LlamaForCausalLM" | "LlamaModel" => Some("llama"),
             _ => None,
         }
     });

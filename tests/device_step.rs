@@ -486,10 +486,22 @@ fn the_six_layer_t5_variant_matches_the_emulator_in_every_precision_mode() {
 /// fp16's range) in every precision mode on both backends.
 #[test]
 fn the_gpt2_sample_matches_the_emulator_in_every_precision_mode() {
+    hf_sample_in_every_mode("samples/gpt2_overflow_tiny");
+}
+
+/// The LLaMA sample (scripts/make_llama.py's checkpoint: grouped-query attention, rotary
+/// embeddings, RMSNorm, SwiGLU; layer 1's MLP output past fp16's range) in every
+/// precision mode on both backends.
+#[test]
+fn the_llama_sample_matches_the_emulator_in_every_precision_mode() {
+    hf_sample_in_every_mode("samples/llama_overflow_tiny");
+}
+
+/// Two steps of a Hugging Face sample in every precision mode on both backends.
+fn hf_sample_in_every_mode(dir: &str) {
     if !device_or_skip() {
         return;
     }
-    let dir = "samples/gpt2_overflow_tiny";
     for p in [
         Precision::Fp32,
         Precision::Fp16,

@@ -4,61 +4,24 @@
 //! parameter's gradient match, and the first Inf / NaN land where transformers finds them,
 //! with and without each of transformers' fp16 switches.
 
+mod hf_golden;
+
 use amprobe::config::RunConfig;
 use amprobe::runner::build;
-use amprobe::trace::record::{OpRecord, Phase, StepRecord};
 use amprobe::train::Trainer;
+use hf_golden::{forward_ops, origins, rel, within};
 use std::path::{Path, PathBuf};
 
 const DIR: &str = "tests/golden/gpt2_tiny";
 
 fn expected() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(Path::new(DIR).join("expected.json")).unwrap())
+    hf_golden::expected(DIR)
+}
+
+fn step(precision: &str, switch: Option<&str>, tmp: &Path) -> amprobe::trace::record::StepRecord {
+    hf_golden::trainer(DIR, precision, switch, tmp)
+        .step(0)
         .unwrap()
-}
-
-fn within(path: &str, module: &str) -> bool {
-    path == module || path.starts_with(&format!("{module}."))
-}
-
-fn rel(a: f64, b: f64) -> f64 {
-    (a - b).abs() / b.abs().max(1e-30)
-}
-
-/// One training step of the tiny GPT-2 in `precision`, with `switch` set in its config.json
-/// (written to a temporary copy) when given.
-fn step(precision: &str, switch: Option<&str>, tmp: &Path) -> StepRecord {
-    let dir = PathBuf::from(DIR);
-    let mut cfg = RunConfig::default();
-    match switch {
-        None => cfg.model.hf = Some(dir.clone()),
-        Some(flag) => {
-            let mut c: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                    .unwrap();
-            c[flag] = serde_json::Value::Bool(true);
-            let path = tmp.join(format!("config-{flag}.json"));
-            std::fs::write(&path, c.to_string()).unwrap();
-            cfg.model.hf_config = Some(path);
-            cfg.model.weights = Some(dir.join("model.safetensors"));
-        }
-    }
-    cfg.data.inputs = Some(dir.join("inputs.safetensors"));
-    cfg.train.precision = Some(precision.into());
-    cfg.train.policy = Some("cpu".into());
-    let train = cfg.train_config().unwrap();
-    let (m, p, d) = build(&cfg, &train).unwrap();
-    let mut t = Trainer::new(train, m, p, d).unwrap();
-    t.step(0).unwrap()
-}
-
-fn forward_ops(rec: &StepRecord) -> Vec<OpRecord> {
-    rec.ops
-        .clone()
-        .unwrap()
-        .into_iter()
-        .filter(|o| o.phase == Phase::Forward)
-        .collect()
 }
 
 #[test]
@@ -91,76 +54,8 @@ fn the_architecture_comes_from_config_json() {
 
 #[test]
 fn fp32_forward_loss_and_gradients_match_pytorch() {
-    let exp = expected();
-    let tmp = tempfile::tempdir().unwrap();
-    let rec = step("fp32", None, tmp.path());
-    let ops = forward_ops(&rec);
-    let mut checked = 0;
-    for m in exp["fp32_module_trace"].as_array().unwrap() {
-        let module = m["module"].as_str().unwrap();
-        // A module's output is the last op that ran inside it (dropout with p = 0 runs none).
-        let Some(op) = ops.iter().rfind(|o| within(&o.module, module)) else {
-            assert!(
-                module.ends_with("drop") || module.ends_with("dropout"),
-                "no op ran inside {module}"
-            );
-            continue;
-        };
-        let shape: Vec<usize> = m["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        assert_eq!(op.output.shape, shape, "{module}");
-        let (max, l2) = (m["max_abs"].as_f64().unwrap(), m["l2"].as_f64().unwrap());
-        assert!(
-            rel(op.stats.max_abs, max) <= 1e-5,
-            "{module}: max|x| {} vs PyTorch {max} (op {})",
-            op.stats.max_abs,
-            op.op
-        );
-        assert!(
-            rel(op.stats.sum_sq.sqrt(), l2) <= 1e-5,
-            "{module}: L2 {} vs PyTorch {l2} (op {})",
-            op.stats.sum_sq.sqrt(),
-            op.op
-        );
-        checked += 1;
-    }
-    let modules = exp["fp32_module_trace"].as_array().unwrap();
-    let outside_dropout = modules
-        .iter()
-        .filter(|m| {
-            !m["module"].as_str().unwrap().ends_with("drop")
-                && !m["module"].as_str().unwrap().ends_with("dropout")
-        })
-        .count();
-    assert_eq!(checked, outside_dropout, "modules compared");
-    let loss = exp["fp32_loss"].as_f64().unwrap();
-    let got = rec.loss.expect("a finite fp32 loss");
-    assert!(rel(got, loss) <= 1e-5, "loss {got} vs PyTorch {loss}");
-    let grads = exp["fp32_grads"].as_object().unwrap();
-    let mut seen = 0;
-    for p in &rec.params {
-        let g = &grads[&p.name];
-        let (l2, max) = (g["l2"].as_f64().unwrap(), g["max_abs"].as_f64().unwrap());
-        assert!(
-            rel(p.grad_l2, l2) <= 1e-4,
-            "{}: |g| {} vs PyTorch {l2}",
-            p.name,
-            p.grad_l2
-        );
-        assert!(
-            rel(p.max_abs_grad, max) <= 1e-4,
-            "{}: max|g| {} vs PyTorch {max}",
-            p.name,
-            p.max_abs_grad
-        );
-        seen += 1;
-    }
-    // PyTorch's named_parameters lists the tied head once, as wte.
-    assert_eq!(seen, grads.len(), "parameters compared");
+    // Dropout with p = 0 runs no op.
+    hf_golden::fp32_step_matches(DIR, |m| m.ends_with("drop") || m.ends_with("dropout"));
 }
 
 #[test]
@@ -187,10 +82,7 @@ fn the_first_inf_and_nan_are_where_transformers_finds_them() {
             let sc = &exp["variants"][variant][scenario];
             let rec = step(precision, switch, tmp.path());
             let ops = forward_ops(&rec);
-            let inf = ops
-                .iter()
-                .find(|o| o.stats.pos_inf + o.stats.neg_inf > o.masked_neg_inf);
-            let nan = ops.iter().find(|o| o.stats.nan > 0);
+            let (inf, nan) = origins(&ops);
             match sc["first_nan"].as_str() {
                 // transformers' hooks see module outputs only: the first NaN surfaces at
                 // the output projection, the Inf inside the attention function not at all.

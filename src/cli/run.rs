@@ -163,13 +163,15 @@ pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
         p.as_ref()
             .map(|p| std::path::absolute(p).unwrap_or(p.clone()))
     };
+    // A checkpoint on the command line names its own architecture (config.json's
+    // model_type), whatever kind the config file had.
     if a.hf.is_some() {
         cfg.model.hf = cwd(&a.hf);
-        cfg.model.kind = Some("t5".into());
+        cfg.model.kind = None;
     }
     if a.hf_config.is_some() {
         cfg.model.hf_config = cwd(&a.hf_config);
-        cfg.model.kind = Some("t5".into());
+        cfg.model.kind = None;
     }
     if a.weights.is_some() {
         cfg.model.weights = cwd(&a.weights);

@@ -478,6 +478,38 @@ impl Gpt2 {
     }
 }
 
+/// Labels as transformers' `ForCausalLMLoss` uses them: padded with -100 on the right and
+/// shifted left by one, so position t is scored against token t + 1.
+pub(crate) fn causal_lm_labels(batch: Batch) -> Result<Batch> {
+    let shape = batch.labels.shape().to_vec();
+    if batch.labels.dtype() != DType::I64 || shape.len() != 2 {
+        return Err(Error::tensor(
+            "labels",
+            format!(
+                "expected int64 [batch, seq], got {} {shape:?}",
+                batch.labels.dtype()
+            ),
+        ));
+    }
+    let (rows, s) = (shape[0], shape[1]);
+    if s == 0 {
+        return Err(Error::tensor(
+            "labels",
+            "a sequence needs at least one token",
+        ));
+    }
+    let l = batch.labels.i64s()?;
+    let mut shifted = Vec::with_capacity(rows * s);
+    for r in 0..rows {
+        shifted.extend_from_slice(&l[r * s + 1..(r + 1) * s]);
+        shifted.push(-100);
+    }
+    Ok(Batch {
+        inputs: batch.inputs,
+        labels: Tensor::from_i64(shifted, &shape)?,
+    })
+}
+
 /// transformers' additive causal mask for eager attention, [1, 1, s, s]: 0 on and below the
 /// diagonal, the smallest finite value of `like`'s dtype (the embeddings', so fp32 under
 /// autocast and fp16 in a pure-fp16 model) above it, on `like`'s device.
@@ -572,36 +604,9 @@ impl Model for Gpt2 {
         crate::ops::loss::check_labels(&batch.labels, self.cfg.vocab_size, Some(-100))
     }
 
-    /// Labels as `ForCausalLMLoss` uses them: padded with -100 on the right and shifted
-    /// left by one, so position t is scored against token t + 1.
+    /// Labels as `ForCausalLMLoss` uses them ([`causal_lm_labels`]).
     fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
-        let shape = batch.labels.shape().to_vec();
-        if batch.labels.dtype() != DType::I64 || shape.len() != 2 {
-            return Err(Error::tensor(
-                "labels",
-                format!(
-                    "expected int64 [batch, seq], got {} {shape:?}",
-                    batch.labels.dtype()
-                ),
-            ));
-        }
-        let (rows, s) = (shape[0], shape[1]);
-        if s == 0 {
-            return Err(Error::tensor(
-                "labels",
-                "a sequence needs at least one token",
-            ));
-        }
-        let l = batch.labels.i64s()?;
-        let mut shifted = Vec::with_capacity(rows * s);
-        for r in 0..rows {
-            shifted.extend_from_slice(&l[r * s + 1..(r + 1) * s]);
-            shifted.push(-100);
-        }
-        Ok(Batch {
-            inputs: batch.inputs,
-            labels: Tensor::from_i64(shifted, &shape)?,
-        })
+        causal_lm_labels(batch)
     }
 
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {

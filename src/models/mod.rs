@@ -1,6 +1,7 @@
 //! Models: parameters, batches and the forward pass that ends in a loss.
 
 pub mod gpt2;
+pub mod llama;
 pub mod mlp;
 pub mod t5;
 pub mod weights;
