@@ -114,3 +114,69 @@ fn run_hf_picks_the_architecture_of_the_checkpoint() {
         }
     }
 }
+
+/// compare and report take the traces of the LLaMA and GPT-2 samples: the fp16 run diverges
+/// from fp32 first at the op where the overflow starts.
+#[test]
+fn compare_and_report_work_on_the_samples() {
+    let bin = env!("CARGO_BIN_EXE_amprobe");
+    let tmp = tempfile::tempdir().unwrap();
+    for (sample, origin) in [
+        (
+            "llama_overflow",
+            "`linear` in `model.layers.1.mlp.down_proj`",
+        ),
+        ("gpt2_overflow", "`matmul` in `transformer.h.1.attn`"),
+    ] {
+        let trace = |p: &str| tmp.path().join(format!("{sample}-{p}.jsonl"));
+        for p in ["fp32", "fp16"] {
+            let t = trace(p);
+            let out = std::process::Command::new(bin)
+                .args([
+                    "run",
+                    &format!("samples/{sample}.toml"),
+                    "--precision",
+                    p,
+                    "--steps",
+                    "1",
+                ])
+                .arg("--trace")
+                .arg(&t)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{sample} {p}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let out = std::process::Command::new(bin)
+            .arg("compare")
+            .arg(trace("fp32"))
+            .arg(trace("fp16"))
+            .arg("--out")
+            .arg(tmp.path().join(format!("{sample}-compare")))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && text.contains("first divergence at step 0 forward")
+                && text.contains(origin),
+            "{sample}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rep = tmp.path().join(format!("{sample}-report"));
+        let out = std::process::Command::new(bin)
+            .arg("report")
+            .arg(trace("fp16"))
+            .arg("--out")
+            .arg(&rep)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && rep.join("index.html").is_file(),
+            "{sample} report"
+        );
+    }
+}
