@@ -48,6 +48,7 @@ __device__ float unary_f(int op, float x, double p0, double p1, int has0, int ha
         case U_POW: {
             float p = (float)p0;
             if (p0 == 2.0) return x * x;
+            if (p0 == 3.0) return x * x * x;
             if (p0 == 0.5) return sqrtf(x);
             if (p0 == 1.0) return x;
             return d_pow(x, p);
@@ -94,9 +95,10 @@ __device__ float unary_df(int op, float x, float y, float g, double p0, double p
         case U_SQRT: return g / (2.0f * y);
         case U_RSQRT: return -0.5f * g * y * y * y;
         case U_POW: {
-            if (p0 == 2.0) return g * 2.0f * x;
+            if (p0 == 2.0) return g * (2.0f * x);
+            if (p0 == 3.0) return g * (3.0f * (x * x));
             if (p0 == 1.0) return g;
-            return g * (float)p0 * d_pow(x, (float)(p0 - 1.0));
+            return g * ((float)p0 * d_pow(x, (float)(p0 - 1.0)));
         }
         case U_CLAMP: {
             int ok_lo = !has0 || x >= (float)p0;

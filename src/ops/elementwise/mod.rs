@@ -93,9 +93,13 @@ impl Unary {
             Unary::Log => x.ln(),
             Unary::Sqrt => x.sqrt(),
             Unary::Rsqrt => one / x.sqrt(),
+            // PyTorch's pow with a scalar exponent: 2 and 3 as products ((x·x)·x for 3, two
+            // roundings), 0.5 as sqrt, the rest through pow.
             Unary::Pow(p) => {
                 if p == 2.0 {
                     x * x
+                } else if p == 3.0 {
+                    x * x * x
                 } else if p == 0.5 {
                     x.sqrt()
                 } else if p == 1.0 {
@@ -156,13 +160,16 @@ impl Unary {
             Unary::Log => g / x,
             Unary::Sqrt => g / (T::of(2.0) * y),
             Unary::Rsqrt => T::of(-0.5) * g * y * y * y,
+            // PyTorch's pow_backward: g · (p · x^(p−1)), x^(p−1) as its forward computes it.
             Unary::Pow(p) => {
                 if p == 2.0 {
-                    g * T::of(2.0) * x
+                    g * (T::of(2.0) * x)
+                } else if p == 3.0 {
+                    g * (T::of(3.0) * (x * x))
                 } else if p == 1.0 {
                     g
                 } else {
-                    g * T::of(p) * x.powf(T::of(p - 1.0))
+                    g * (T::of(p) * x.powf(T::of(p - 1.0)))
                 }
             }
             Unary::Clamp(lo, hi) => {

@@ -1,0 +1,106 @@
+//! GPT-2-mini and LLaMA-mini training steps on the CPU, the T5-mini workload's sizes for
+//! the other architectures: hidden 256, MLP 1024, 4 layers, 4 heads of 64 (LLaMA: 2
+//! key/value heads), vocab 512, batch 8, seq 128, the causal LM loss, SGD; fp32 and
+//! emulated fp16 and bf16 autocast, probes off and on, median of `AMPROBE_BENCH_REPS`
+//! steps (default 5) after one warm-up step. `scripts/bench_hf_torch.py` runs PyTorch on
+//! the same workloads.
+//!
+//! ```text
+//! cargo bench --bench hf_step                              # every configuration, a table
+//! AMPROBE_BENCH_ONLY=llama:bf16:off cargo bench --bench hf_step   # one alone
+//! ```
+
+use amprobe::amp::mode::Precision;
+use amprobe::models::gpt2::{Gpt2, Gpt2Config};
+use amprobe::models::llama::{Llama, LlamaConfig};
+use amprobe::models::t5::synthetic_ids;
+use amprobe::models::Model;
+use amprobe::optim::{OptimizerConfig, SgdConfig};
+use amprobe::train::{Synthetic, TrainConfig, Trainer};
+use std::path::Path;
+use std::time::Instant;
+
+const GPT2: &str = r#"{"model_type": "gpt2", "vocab_size": 512, "n_positions": 128,
+    "n_embd": 256, "n_layer": 4, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0}"#;
+const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 512, "hidden_size": 256,
+    "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 128}"#;
+
+fn trainer(model: &str, precision: Precision, probes: bool) -> Trainer {
+    let here = Path::new("bench");
+    let (m, params): (Box<dyn Model>, _) = match model {
+        "gpt2" => {
+            let m = Gpt2::new(Gpt2Config::parse(GPT2, here).expect("config"));
+            let p = m.init(0).expect("init");
+            (Box::new(m), p)
+        }
+        _ => {
+            let m = Llama::new(LlamaConfig::parse(LLAMA, here).expect("config"));
+            let p = m.init(0).expect("init");
+            (Box::new(m), p)
+        }
+    };
+    let train = TrainConfig {
+        precision,
+        probes,
+        optimizer: OptimizerConfig::Sgd(SgdConfig {
+            lr: 0.01,
+            ..SgdConfig::default()
+        }),
+        sampling: amprobe::train::OpSampling {
+            every: 0,
+            first: false,
+            nonfinite: true,
+        },
+        ..TrainConfig::default()
+    };
+    let data = Synthetic(|step, micro| synthetic_ids(512, 8, 128, 0, step * 1024 + micro as u64));
+    Trainer::new(train, m, params, Box::new(data)).expect("trainer")
+}
+
+fn median_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> f64 {
+    let mut t = trainer(model, precision, probes);
+    t.step(0).expect("warm-up step");
+    let mut v: Vec<f64> = (1..=reps)
+        .map(|s| {
+            let t0 = Instant::now();
+            t.step(s).expect("step");
+            t0.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let reps = std::env::var("AMPROBE_BENCH_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|&r: &u64| r > 0)
+        .unwrap_or(5);
+    if let Ok(only) = std::env::var("AMPROBE_BENCH_ONLY") {
+        let parts: Vec<&str> = only.split(':').collect();
+        let [model, mode, probes] = parts[..] else {
+            panic!("AMPROBE_BENCH_ONLY: MODEL:MODE:on|off, got {only:?}");
+        };
+        let p = Precision::parse(mode).expect("AMPROBE_BENCH_ONLY: a precision mode");
+        println!(
+            "{only}: {:.1} ms",
+            median_ms(model, p, probes == "on", reps)
+        );
+        return;
+    }
+    println!("model  mode  probes off ms  probes on ms  on/off");
+    for model in ["gpt2", "llama"] {
+        for mode in ["fp32", "fp16", "bf16"] {
+            let p = Precision::parse(mode).expect("mode");
+            let off = median_ms(model, p, false, reps);
+            let on = median_ms(model, p, true, reps);
+            println!(
+                "{model:<6} {mode:<5} {off:>13.1} {on:>13.1} {:>7.2}",
+                on / off
+            );
+        }
+    }
+}

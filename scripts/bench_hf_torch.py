@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""PyTorch on the GPT-2-mini and LLaMA-mini workloads of `cargo bench --bench hf_step`:
+transformers GPT2LMHeadModel / LlamaForCausalLM with hidden 256, MLP 1024, 4 layers, 4 heads
+(LLaMA: 2 key/value heads), vocab 512, batch 8, seq 128, the causal LM loss
+(`model(input_ids, labels=input_ids).loss`), SGD(lr=0.01), torch.amp.GradScaler on CPU,
+eager attention, dropout 0, 2 threads. One warm-up step, then the median of --reps steps.
+Needs torch and transformers; CI does not run it.
+
+    python3 scripts/bench_hf_torch.py gpt2 fp32 [--reps 5]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def model_for(name):
+    if name == "gpt2":
+        cfg = GPT2Config(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=4,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg._attn_implementation = "eager"
+        return GPT2LMHeadModel(cfg)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=("gpt2", "llama"))
+    ap.add_argument("mode", choices=("fp32", "fp16", "bf16"))
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    model = model_for(a.model).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[a.mode]
+    scaler = torch.amp.GradScaler("cpu")  # as amprobe's default scaler, in every mode
+    ids = torch.randint(0, 512, (8, 128), generator=torch.Generator().manual_seed(0))
+    times = []
+    for s in range(a.reps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(input_ids=ids, labels=ids).loss
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if s:
+            times.append((time.perf_counter() - t0) * 1e3)
+    print(f"{a.model}:{a.mode}: {statistics.median(times):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
