@@ -100,6 +100,25 @@ def module_trace(model, ids):
     return rows
 
 
+def fp32_and_fp64_grads(model_with, state, ids):
+    """The fp32 loss and each parameter's gradient (L2 norm, max |g|) after one backward in
+    fp32, and the same gradients from a float64 backward (how far fp32 itself is from the
+    exact gradient)."""
+    out = []
+    for dtype in (torch.float32, torch.float64):
+        m = model_with(state, dtype)
+        m.train()
+        m.zero_grad()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        grads = {}
+        for n, p in m.named_parameters():
+            g = p.grad.detach().double()
+            grads[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
+        out.append((loss, grads))
+    return out[0][0], out[0][1], out[1][1]
+
+
 def main(out: Path):
     torch.manual_seed(2024)
     base = GPT2LMHeadModel(config()).eval()
@@ -167,23 +186,7 @@ def main(out: Path):
         variants[name] = sc
         print(name, json.dumps(sc))
 
-    m = model_with(state)
-    m.train()
-    m.zero_grad()
-    loss = m(input_ids=ids, labels=ids).loss
-    loss.backward()
-    grads = {}
-    for n, p in m.named_parameters():
-        g = p.grad.detach().double()
-        grads[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
-    # The same backward in float64: how far fp32 itself is from the exact gradient.
-    m64 = model_with(state, torch.float64)
-    m64.train()
-    m64(input_ids=ids, labels=ids).loss.backward()
-    grads64 = {}
-    for n, p in m64.named_parameters():
-        g = p.grad.detach()
-        grads64[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
+    loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, ids)
     expected = {
         "about": "transformers GPT2LMHeadModel (eager attention, CPU); first module in completion "
                  "order whose first output holds an Inf / a NaN; the fp32 forward module by "

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gpt2 import first_nonfinite, module_trace  # noqa: E402
+from make_gpt2 import first_nonfinite, fp32_and_fp64_grads, module_trace  # noqa: E402
 
 LAYERS, LAYER = 3, 1  # the overflow is planted at layer LAYER's down_proj
 
@@ -92,23 +92,7 @@ def main(out: Path):
                                      lambda: torch.autocast("cpu", enabled=False)),
     }
     print(json.dumps(scenarios))
-    m = model_with(state)
-    m.train()
-    m.zero_grad()
-    loss = m(input_ids=ids, labels=ids).loss
-    loss.backward()
-    grads = {}
-    for n, p in m.named_parameters():
-        g = p.grad.detach().double()
-        grads[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
-    # The same backward in float64: how far fp32 itself is from the exact gradient.
-    m64 = model_with(state, torch.float64)
-    m64.train()
-    m64(input_ids=ids, labels=ids).loss.backward()
-    grads64 = {}
-    for n, p in m64.named_parameters():
-        g = p.grad.detach()
-        grads64[n] = {"l2": float(g.pow(2).sum().sqrt()), "max_abs": float(g.abs().max())}
+    loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, ids)
     expected = {
         "about": "transformers LlamaForCausalLM (eager attention, CPU); first module in completion "
                  "order whose first output holds an Inf / a NaN; the fp32 forward module by "

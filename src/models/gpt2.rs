@@ -16,15 +16,14 @@
 //! fp32, labels padded with -100 and shifted left by one (done on the host, see
 //! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
 
-use super::t5::{field, usize_field, weight_files, MAX_INIT_PARAMS};
-use super::weights::load_safetensors;
-use super::{Batch, Model, Output, Param, ParamAccess, ParamStore};
+use super::t5::{check_size, field, usize_field};
+use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
+use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Most layers a GPT-2 `config.json` may describe.
@@ -163,26 +162,12 @@ impl Gpt2Config {
     }
 
     fn check_size(&self, path: &Path) -> Result<()> {
-        if self.n_layer > MAX_GPT2_LAYERS {
-            return Err(Error::config(
-                format!("{}: n_layer", path.display()),
-                format!(
-                    "{} layers; at most {MAX_GPT2_LAYERS} are supported",
-                    self.n_layer
-                ),
-            ));
-        }
-        match self.param_count() {
-            Some(n) if n <= MAX_GPT2_PARAMS => Ok(()),
-            n => Err(Error::config(
-                path.display().to_string(),
-                format!(
-                    "the model it describes has {} parameters; at most {MAX_GPT2_PARAMS} are \
-                     supported",
-                    n.map_or("more than 2^64".to_string(), |n| n.to_string())
-                ),
-            )),
-        }
+        check_size(
+            path,
+            ("n_layer", self.n_layer, MAX_GPT2_LAYERS),
+            self.param_count(),
+            MAX_GPT2_PARAMS,
+        )
     }
 
     /// Parameter names (transformers' `GPT2LMHeadModel`), shapes, and whether each is a
@@ -246,77 +231,24 @@ impl Gpt2 {
     /// the causal-mask buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) and a
     /// saved `lm_head.weight` (tied to `wte`) are not parameters.
     pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all: BTreeMap<String, (Tensor, std::path::PathBuf)> = BTreeMap::new();
-        for f in weight_files(weights)? {
-            for (k, t) in load_safetensors(&f)? {
-                let k = if k.starts_with("transformer.") || k.starts_with("lm_head.") {
-                    k
+        let mut all: Checkpoint = read_checkpoint(weights)?
+            .into_iter()
+            .map(|(k, t)| {
+                if k.starts_with("transformer.") || k.starts_with("lm_head.") {
+                    (k, t)
                 } else {
-                    format!("transformer.{k}")
-                };
-                all.insert(k, (t, f.clone()));
-            }
-        }
-        let mut params = Vec::new();
-        for (name, shape, norm) in self.cfg.shapes() {
-            let (t, file) = all.remove(&name).ok_or_else(|| {
-                Error::tensor(
-                    format!("{}: {name}", weights.display()),
-                    format!("missing (expected shape {shape:?})"),
-                )
-            })?;
-            if t.shape() != shape.as_slice() {
-                return Err(Error::tensor(
-                    format!("{}: {name}", file.display()),
-                    format!("has shape {:?}, expected {shape:?}", t.shape()),
-                ));
-            }
-            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-                return Err(Error::tensor(
-                    format!("{}: {name}", file.display()),
-                    format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
-                ));
-            }
-            let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
-            params.push(Param::new(&name, t, norm));
-        }
-        Ok(ParamStore { params })
+                    (format!("transformer.{k}"), t)
+                }
+            })
+            .collect();
+        take_params(&mut all, &self.cfg.shapes(), weights)
     }
 
     /// Seeded random weights as transformers initialises GPT-2 (normal, std 0.02; biases
     /// 0; LayerNorm weights 1), for benchmarks.
     pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        match self.cfg.param_count() {
-            Some(n) if n <= MAX_INIT_PARAMS => {}
-            n => {
-                return Err(Error::config(
-                    "model",
-                    format!(
-                        "a seeded init of {} parameters is more than the {MAX_INIT_PARAMS} \
-                         amprobe makes up; give the checkpoint's weights",
-                        n.map_or("more than 2^64".to_string(), |n| n.to_string())
-                    ),
-                ))
-            }
-        }
-        let mut rng = Rng::derive(seed, &[0x6770_7432]);
-        let mut params = Vec::new();
-        for (name, shape, norm) in self.cfg.shapes() {
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = if name.ends_with(".bias") {
-                vec![0.0; n]
-            } else if norm {
-                vec![1.0; n]
-            } else {
-                (0..n).map(|_| (rng.normal() * 0.02) as f32).collect()
-            };
-            params.push(Param::new(
-                &name,
-                Tensor::from_f32(v, &shape, DType::F32)?,
-                norm,
-            ));
-        }
-        Ok(ParamStore { params })
+        let rng = Rng::derive(seed, &[0x6770_7432]);
+        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
     }
 
     fn dropout(&self, e: &mut Engine, x: &Tensor, p: f64, salt: u64) -> Result<Tensor> {

@@ -12,15 +12,14 @@
 //! padded with -100 and shifted left by one on the host).
 
 use super::gpt2::{causal_lm_labels, causal_mask};
-use super::t5::{field, usize_field, weight_files, MAX_INIT_PARAMS};
-use super::weights::load_safetensors;
-use super::{Batch, Model, Output, Param, ParamAccess, ParamStore};
+use super::t5::{check_size, field, usize_field};
+use super::weights::{init_params, read_checkpoint, take_params};
+use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Most layers a LLaMA `config.json` may describe.
@@ -212,26 +211,12 @@ impl LlamaConfig {
     }
 
     fn check_size(&self, path: &Path) -> Result<()> {
-        if self.num_layers > MAX_LLAMA_LAYERS {
-            return Err(Error::config(
-                format!("{}: num_hidden_layers", path.display()),
-                format!(
-                    "{} layers; at most {MAX_LLAMA_LAYERS} are supported",
-                    self.num_layers
-                ),
-            ));
-        }
-        match self.param_count() {
-            Some(n) if n <= MAX_LLAMA_PARAMS => Ok(()),
-            n => Err(Error::config(
-                path.display().to_string(),
-                format!(
-                    "the model it describes has {} parameters; at most {MAX_LLAMA_PARAMS} are \
-                     supported",
-                    n.map_or("more than 2^64".to_string(), |n| n.to_string())
-                ),
-            )),
-        }
+        check_size(
+            path,
+            ("num_hidden_layers", self.num_layers, MAX_LLAMA_LAYERS),
+            self.param_count(),
+            MAX_LLAMA_PARAMS,
+        )
     }
 
     /// Parameter names (transformers' `LlamaForCausalLM`), shapes, and whether each is an
@@ -305,72 +290,14 @@ impl Llama {
     /// `model.safetensors` (or a sharded index) or from one file. A saved
     /// `lm_head.weight` of a tied model, and rotary buffers, are not parameters.
     pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all: BTreeMap<String, (Tensor, std::path::PathBuf)> = BTreeMap::new();
-        for f in weight_files(weights)? {
-            for (k, t) in load_safetensors(&f)? {
-                all.insert(k, (t, f.clone()));
-            }
-        }
-        let mut params = Vec::new();
-        for (name, shape, norm) in self.cfg.shapes() {
-            let (t, file) = all.remove(&name).ok_or_else(|| {
-                Error::tensor(
-                    format!("{}: {name}", weights.display()),
-                    format!("missing (expected shape {shape:?})"),
-                )
-            })?;
-            if t.shape() != shape.as_slice() {
-                return Err(Error::tensor(
-                    format!("{}: {name}", file.display()),
-                    format!("has shape {:?}, expected {shape:?}", t.shape()),
-                ));
-            }
-            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-                return Err(Error::tensor(
-                    format!("{}: {name}", file.display()),
-                    format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
-                ));
-            }
-            let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
-            params.push(Param::new(&name, t, norm));
-        }
-        Ok(ParamStore { params })
+        take_params(&mut read_checkpoint(weights)?, &self.cfg.shapes(), weights)
     }
 
     /// Seeded random weights as transformers initialises LLaMA (normal, std 0.02; biases
     /// 0; RMSNorm weights 1), for benchmarks.
     pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        match self.cfg.param_count() {
-            Some(n) if n <= MAX_INIT_PARAMS => {}
-            n => {
-                return Err(Error::config(
-                    "model",
-                    format!(
-                        "a seeded init of {} parameters is more than the {MAX_INIT_PARAMS} \
-                         amprobe makes up; give the checkpoint's weights",
-                        n.map_or("more than 2^64".to_string(), |n| n.to_string())
-                    ),
-                ))
-            }
-        }
-        let mut rng = Rng::derive(seed, &[0x6c6c_616d]);
-        let mut params = Vec::new();
-        for (name, shape, norm) in self.cfg.shapes() {
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = if name.ends_with(".bias") {
-                vec![0.0; n]
-            } else if norm {
-                vec![1.0; n]
-            } else {
-                (0..n).map(|_| (rng.normal() * 0.02) as f32).collect()
-            };
-            params.push(Param::new(
-                &name,
-                Tensor::from_f32(v, &shape, DType::F32)?,
-                norm,
-            ));
-        }
-        Ok(ParamStore { params })
+        let rng = Rng::derive(seed, &[0x6c6c_616d]);
+        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
     }
 
     fn linear(

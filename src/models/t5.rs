@@ -6,8 +6,8 @@
 //! Training objective: logits = (last hidden state × d_model^-0.5) · shared.weightᵀ, loss =
 //! mean cross-entropy over all positions against `labels` (default: the input ids).
 
-use super::weights::load_safetensors;
-use super::{Batch, Model, Output, Param, ParamAccess, ParamStore};
+use super::weights::{init_params, load_safetensors, read_checkpoint, take_params};
+use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -15,7 +15,7 @@ use crate::rng::Rng;
 use crate::tensor::Tensor;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Feed-forward variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -75,10 +75,36 @@ pub(crate) fn usize_field(v: &serde_json::Value, path: &Path, name: &str) -> Res
         })
 }
 
+/// Refuses a `config.json` (at `path`) that describes more layers than `max_layers` (its
+/// field `name` holds `layers`) or more than `max_params` parameters (`params`, `None` past
+/// 2^64): a config file alone cannot make amprobe set aside memory beyond any real
+/// checkpoint's.
+pub(crate) fn check_size(
+    path: &Path,
+    (name, layers, max_layers): (&str, usize, usize),
+    params: Option<u64>,
+    max_params: u64,
+) -> Result<()> {
+    if layers > max_layers {
+        return Err(Error::config(
+            format!("{}: {name}", path.display()),
+            format!("{layers} layers; at most {max_layers} are supported"),
+        ));
+    }
+    match params {
+        Some(n) if n <= max_params => Ok(()),
+        n => Err(Error::config(
+            path.display().to_string(),
+            format!(
+                "the model it describes has {} parameters; at most {max_params} are supported",
+                n.map_or("more than 2^64".to_string(), |n| n.to_string())
+            ),
+        )),
+    }
+}
+
 /// Most encoder layers a `config.json` may describe.
 pub const MAX_T5_LAYERS: usize = 1024;
-/// Most parameters a seeded init makes up (2^31: 8 GiB of fp32).
-pub const MAX_INIT_PARAMS: u64 = 1 << 31;
 /// Most parameters a `config.json` may describe (2^36, five times T5-XXL's).
 pub const MAX_T5_PARAMS: u64 = 1 << 36;
 
@@ -190,26 +216,12 @@ impl T5Config {
     /// than [`MAX_T5_PARAMS`] parameters: a `config.json` alone cannot make amprobe set
     /// aside memory beyond any real checkpoint's.
     fn check_size(&self, path: &Path) -> Result<()> {
-        if self.num_layers > MAX_T5_LAYERS {
-            return Err(Error::config(
-                format!("{}: num_layers", path.display()),
-                format!(
-                    "{} layers; at most {MAX_T5_LAYERS} are supported",
-                    self.num_layers
-                ),
-            ));
-        }
-        match self.param_count() {
-            Some(n) if n <= MAX_T5_PARAMS => Ok(()),
-            n => Err(Error::config(
-                path.display().to_string(),
-                format!(
-                    "the model it describes has {} parameters; at most {MAX_T5_PARAMS} are \
-                     supported",
-                    n.map_or("more than 2^64".to_string(), |n| n.to_string())
-                ),
-            )),
-        }
+        check_size(
+            path,
+            ("num_layers", self.num_layers, MAX_T5_LAYERS),
+            self.param_count(),
+            MAX_T5_PARAMS,
+        )
     }
 
     /// Parameter names and shapes, in Hugging Face's naming.
@@ -260,45 +272,6 @@ impl T5Config {
     }
 }
 
-/// Where a checkpoint's tensors are: one safetensors file or a sharded index.
-pub(crate) fn weight_files(dir_or_file: &Path) -> Result<Vec<PathBuf>> {
-    if dir_or_file.is_file() {
-        return Ok(vec![dir_or_file.to_path_buf()]);
-    }
-    let single = dir_or_file.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let index = dir_or_file.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            Error::config(index.display().to_string(), format!("not valid JSON: {e}"))
-        })?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| {
-                Error::config(
-                    format!("{}: weight_map", index.display()),
-                    "missing or not an object",
-                )
-            })?;
-        let mut files: Vec<PathBuf> = map
-            .values()
-            .filter_map(|f| f.as_str())
-            .map(|f| dir_or_file.join(f))
-            .collect();
-        files.sort();
-        files.dedup();
-        return Ok(files);
-    }
-    Err(Error::config(
-        dir_or_file.display().to_string(),
-        "no model.safetensors or model.safetensors.index.json found",
-    ))
-}
-
 /// A T5 encoder with the LM objective on the tied embedding.
 #[derive(Debug, Clone)]
 pub struct T5Encoder {
@@ -323,74 +296,19 @@ impl T5Encoder {
     /// Loads the weights (f32, f16 or bf16 tensors; fp32 masters either way) from a
     /// directory with `model.safetensors` (or a sharded index) or from one file.
     pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all: BTreeMap<String, (Tensor, PathBuf)> = BTreeMap::new();
-        for f in weight_files(weights)? {
-            for (k, t) in load_safetensors(&f)? {
-                all.insert(k, (t, f.clone()));
-            }
-        }
+        let mut all = read_checkpoint(weights)?;
         if !all.contains_key("shared.weight") {
             if let Some(t) = all.remove("encoder.embed_tokens.weight") {
                 all.insert("shared.weight".into(), t);
             }
         }
-        let mut params = Vec::new();
-        for (name, shape, norm) in self.cfg.shapes() {
-            let (t, file) = all.remove(&name).ok_or_else(|| {
-                Error::tensor(
-                    format!("{}: {name}", weights.display()),
-                    format!("missing (expected shape {shape:?})"),
-                )
-            })?;
-            if t.shape() != shape.as_slice() {
-                return Err(Error::tensor(
-                    format!("{}: {name}", file.display()),
-                    format!("has shape {:?}, expected {shape:?}", t.shape()),
-                ));
-            }
-            if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-                return Err(Error::tensor(
-                    format!("{}: {name}", file.display()),
-                    format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
-                ));
-            }
-            let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
-            params.push(Param::new(&name, t, norm));
-        }
-        Ok(ParamStore { params })
+        take_params(&mut all, &self.cfg.shapes(), weights)
     }
 
     /// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
     pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        match self.cfg.param_count() {
-            Some(n) if n <= MAX_INIT_PARAMS => {}
-            n => {
-                return Err(Error::config(
-                    "model",
-                    format!(
-                        "a seeded init of {} parameters is more than the {MAX_INIT_PARAMS} \
-                         amprobe makes up; give the checkpoint's weights",
-                        n.map_or("more than 2^64".to_string(), |n| n.to_string())
-                    ),
-                ))
-            }
-        }
-        let mut rng = Rng::derive(seed, &[0x75]);
-        let mut params = Vec::new();
-        for (name, shape, norm) in self.cfg.shapes() {
-            let n: usize = shape.iter().product();
-            let v: Vec<f32> = if norm {
-                vec![1.0; n]
-            } else {
-                (0..n).map(|_| (rng.normal() * 0.05) as f32).collect()
-            };
-            params.push(Param::new(
-                &name,
-                Tensor::from_f32(v, &shape, DType::F32)?,
-                norm,
-            ));
-        }
-        Ok(ParamStore { params })
+        let rng = Rng::derive(seed, &[0x75]);
+        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.05)
     }
 
     /// Relative position buckets [q, k] (bidirectional), as transformers computes them:

@@ -1,12 +1,14 @@
 //! Reading and writing tensors in safetensors files, with errors that name the file and
 //! tensor.
 
+use super::{Param, ParamStore};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::rng::Rng;
 use crate::tensor::Tensor;
 use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Tensors of a safetensors file by name, converted to amprobe tensors: F32/F16/BF16 to
 /// their dtype (values exact), F64 to f64, I64/I32 to int64.
@@ -124,4 +126,137 @@ pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()>
         .collect::<Result<_>>()?;
     safetensors::tensor::serialize_to_file(views, None, path)
         .map_err(|e| Error::tensor(path.display().to_string(), e.to_string()))
+}
+
+/// Most parameters a seeded init makes up (2^31: 8 GiB of fp32).
+pub const MAX_INIT_PARAMS: u64 = 1 << 31;
+
+/// Where a checkpoint's tensors are: one safetensors file or a sharded index.
+pub fn weight_files(dir_or_file: &Path) -> Result<Vec<PathBuf>> {
+    if dir_or_file.is_file() {
+        return Ok(vec![dir_or_file.to_path_buf()]);
+    }
+    let single = dir_or_file.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir_or_file.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Error::config(index.display().to_string(), format!("not valid JSON: {e}"))
+        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| {
+                Error::config(
+                    format!("{}: weight_map", index.display()),
+                    "missing or not an object",
+                )
+            })?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|f| f.as_str())
+            .map(|f| dir_or_file.join(f))
+            .collect();
+        files.sort();
+        files.dedup();
+        return Ok(files);
+    }
+    Err(Error::config(
+        dir_or_file.display().to_string(),
+        "no model.safetensors or model.safetensors.index.json found",
+    ))
+}
+
+/// Every tensor of a checkpoint (`weight_files`), by name, with the file it came from.
+pub type Checkpoint = BTreeMap<String, (Tensor, PathBuf)>;
+
+/// Reads every tensor of a checkpoint: one safetensors file, or a directory with
+/// `model.safetensors` or a sharded `model.safetensors.index.json`.
+pub fn read_checkpoint(weights: &Path) -> Result<Checkpoint> {
+    let mut all = Checkpoint::new();
+    for f in weight_files(weights)? {
+        for (k, t) in load_safetensors(&f)? {
+            all.insert(k, (t, f.clone()));
+        }
+    }
+    Ok(all)
+}
+
+/// The parameters `shapes` names (name, shape, norm) taken from a checkpoint read from
+/// `weights`: each must be there with its shape, in f32, f16 or bf16; it becomes an fp32
+/// master. Errors name the file and tensor.
+pub fn take_params(
+    all: &mut Checkpoint,
+    shapes: &[(String, Vec<usize>, bool)],
+    weights: &Path,
+) -> Result<ParamStore> {
+    let mut params = Vec::new();
+    for (name, shape, norm) in shapes {
+        let (t, file) = all.remove(name).ok_or_else(|| {
+            Error::tensor(
+                format!("{}: {name}", weights.display()),
+                format!("missing (expected shape {shape:?})"),
+            )
+        })?;
+        if t.shape() != shape.as_slice() {
+            return Err(Error::tensor(
+                format!("{}: {name}", file.display()),
+                format!("has shape {:?}, expected {shape:?}", t.shape()),
+            ));
+        }
+        if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+            return Err(Error::tensor(
+                format!("{}: {name}", file.display()),
+                format!("has dtype {}, expected F32, F16 or BF16", t.dtype()),
+            ));
+        }
+        let t = crate::ops::cast::cast(&t, DType::F32)?.tensor;
+        params.push(Param::new(name, t, *norm));
+    }
+    Ok(ParamStore { params })
+}
+
+/// Seeded parameters for `shapes`: biases (names ending `.bias`) 0, norm weights 1, the
+/// rest normal with standard deviation `std`, drawn from `rng` in order. Refuses more than
+/// [`MAX_INIT_PARAMS`] parameters (`count`, `None` past 2^64).
+pub fn init_params(
+    shapes: &[(String, Vec<usize>, bool)],
+    count: Option<u64>,
+    mut rng: Rng,
+    std: f64,
+) -> Result<ParamStore> {
+    let max = MAX_INIT_PARAMS;
+    match count {
+        Some(n) if n <= max => {}
+        n => {
+            return Err(Error::config(
+                "model",
+                format!(
+                    "a seeded init of {} parameters is more than the {max} amprobe makes up; \
+                     give the checkpoint's weights",
+                    n.map_or("more than 2^64".to_string(), |n| n.to_string())
+                ),
+            ))
+        }
+    }
+    let mut params = Vec::new();
+    for (name, shape, norm) in shapes {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = if name.ends_with(".bias") {
+            vec![0.0; n]
+        } else if *norm {
+            vec![1.0; n]
+        } else {
+            (0..n).map(|_| (rng.normal() * std) as f32).collect()
+        };
+        params.push(Param::new(
+            name,
+            Tensor::from_f32(v, shape, DType::F32)?,
+            *norm,
+        ));
+    }
+    Ok(ParamStore { params })
 }
