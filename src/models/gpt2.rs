@@ -16,7 +16,7 @@
 //! fp32, labels padded with -100 and shifted left by one (done on the host, see
 //! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
 
-use super::t5::{check_size, field, usize_field};
+use super::t5::{check_size, check_token_batch, config_json, forward_ids, usize_field};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
@@ -67,16 +67,7 @@ impl Gpt2Config {
 
     /// [`Gpt2Config::load`] of a file's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Gpt2Config> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
-        })?;
-        let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
-        if mt != "gpt2" {
-            return Err(Error::config(
-                format!("{}: model_type", path.display()),
-                format!("`{mt}` is not supported here (expected `gpt2`)"),
-            ));
-        }
+        let v = config_json(text, path, "gpt2")?;
         let at = path.display();
         let act = v
             .get("activation_function")
@@ -442,6 +433,26 @@ pub(crate) fn causal_lm_labels(batch: Batch) -> Result<Batch> {
     })
 }
 
+/// The LM head (`h · wᵀ`) and transformers' `ForCausalLMLoss` on labels already shifted
+/// ([`causal_lm_labels`]): the logits cast to fp32, mean cross-entropy ignoring -100.
+pub(crate) fn causal_lm_output(
+    e: &mut Engine,
+    h: Tensor,
+    w: &Tensor,
+    labels: &Tensor,
+) -> Result<Output> {
+    let logits = e.scope("lm_head", |e| e.linear(&h, w, None))?;
+    let loss = e.scope("loss", |e| {
+        let lf = e.to_dtype(&logits, DType::F32)?;
+        e.cross_entropy(&lf, labels, Some(-100))
+    })?;
+    Ok(Output {
+        loss,
+        logits,
+        hidden: h,
+    })
+}
+
 /// transformers' additive causal mask for eager attention, [1, 1, s, s]: 0 on and below the
 /// diagonal, the smallest finite value of `like`'s dtype (the embeddings', so fp32 under
 /// autocast and fp16 in a pure-fp16 model) above it, on `like`'s device.
@@ -520,20 +531,7 @@ impl Model for Gpt2 {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
-        let v = self.cfg.vocab_size as i64;
-        if let Some((pos, &bad)) = batch
-            .inputs
-            .i64s()?
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t < 0 || t >= v)
-        {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
-            ));
-        }
-        crate::ops::loss::check_labels(&batch.labels, self.cfg.vocab_size, Some(-100))
+        check_token_batch(batch, self.cfg.vocab_size)
     }
 
     /// Labels as `ForCausalLMLoss` uses them ([`causal_lm_labels`]).
@@ -542,27 +540,8 @@ impl Model for Gpt2 {
     }
 
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
-        let ids = &batch.inputs;
-        if ids.dtype() != DType::I64 {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("expected int64 token ids, got {}", ids.dtype()),
-            ));
-        }
-        if ids.device().is_none() {
-            self.check_batch(batch)?;
-        }
-        let h = self.hidden(e, p, ids)?;
+        let h = self.hidden(e, p, forward_ids(self, batch)?)?;
         let wte = p.get(e, "transformer.wte.weight")?;
-        let logits = e.scope("lm_head", |e| e.linear(&h, &wte, None))?;
-        let loss = e.scope("loss", |e| {
-            let lf = e.to_dtype(&logits, DType::F32)?;
-            e.cross_entropy(&lf, &batch.labels, Some(-100))
-        })?;
-        Ok(Output {
-            loss,
-            logits,
-            hidden: h,
-        })
+        causal_lm_output(e, h, &wte, &batch.labels)
     }
 }

@@ -11,8 +11,8 @@
 //! Objective: transformers' `ForCausalLMLoss`, as for GPT-2 (logits cast to fp32, labels
 //! padded with -100 and shifted left by one on the host).
 
-use super::gpt2::{causal_lm_labels, causal_mask};
-use super::t5::{check_size, field, usize_field};
+use super::gpt2::{causal_lm_labels, causal_lm_output, causal_mask};
+use super::t5::{check_size, check_token_batch, config_json, forward_ids, usize_field};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
@@ -70,17 +70,8 @@ impl LlamaConfig {
 
     /// [`LlamaConfig::load`] of a file's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<LlamaConfig> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
-        })?;
+        let v = config_json(text, path, "llama")?;
         let at = path.display();
-        let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
-        if mt != "llama" {
-            return Err(Error::config(
-                format!("{at}: model_type"),
-                format!("`{mt}` is not supported here (expected `llama`)"),
-            ));
-        }
         let act = v
             .get("hidden_act")
             .and_then(|x| x.as_str())
@@ -514,14 +505,8 @@ impl Model for Llama {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
-        let v = self.cfg.vocab_size as i64;
+        check_token_batch(batch, self.cfg.vocab_size)?;
         let ids = batch.inputs.i64s()?;
-        if let Some((pos, &bad)) = ids.iter().enumerate().find(|(_, &t)| t < 0 || t >= v) {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
-            ));
-        }
         if let Some(pad) = self.cfg.pad_token_id {
             if let Some(pos) = ids.iter().position(|&t| t == pad) {
                 return Err(Error::tensor(
@@ -543,7 +528,7 @@ impl Model for Llama {
                 ),
             ));
         }
-        crate::ops::loss::check_labels(&batch.labels, self.cfg.vocab_size, Some(-100))
+        Ok(())
     }
 
     fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
@@ -551,32 +536,13 @@ impl Model for Llama {
     }
 
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
-        let ids = &batch.inputs;
-        if ids.dtype() != DType::I64 {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("expected int64 token ids, got {}", ids.dtype()),
-            ));
-        }
-        if ids.device().is_none() {
-            self.check_batch(batch)?;
-        }
-        let h = self.hidden(e, p, ids)?;
+        let h = self.hidden(e, p, forward_ids(self, batch)?)?;
         let head = if self.cfg.tie_word_embeddings {
             "model.embed_tokens.weight"
         } else {
             "lm_head.weight"
         };
         let w = p.get(e, head)?;
-        let logits = e.scope("lm_head", |e| e.linear(&h, &w, None))?;
-        let loss = e.scope("loss", |e| {
-            let lf = e.to_dtype(&logits, DType::F32)?;
-            e.cross_entropy(&lf, &batch.labels, Some(-100))
-        })?;
-        Ok(Output {
-            loss,
-            logits,
-            hidden: h,
-        })
+        causal_lm_output(e, h, &w, &batch.labels)
     }
 }

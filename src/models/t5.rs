@@ -53,6 +53,56 @@ pub struct T5Config {
     pub dropout: f64,
 }
 
+/// A `config.json`'s text parsed, its `model_type` required to be `model_type`; errors
+/// name the file.
+pub(crate) fn config_json(text: &str, path: &Path, model_type: &str) -> Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::config(path.display().to_string(), format!("not valid JSON: {e}")))?;
+    let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
+    if mt != model_type {
+        return Err(Error::config(
+            format!("{}: model_type", path.display()),
+            format!("`{mt}` is not supported (expected `{model_type}`)"),
+        ));
+    }
+    Ok(v)
+}
+
+/// A host batch of token ids checked against a vocabulary of `vocab`: every input id in
+/// range, every label in range or -100.
+pub(crate) fn check_token_batch(batch: &Batch, vocab: usize) -> Result<()> {
+    let v = vocab as i64;
+    if let Some((pos, &bad)) = batch
+        .inputs
+        .i64s()?
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t < 0 || t >= v)
+    {
+        return Err(Error::tensor(
+            "input_ids",
+            format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
+        ));
+    }
+    crate::ops::loss::check_labels(&batch.labels, vocab, Some(-100))
+}
+
+/// The token ids a language model's forward takes: int64, and checked by the model's
+/// `check_batch` when on the host (device ids were checked before they were copied).
+pub(crate) fn forward_ids<'a>(model: &dyn Model, batch: &'a Batch) -> Result<&'a Tensor> {
+    let ids = &batch.inputs;
+    if ids.dtype() != DType::I64 {
+        return Err(Error::tensor(
+            "input_ids",
+            format!("expected int64 token ids, got {}", ids.dtype()),
+        ));
+    }
+    if ids.device().is_none() {
+        model.check_batch(batch)?;
+    }
+    Ok(ids)
+}
+
 pub(crate) fn field<'a>(
     v: &'a serde_json::Value,
     path: &Path,
@@ -141,16 +191,7 @@ impl T5Config {
 
     /// [`T5Config::load`] of a file's text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<T5Config> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
-        })?;
-        let mt = field(&v, path, "model_type")?.as_str().unwrap_or("");
-        if mt != "t5" {
-            return Err(Error::config(
-                format!("{}: model_type", path.display()),
-                format!("`{mt}` is not supported (expected `t5`)"),
-            ));
-        }
+        let v = config_json(text, path, "t5")?;
         let ffp = v
             .get("feed_forward_proj")
             .and_then(|x| x.as_str())
@@ -541,35 +582,11 @@ impl Model for T5Encoder {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
-        let v = self.cfg.vocab_size as i64;
-        if let Some((pos, &bad)) = batch
-            .inputs
-            .i64s()?
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t < 0 || t >= v)
-        {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
-            ));
-        }
-        crate::ops::loss::check_labels(&batch.labels, self.cfg.vocab_size, Some(-100))
+        check_token_batch(batch, self.cfg.vocab_size)
     }
 
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
-        let ids = &batch.inputs;
-        if ids.dtype() != DType::I64 {
-            return Err(Error::tensor(
-                "input_ids",
-                format!("expected int64 token ids, got {}", ids.dtype()),
-            ));
-        }
-        // Device ids were checked on the host before they were copied (`check_batch`).
-        if ids.device().is_none() {
-            self.check_batch(batch)?;
-        }
-        let h = self.encode(e, p, ids)?;
+        let h = self.encode(e, p, forward_ids(self, batch)?)?;
         let shared = p.get(e, "shared.weight")?;
         let logits = e.scope("lm_head", |e| {
             let hs = e.mul_scalar(&h, (self.cfg.d_model as f64).powf(-0.5))?;
