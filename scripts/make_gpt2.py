@@ -41,8 +41,9 @@ def model_with(state, dtype=torch.float32, **switches):
     return m.to(dtype)
 
 
-def first_nonfinite(model, ids, ctx):
-    """First module (completion order) with an Inf / a NaN in its first output tensor."""
+def first_nonfinite(model, inputs, ctx):
+    """First module (completion order) with an Inf / a NaN in its first output tensor (a
+    ModelOutput's logits or last_hidden_state), running model(**inputs) under ctx()."""
     hits = {"inf": None, "nan": None}
     handles = []
 
@@ -51,6 +52,8 @@ def first_nonfinite(model, ids, ctx):
             t = out[0] if isinstance(out, (tuple, list)) else out
             if hasattr(t, "logits"):
                 t = t.logits
+            elif hasattr(t, "last_hidden_state"):
+                t = t.last_hidden_state
             if not torch.is_tensor(t) or not t.is_floating_point():
                 return
             if hits["inf"] is None and torch.isinf(t).any():
@@ -63,7 +66,7 @@ def first_nonfinite(model, ids, ctx):
         if name:
             handles.append(m.register_forward_hook(hook(name)))
     with torch.no_grad(), ctx():
-        out = model(input_ids=ids, labels=ids)
+        out = model(**inputs)
     for h in handles:
         h.remove()
     return {
@@ -74,8 +77,24 @@ def first_nonfinite(model, ids, ctx):
     }
 
 
-def module_trace(model, ids):
-    """Each module's first output in fp32: shape, max |x| and L2 norm, in completion order."""
+def scenarios(model_with, state, inputs):
+    """first_nonfinite for model_with(state) in fp32, autocast fp16 and autocast bf16, and for
+    model_with(state, torch.float16) (pure fp16)."""
+    m = model_with(state)
+    return {
+        "fp32": first_nonfinite(m, inputs, lambda: torch.autocast("cpu", enabled=False)),
+        "autocast_fp16": first_nonfinite(m, inputs,
+                                         lambda: torch.autocast("cpu", dtype=torch.float16)),
+        "autocast_bf16": first_nonfinite(m, inputs,
+                                         lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+        "fp16_half": first_nonfinite(model_with(state, torch.float16), inputs,
+                                     lambda: torch.autocast("cpu", enabled=False)),
+    }
+
+
+def module_trace(model, inputs):
+    """Each module's first output tensor in fp32 (ModelOutputs and logits left out): shape,
+    max |x| and L2 norm, in completion order, running model(**inputs)."""
     rows = []
     handles = []
 
@@ -94,13 +113,13 @@ def module_trace(model, ids):
         if name:
             handles.append(m.register_forward_hook(hook(name)))
     with torch.no_grad():
-        model(input_ids=ids)
+        model(**inputs)
     for h in handles:
         h.remove()
     return rows
 
 
-def fp32_and_fp64_grads(model_with, state, ids):
+def fp32_and_fp64_grads(model_with, state, inputs):
     """The fp32 loss and each parameter's gradient (L2 norm, max |g|) after one backward in
     fp32, and the same gradients from a float64 backward (how far fp32 itself is from the
     exact gradient)."""
@@ -109,7 +128,7 @@ def fp32_and_fp64_grads(model_with, state, ids):
         m = model_with(state, dtype)
         m.train()
         m.zero_grad()
-        loss = m(input_ids=ids, labels=ids).loss
+        loss = m(**inputs).loss
         loss.backward()
         grads = {}
         for n, p in m.named_parameters():
@@ -134,6 +153,7 @@ def main(out: Path):
             sd[k] = (v * (0.5 / v.abs().max())).to(torch.bfloat16).float()
     base.load_state_dict(sd)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(11))
+    inputs = {"input_ids": ids, "labels": ids}
     # Plant: scale head 0's query and key columns of block BLOCK so that its largest raw
     # score q·k is about 2e5, past fp16's 65504 (scaled by 1/sqrt(8) it is still finite).
     captured = {}
@@ -172,21 +192,11 @@ def main(out: Path):
         ("reorder_and_upcast_attn", {"reorder_and_upcast_attn": True}),
         ("scale_attn_by_inverse_layer_idx", {"scale_attn_by_inverse_layer_idx": True}),
     ]:
-        m = model_with(state, **switches)
-        sc = {
-            "fp32": first_nonfinite(m, ids, lambda: torch.autocast("cpu", enabled=False)),
-            "autocast_fp16": first_nonfinite(
-                m, ids, lambda: torch.autocast("cpu", dtype=torch.float16)),
-            "autocast_bf16": first_nonfinite(
-                m, ids, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
-            "fp16_half": first_nonfinite(
-                model_with(state, torch.float16, **switches), ids,
-                lambda: torch.autocast("cpu", enabled=False)),
-        }
+        sc = scenarios(lambda st, dt=torch.float32: model_with(st, dt, **switches), state, inputs)
         variants[name] = sc
         print(name, json.dumps(sc))
 
-    loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, ids)
+    loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, inputs)
     expected = {
         "about": "transformers GPT2LMHeadModel (eager attention, CPU); first module in completion "
                  "order whose first output holds an Inf / a NaN; the fp32 forward module by "
@@ -195,7 +205,7 @@ def main(out: Path):
                      "transformers": __import__("transformers").__version__},
         "planted": {"block": BLOCK, "head": 0, "raw_score_max_abs": 2.0e5},
         "fp32_loss": float(loss.detach()),
-        "fp32_module_trace": module_trace(model_with(state), ids),
+        "fp32_module_trace": module_trace(model_with(state), {"input_ids": ids}),
         "fp32_grads": grads,
         "fp64_grads": grads64,
         "variants": variants,

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gpt2 import first_nonfinite, fp32_and_fp64_grads, module_trace  # noqa: E402
+from make_gpt2 import fp32_and_fp64_grads, module_trace, scenarios  # noqa: E402
 
 LAYERS, LAYER = 3, 1  # the overflow is planted at layer LAYER's down_proj
 
@@ -54,6 +54,7 @@ def main(out: Path):
         sd[k] = (v * (0.5 / v.abs().max())).to(torch.bfloat16).float()
     base.load_state_dict(sd)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(13))
+    inputs = {"input_ids": ids, "labels": ids}
     # Plant: scale one output channel of layer LAYER's down_proj so that its output reaches
     # about 1.2e5, past fp16's 65504.
     captured = {}
@@ -81,18 +82,9 @@ def main(out: Path):
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=2, default=str))
     save_file({"input_ids": ids.to(torch.int64)}, str(out / "inputs.safetensors"))
 
-    m = model_with(state)
-    scenarios = {
-        "fp32": first_nonfinite(m, ids, lambda: torch.autocast("cpu", enabled=False)),
-        "autocast_fp16": first_nonfinite(m, ids,
-                                         lambda: torch.autocast("cpu", dtype=torch.float16)),
-        "autocast_bf16": first_nonfinite(m, ids,
-                                         lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
-        "fp16_half": first_nonfinite(model_with(state, torch.float16), ids,
-                                     lambda: torch.autocast("cpu", enabled=False)),
-    }
-    print(json.dumps(scenarios))
-    loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, ids)
+    sc = scenarios(model_with, state, inputs)
+    print(json.dumps(sc))
+    loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, inputs)
     expected = {
         "about": "transformers LlamaForCausalLM (eager attention, CPU); first module in completion "
                  "order whose first output holds an Inf / a NaN; the fp32 forward module by "
@@ -101,10 +93,10 @@ def main(out: Path):
                      "transformers": __import__("transformers").__version__},
         "planted": {"layer": LAYER, "channel": ch, "target_down_proj_max_abs": 1.2e5},
         "fp32_loss": float(loss.detach()),
-        "fp32_module_trace": module_trace(model_with(state), ids),
+        "fp32_module_trace": module_trace(model_with(state), {"input_ids": ids}),
         "fp32_grads": grads,
         "fp64_grads": grads64,
-        "scenarios": scenarios,
+        "scenarios": sc,
     }
     (out / "expected.json").write_text(json.dumps(expected, indent=1, allow_nan=False))
 

@@ -7,10 +7,12 @@ pub use crate::diagnose::summary::{verdict, ParamSummary, RunSummary, StepSummar
 use crate::dtype::DType;
 use crate::engine::Injection;
 use crate::error::{Error, Result};
+use crate::models::bert::{Bert, BertConfig};
 use crate::models::gpt2::{Gpt2, Gpt2Config};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::models::mlp::{synthetic_batch, Mlp};
-use crate::models::t5::{load_inputs, synthetic_ids, T5Config, T5Encoder};
+use crate::models::t5::{T5Config, T5Encoder};
+use crate::models::tokens::{load_inputs, synthetic_ids};
 use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore};
 use crate::trace::io::TraceWriter;
@@ -177,15 +179,31 @@ fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.max_positions.min(64))?;
             Ok((Box::new(m), params, data))
         }
+        "bert" => {
+            let (config_path, weights) = hf_paths(cfg, "bert")?;
+            let m = Bert::new(BertConfig::load(&config_path)?);
+            let params = if weights.as_os_str().is_empty() {
+                m.init(train.seed)?
+            } else {
+                m.load(&weights)?
+            };
+            let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.max_positions.min(64))?;
+            Ok((Box::new(m), params, data))
+        }
         other => Err(Error::config(
             "model.kind",
-            format!("unknown model kind `{other}` (expected mlp, t5, gpt2 or llama)"),
+            format!("unknown model kind `{other}` (expected mlp, t5, gpt2, llama or bert)"),
         )),
     }
 }
 
 /// The architectures `run --hf` takes: `model_type` in `config.json` and the model kind.
-pub const HF_ARCHITECTURES: &[(&str, &str)] = &[("t5", "t5"), ("gpt2", "gpt2"), ("llama", "llama")];
+pub const HF_ARCHITECTURES: &[(&str, &str)] = &[
+    ("t5", "t5"),
+    ("gpt2", "gpt2"),
+    ("llama", "llama"),
+    ("bert", "bert"),
+];
 
 /// The `config.json` a config's `[model]` names (`hf` directory or `hf_config`), if any.
 fn hf_config_path(cfg: &RunConfig) -> Option<PathBuf> {
@@ -215,6 +233,7 @@ pub fn architecture(path: &std::path::Path) -> Result<String> {
             "T5EncoderModel" | "T5Model" | "T5ForConditionalGeneration" => Some("t5"),
             "GPT2LMHeadModel" | "GPT2Model" => Some("gpt2"),
             "LlamaForCausalLM" | "LlamaModel" => Some("llama"),
+            "BertForMaskedLM" | "BertModel" | "BertForPreTraining" => Some("bert"),
             _ => None,
         }
     });
@@ -310,10 +329,7 @@ pub fn load_batch(path: &std::path::Path, inputs: usize) -> Result<Batch> {
             format!("has dtype {}, expected I64 labels", y.dtype()),
         ));
     }
-    Ok(Batch {
-        inputs: x,
-        labels: y,
-    })
+    Ok(Batch::new(x, y))
 }
 
 /// The trace header of a run.

@@ -489,6 +489,14 @@ fn the_gpt2_sample_matches_the_emulator_in_every_precision_mode() {
     hf_sample_in_every_mode("samples/gpt2_overflow_tiny");
 }
 
+/// The BERT sample (scripts/make_bert.py's checkpoint: padding with the extended mask, the
+/// padding row without gradient, token types, -100 labels; layer 1's FFN output past
+/// 65504) on the device, step for step as on the emulator.
+#[test]
+fn the_bert_sample_matches_the_emulator_in_every_precision_mode() {
+    hf_sample_in_every_mode("samples/bert_overflow_tiny");
+}
+
 /// The LLaMA sample (scripts/make_llama.py's checkpoint: grouped-query attention, rotary
 /// embeddings, RMSNorm, SwiGLU; layer 1's MLP output past fp16's range) in every
 /// precision mode on both backends.

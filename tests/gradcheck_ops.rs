@@ -184,6 +184,16 @@ fn layer_norm_embedding_dropout() {
     let table = randn(&[4, 3], 43);
     let ids = Tensor::from_i64(vec![3, 0, 3, 1, 3, 0], &[2, 3]).unwrap();
     assert_ok("embedding", &[table, ids], |e, i| e.embedding(&i[0], &i[1]));
+    // padding_idx: the padding id's row gets no gradient, the others their rows' sums.
+    let mut e = Engine::new();
+    let table = randn(&[4, 3], 45).as_leaf(true);
+    let ids = Tensor::from_i64(vec![3, 0, 3, 1, 3, 0], &[2, 3]).unwrap();
+    let y = e.embedding_padded(&table, &ids, Some(3)).unwrap();
+    let s = e.sum(&y, &[], false).unwrap();
+    let g = e.backward(&s).unwrap();
+    let gw = g[&table.id()].to_f64_vec().unwrap();
+    assert_eq!(gw, [[2.0; 3], [1.0; 3], [0.0; 3], [0.0; 3]].concat());
+    assert!(e.embedding_padded(&table, &ids, Some(4)).is_err());
     // The mask is the same in every evaluation (same seed, step, module and salt).
     let y = randn(&[4, 6], 44);
     assert_ok("dropout", std::slice::from_ref(&y), |e, i| {

@@ -115,7 +115,7 @@ fn run_hf_picks_the_architecture_of_the_checkpoint() {
     }
 }
 
-/// compare and report take the traces of the LLaMA and GPT-2 samples: the fp16 run diverges
+/// compare and report take the traces of the LLaMA, GPT-2 and BERT samples: the fp16 run diverges
 /// from fp32 first at the op where the overflow starts.
 #[test]
 fn compare_and_report_work_on_the_samples() {
@@ -127,6 +127,10 @@ fn compare_and_report_work_on_the_samples() {
             "`linear` in `model.layers.1.mlp.down_proj`",
         ),
         ("gpt2_overflow", "`matmul` in `transformer.h.1.attn`"),
+        (
+            "bert_overflow",
+            "`linear` in `bert.encoder.layer.1.output.dense`",
+        ),
     ] {
         let trace = |p: &str| tmp.path().join(format!("{sample}-{p}.jsonl"));
         for p in ["fp32", "fp16"] {

@@ -73,12 +73,12 @@ fn unsupported_model_type_is_named() {
     copy_sample(d.path());
     let c = std::fs::read_to_string(d.path().join("config.json"))
         .unwrap()
-        .replace("\"model_type\": \"t5\"", "\"model_type\": \"bert\"");
+        .replace("\"model_type\": \"t5\"", "\"model_type\": \"mamba\"");
     std::fs::write(d.path().join("config.json"), c).unwrap();
     let (ok, out) = amprobe(&["run", "--hf", d.path().to_str().unwrap()]);
     assert!(!ok);
     assert!(
-        out.contains("config.json") && out.contains("bert") && out.contains("model_type"),
+        out.contains("config.json") && out.contains("mamba") && out.contains("model_type"),
         "{out}"
     );
 }

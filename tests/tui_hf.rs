@@ -1,4 +1,4 @@
-//! The terminal UI over real traces of the GPT-2 and LLaMA samples (fp16 autocast): the
+//! The terminal UI over real traces of the GPT-2, LLaMA and BERT samples (fp16 autocast): the
 //! first-Inf and first-NaN cards name their modules, and `f` jumps to the op where the
 //! overflow starts.
 
@@ -37,6 +37,12 @@ fn the_cards_and_the_jump_name_the_origin_in_each_sample() {
             "llama_overflow",
             "model.layers.1.mlp.down_proj",
             "model.layers.2.input_layernorm",
+            "linear",
+        ),
+        (
+            "bert_overflow",
+            "bert.encoder.layer.1.output.dense",
+            "bert.encoder.layer.1.output.LayerNorm",
             "linear",
         ),
     ] {

@@ -794,11 +794,23 @@ fn family_checks(
         dev,
         "embedding, 600 positions",
         dt,
-        &[w, ids],
+        &[w.clone(), ids.clone()],
         &[true, false],
         Some(&gy),
         Exact,
         &|e, t| e.embedding(&t[0], &t[1]),
+    )?;
+    // PyTorch's padding_idx: the frequent id's row gets no gradient.
+    engine_parity(
+        out,
+        dev,
+        "embedding, 600 positions, padding id 3",
+        dt,
+        &[w, ids],
+        &[true, false],
+        Some(&gy),
+        Exact,
+        &|e, t| e.embedding_padded(&t[0], &t[1], Some(3)),
     )?;
     // Four ids over 600 positions (as relative-position buckets repeat): a warp per
     // (id, column) on the device.
@@ -811,11 +823,22 @@ fn family_checks(
         dev,
         "embedding, 600 positions of 4 ids",
         dt,
-        &[w, ids],
+        &[w.clone(), ids.clone()],
         &[true, false],
         Some(&gy),
         Exact,
         &|e, t| e.embedding(&t[0], &t[1]),
+    )?;
+    engine_parity(
+        out,
+        dev,
+        "embedding, 600 positions of 4 ids, padding id 0",
+        dt,
+        &[w, ids],
+        &[true, false],
+        Some(&gy),
+        Exact,
+        &|e, t| e.embedding_padded(&t[0], &t[1], Some(0)),
     )?;
     let xs = random_tensor(rng, &[8, 33], dt, 10)?;
     let gy = g(rng, &[8, 33])?;

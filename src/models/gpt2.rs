@@ -16,7 +16,8 @@
 //! fp32, labels padded with -100 and shifted left by one (done on the host, see
 //! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
 
-use super::t5::{check_size, check_token_batch, config_json, forward_ids, usize_field};
+use super::t5::{check_size, config_json, usize_field};
+use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
@@ -428,8 +429,8 @@ pub(crate) fn causal_lm_labels(batch: Batch) -> Result<Batch> {
         shifted.push(-100);
     }
     Ok(Batch {
-        inputs: batch.inputs,
         labels: Tensor::from_i64(shifted, &shape)?,
+        ..batch
     })
 }
 
@@ -531,6 +532,7 @@ impl Model for Gpt2 {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
+        refuse_inputs(batch, "gpt2", false, false)?;
         check_token_batch(batch, self.cfg.vocab_size)
     }
 

@@ -12,7 +12,8 @@
 //! padded with -100 and shifted left by one on the host).
 
 use super::gpt2::{causal_lm_labels, causal_lm_output, causal_mask};
-use super::t5::{check_size, check_token_batch, config_json, forward_ids, usize_field};
+use super::t5::{check_size, config_json, usize_field};
+use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
@@ -469,7 +470,9 @@ impl Llama {
         }
         let s = ids.shape()[1];
         let emb = p.get(e, "model.embed_tokens.weight")?;
-        let mut x = e.scope("model.embed_tokens", |e| e.embedding(&emb, ids))?;
+        let mut x = e.scope("model.embed_tokens", |e| {
+            e.embedding_padded(&emb, ids, self.cfg.pad_token_id)
+        })?;
         let mask = causal_mask(s, &x)?;
         let (cos, sin) = self.rotary(s, &x)?;
         for i in 0..self.cfg.num_layers {
@@ -505,20 +508,8 @@ impl Model for Llama {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
+        refuse_inputs(batch, "llama", false, false)?;
         check_token_batch(batch, self.cfg.vocab_size)?;
-        let ids = batch.inputs.i64s()?;
-        if let Some(pad) = self.cfg.pad_token_id {
-            if let Some(pos) = ids.iter().position(|&t| t == pad) {
-                return Err(Error::tensor(
-                    "input_ids",
-                    format!(
-                        "the padding id {pad} (config.json's pad_token_id) at position {pos}: \
-                         PyTorch's embedding gives its row no gradient, which amprobe does not \
-                         model yet"
-                    ),
-                ));
-            }
-        }
         if batch.inputs.shape().get(1).copied().unwrap_or(0) > self.cfg.max_positions {
             return Err(Error::tensor(
                 "input_ids",

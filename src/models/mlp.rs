@@ -137,8 +137,8 @@ pub fn synthetic_batch(
     let y: Vec<i64> = (0..batch)
         .map(|_| rng.below(classes as u64) as i64)
         .collect();
-    Ok(Batch {
-        inputs: Tensor::from_f32(x, &[batch, inputs], DType::F32)?,
-        labels: Tensor::from_i64(y, &[batch])?,
-    })
+    Ok(Batch::new(
+        Tensor::from_f32(x, &[batch, inputs], DType::F32)?,
+        Tensor::from_i64(y, &[batch])?,
+    ))
 }

@@ -1,9 +1,11 @@
 //! Models: parameters, batches and the forward pass that ends in a loss.
 
+pub mod bert;
 pub mod gpt2;
 pub mod llama;
 pub mod mlp;
 pub mod t5;
+pub mod tokens;
 pub mod weights;
 
 use crate::amp::mode::Precision;
@@ -106,6 +108,38 @@ pub struct Batch {
     pub inputs: Tensor,
     /// Labels (class ids), int64.
     pub labels: Tensor,
+    /// Which input positions are real tokens (1) and which padding (0), int64 [batch, seq].
+    pub attention_mask: Option<Tensor>,
+    /// Segment ids (BERT's token types), int64 [batch, seq].
+    pub token_type_ids: Option<Tensor>,
+    /// The decoder's input ids of an encoder–decoder model, int64 [batch, target]; made
+    /// from the labels (shifted right) when absent.
+    pub decoder_input_ids: Option<Tensor>,
+}
+
+impl Batch {
+    /// A batch of inputs and labels alone.
+    pub fn new(inputs: Tensor, labels: Tensor) -> Batch {
+        Batch {
+            inputs,
+            labels,
+            attention_mask: None,
+            token_type_ids: None,
+            decoder_input_ids: None,
+        }
+    }
+
+    /// Every tensor of the batch passed through `f` (a copy to a device, for example).
+    pub fn try_map(&self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Batch> {
+        let opt = |t: &Option<Tensor>| t.as_ref().map(&f).transpose();
+        Ok(Batch {
+            inputs: f(&self.inputs)?,
+            labels: f(&self.labels)?,
+            attention_mask: opt(&self.attention_mask)?,
+            token_type_ids: opt(&self.token_type_ids)?,
+            decoder_input_ids: opt(&self.decoder_input_ids)?,
+        })
+    }
 }
 
 /// What a forward pass returns.

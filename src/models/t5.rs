@@ -6,7 +6,9 @@
 //! Training objective: logits = (last hidden state × d_model^-0.5) · shared.weightᵀ, loss =
 //! mean cross-entropy over all positions against `labels` (default: the input ids).
 
-use super::weights::{init_params, load_safetensors, read_checkpoint, take_params};
+use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
+pub use super::tokens::{inputs_from, load_inputs, synthetic_ids};
+use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
 use crate::dtype::DType;
 use crate::engine::Engine;
@@ -14,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Feed-forward variant.
@@ -68,41 +69,6 @@ pub(crate) fn config_json(text: &str, path: &Path, model_type: &str) -> Result<s
     Ok(v)
 }
 
-/// A host batch of token ids checked against a vocabulary of `vocab`: every input id in
-/// range, every label in range or -100.
-pub(crate) fn check_token_batch(batch: &Batch, vocab: usize) -> Result<()> {
-    let v = vocab as i64;
-    if let Some((pos, &bad)) = batch
-        .inputs
-        .i64s()?
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t < 0 || t >= v)
-    {
-        return Err(Error::tensor(
-            "input_ids",
-            format!("id {bad} at position {pos} is out of range for a vocabulary of {v}"),
-        ));
-    }
-    crate::ops::loss::check_labels(&batch.labels, vocab, Some(-100))
-}
-
-/// The token ids a language model's forward takes: int64, and checked by the model's
-/// `check_batch` when on the host (device ids were checked before they were copied).
-pub(crate) fn forward_ids<'a>(model: &dyn Model, batch: &'a Batch) -> Result<&'a Tensor> {
-    let ids = &batch.inputs;
-    if ids.dtype() != DType::I64 {
-        return Err(Error::tensor(
-            "input_ids",
-            format!("expected int64 token ids, got {}", ids.dtype()),
-        ));
-    }
-    if ids.device().is_none() {
-        model.check_batch(batch)?;
-    }
-    Ok(ids)
-}
-
 pub(crate) fn field<'a>(
     v: &'a serde_json::Value,
     path: &Path,
@@ -123,6 +89,43 @@ pub(crate) fn usize_field(v: &serde_json::Value, path: &Path, name: &str) -> Res
                 "expected a positive integer",
             )
         })
+}
+
+/// A true/false field of a `config.json` (at `path`), `default` when absent or null.
+pub(crate) fn bool_field(
+    v: &serde_json::Value,
+    path: &Path,
+    name: &str,
+    default: bool,
+) -> Result<bool> {
+    match v.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(x) => x.as_bool().ok_or_else(|| {
+            Error::config(
+                format!("{}: {name}", path.display()),
+                "expected true or false",
+            )
+        }),
+    }
+}
+
+/// A dropout probability of a `config.json` (at `path`), `default` when absent or null.
+pub(crate) fn prob_field(
+    v: &serde_json::Value,
+    path: &Path,
+    name: &str,
+    default: f64,
+) -> Result<f64> {
+    match v.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(x) => match x.as_f64() {
+            Some(p) if (0.0..1.0).contains(&p) => Ok(p),
+            _ => Err(Error::config(
+                format!("{}: {name}", path.display()),
+                format!("{x} is not a dropout probability in [0, 1)"),
+            )),
+        },
+    }
 }
 
 /// Refuses a `config.json` (at `path`) that describes more layers than `max_layers` (its
@@ -582,6 +585,7 @@ impl Model for T5Encoder {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
+        refuse_inputs(batch, "t5-encoder", false, false)?;
         check_token_batch(batch, self.cfg.vocab_size)
     }
 
@@ -606,69 +610,4 @@ impl Model for T5Encoder {
             hidden: h,
         })
     }
-}
-
-/// Seeded synthetic token ids [batch, seq] (labels = ids).
-pub fn synthetic_ids(
-    vocab: usize,
-    batch: usize,
-    seq: usize,
-    seed: u64,
-    step: u64,
-) -> Result<Batch> {
-    let mut rng = Rng::derive(seed, &[0x1d5, step]);
-    let ids: Vec<i64> = (0..batch * seq)
-        .map(|_| rng.below(vocab as u64) as i64)
-        .collect();
-    let t = Tensor::from_i64(ids, &[batch, seq])?;
-    Ok(Batch {
-        inputs: t.clone(),
-        labels: t,
-    })
-}
-
-/// Token ids (and optional labels) from a safetensors file with `input_ids` [batch, seq].
-pub fn load_inputs(path: &Path) -> Result<Batch> {
-    inputs_from(load_safetensors(path)?, path)
-}
-
-/// [`load_inputs`] from the tensors of a loaded file; `path` names it in errors.
-pub fn inputs_from(mut map: BTreeMap<String, Tensor>, path: &Path) -> Result<Batch> {
-    let ids = map.remove("input_ids").ok_or_else(|| {
-        Error::tensor(
-            format!("{}: input_ids", path.display()),
-            "missing (expected int64 [batch, seq])",
-        )
-    })?;
-    if ids.dtype() != DType::I64 || ids.rank() != 2 {
-        return Err(Error::tensor(
-            format!("{}: input_ids", path.display()),
-            format!(
-                "expected int64 [batch, seq], got {} {:?}",
-                ids.dtype(),
-                ids.shape()
-            ),
-        ));
-    }
-    let labels = match map.remove("labels") {
-        Some(l) => {
-            if l.dtype() != DType::I64 || l.shape() != ids.shape() {
-                return Err(Error::tensor(
-                    format!("{}: labels", path.display()),
-                    format!(
-                        "expected int64 {:?}, got {} {:?}",
-                        ids.shape(),
-                        l.dtype(),
-                        l.shape()
-                    ),
-                ));
-            }
-            l
-        }
-        None => ids.clone(),
-    };
-    Ok(Batch {
-        inputs: ids,
-        labels,
-    })
 }

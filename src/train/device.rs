@@ -157,10 +157,7 @@ impl Trainer {
     pub(super) fn batch_to_device(&self, b: &Batch) -> Result<Batch> {
         let dev = self.dev()?;
         self.model.check_batch(b)?;
-        Ok(Batch {
-            inputs: b.inputs.to_device(&dev)?,
-            labels: b.labels.to_device(&dev)?,
-        })
+        b.try_map(|t| t.to_device(&dev))
     }
 
     /// Loss: its value left in a slot for the read, divided by the micro-batch count when

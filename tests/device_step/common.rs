@@ -102,10 +102,10 @@ pub fn batch(seed: u64, spread: f32) -> Batch {
     let v = (0..8 * 12)
         .map(|_| ((rng.uniform() * 2.0 - 1.0) * spread as f64) as f32)
         .collect();
-    Batch {
-        inputs: Tensor::from_f32(v, &[8, 12], DType::F32).unwrap(),
-        labels: Tensor::from_i64(vec![0; 8], &[8]).unwrap(),
-    }
+    Batch::new(
+        Tensor::from_f32(v, &[8, 12], DType::F32).unwrap(),
+        Tensor::from_i64(vec![0; 8], &[8]).unwrap(),
+    )
 }
 
 pub fn run(cfg: &TrainConfig, backend: BackendKind, steps: u64, spread: f32) -> Vec<StepRecord> {

@@ -93,10 +93,14 @@ pub(super) fn embedding_bwd<T: Finish>(
     ids: &[i64],
     v: usize,
     d: usize,
+    pad: i64,
     dtype: crate::DType,
 ) -> Result<Computed> {
     let mut acc = vec![0f64; v * d];
     for (&id, row) in ids.iter().zip(g.chunks(d.max(1))) {
+        if id == pad {
+            continue;
+        }
         let dst = &mut acc[id as usize * d..(id as usize + 1) * d];
         for (a, &x) in dst.iter_mut().zip(row) {
             *a += x.f64();

@@ -206,12 +206,14 @@ pub fn embedding(w: &Tensor, ids: &Tensor, out_shape: &[usize]) -> Result<Tensor
 }
 
 /// The embedding weight gradient: rows of `g` added at `ids` in f64 in position order,
-/// rounded once to `[v, d]` (the positions sorted by id on the device first, stably).
+/// rounded once to `[v, d]` (the positions sorted by id on the device first, stably); the
+/// row of id `pad` (PyTorch's `padding_idx`; -1 for none) stays zero.
 pub fn embedding_backward(
     g: &Tensor,
     ids: &Tensor,
     v: usize,
     d: usize,
+    pad: i64,
     counts: u64,
 ) -> Result<Tensor> {
     let dev = device_of("embedding", &[g, ids])?;
@@ -285,6 +287,6 @@ pub fn embedding_backward(
     } else {
         ("amp_embedding_backward", vv * dd)
     };
-    launch!(dev, kernel, threads, &gp, &sp, &tp, &op_, &yp, &k, &dd, &vv, &counts);
+    launch!(dev, kernel, threads, &gp, &sp, &tp, &op_, &yp, &k, &dd, &vv, &pad, &counts);
     Ok(out)
 }

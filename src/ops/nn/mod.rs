@@ -161,6 +161,17 @@ impl Engine {
     /// int64 `ids` [...], giving [..., D]. The weight gradient is a scatter-add accumulated
     /// in f64 and rounded once; the ids get none.
     pub fn embedding(&mut self, weight: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        self.embedding_padded(weight, ids, None)
+    }
+
+    /// [`Engine::embedding`] with PyTorch's `padding_idx`: the positions holding `pad` add
+    /// nothing to the weight gradient, so that row gets none from this lookup.
+    pub fn embedding_padded(
+        &mut self,
+        weight: &Tensor,
+        ids: &Tensor,
+        pad: Option<i64>,
+    ) -> Result<Tensor> {
         const OP: &str = "embedding";
         expect_float(weight, OP, "weight")?;
         if weight.rank() != 2 {
@@ -176,6 +187,13 @@ impl Engine {
             ));
         }
         let (v, d) = (weight.shape()[0], weight.shape()[1]);
+        if let Some(p) = pad.filter(|&p| p < 0 || p as usize >= v) {
+            return Err(Error::shape(
+                OP,
+                format!("padding_idx {p} is outside the vocabulary of {v}"),
+            ));
+        }
+        let pad = pad.unwrap_or(-1);
         // Host ids are checked here; device ids cannot be without a read back (an id out
         // of range gives a NaN row and no gradient there).
         if let Ok(idv) = ids.i64s() {
@@ -205,7 +223,7 @@ impl Engine {
             let bw = Box::new(move |g: &Tensor| {
                 check_grad(g, &out_shape, OP)?;
                 let (slot, counts) = super::device_counts(g)?;
-                let dw = cuda::embedding_backward(g, &idd, v, d, counts)?;
+                let dw = cuda::embedding_backward(g, &idd, v, d, pad, counts)?;
                 Ok(vec![grad(Computed::pending(dw, slot)), None])
             });
             return self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw));
@@ -224,7 +242,7 @@ impl Engine {
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, OP)?;
             let ids = idt.i64s()?;
-            let r = super::with_float!(g, OP, |gd| embedding_bwd(gd, ids, v, d, dtype))?;
+            let r = super::with_float!(g, OP, |gd| embedding_bwd(gd, ids, v, d, pad, dtype))?;
             Ok(vec![grad(r), None])
         });
         let out = Computed::new(out, RoundCounts::default());

@@ -189,16 +189,17 @@ extern "C" __global__ void amp_embedding_scatter(const long long* ids, const lon
 }
 
 // One thread per (id, column j): the id's rows of g in position order, added in f64 from 0
-// and rounded once into y (v × d), counting.
+// and rounded once into y (v × d), counting; the row of `pad` (padding_idx, -1: none)
+// adds nothing.
 extern "C" __global__ void amp_embedding_backward(const void* g, const long long* sorted,
                                                   const long long* total,
                                                   const long long* offset, void* y, int kind,
-                                                  u64 d, u64 v, u64* counts) {
+                                                  u64 d, u64 v, long long pad, u64* counts) {
     u32 over = 0, under = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < v * d;
          i += (u64)gridDim.x * blockDim.x) {
         u64 id = i / d, j = i % d;
-        long long k = offset[id], end = k + total[id];
+        long long k = offset[id], end = (long long)id == pad ? k : k + total[id];
         double s = 0.0;
         // Loads a group ahead of the adds, which stay in order.
         for (; k + 8 <= end; k += 8) {
@@ -218,13 +219,14 @@ extern "C" __global__ void amp_embedding_backward(const void* g, const long long
 extern "C" __global__ void amp_embedding_backward_warp(const void* g, const long long* sorted,
                                                        const long long* total,
                                                        const long long* offset, void* y,
-                                                       int kind, u64 d, u64 v, u64* counts) {
+                                                       int kind, u64 d, u64 v, long long pad,
+                                                       u64* counts) {
     u32 over = 0, under = 0;
     double* scratch = warp_scratch();
     u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < v * d; i += warps) {
         u64 id = i / d, j = i % d;
-        long long start = offset[id], cnt = total[id];
+        long long start = offset[id], cnt = (long long)id == pad ? 0 : total[id];
         double s = 0.0;
         for (long long c = 0; c < cnt; c += 32) {
             long long k = c + (long long)lane;
