@@ -12,6 +12,7 @@ use crate::models::gpt2::{Gpt2, Gpt2Config};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::models::mlp::{synthetic_batch, Mlp};
 use crate::models::t5::{T5Config, T5Encoder};
+use crate::models::t5_seq2seq::T5Seq2Seq;
 use crate::models::tokens::{load_inputs, synthetic_ids};
 use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore};
@@ -179,6 +180,18 @@ fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.max_positions.min(64))?;
             Ok((Box::new(m), params, data))
         }
+        "t5-seq2seq" => {
+            let (config_path, weights) = hf_paths(cfg, "t5")?;
+            let mut m = T5Seq2Seq::load_config(&config_path)?;
+            m.enc.clamp = cfg.model.t5_clamp.unwrap_or(false);
+            let params = if weights.as_os_str().is_empty() {
+                m.init(train.seed)?
+            } else {
+                m.load(&weights)?
+            };
+            let data = token_data(cfg, train, m.enc.cfg.vocab_size, 64)?;
+            Ok((Box::new(m), params, data))
+        }
         "bert" => {
             let (config_path, weights) = hf_paths(cfg, "bert")?;
             let m = Bert::new(BertConfig::load(&config_path)?);
@@ -192,7 +205,9 @@ fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
         }
         other => Err(Error::config(
             "model.kind",
-            format!("unknown model kind `{other}` (expected mlp, t5, gpt2, llama or bert)"),
+            format!(
+                "unknown model kind `{other}` (expected mlp, t5, t5-seq2seq, gpt2, llama or bert)"
+            ),
         )),
     }
 }
@@ -237,6 +252,17 @@ pub fn architecture(path: &std::path::Path) -> Result<String> {
             _ => None,
         }
     });
+    // A T5 checkpoint is the encoder alone unless it says it is the whole model.
+    let seq2seq = v
+        .get("architectures")
+        .and_then(|a| a.as_array())
+        .is_some_and(|a| {
+            a.iter()
+                .any(|x| x.as_str() == Some("T5ForConditionalGeneration"))
+        });
+    if mt == Some("t5") && seq2seq {
+        return Ok("t5-seq2seq".into());
+    }
     match mt {
         Some(t) => HF_ARCHITECTURES
             .iter()

@@ -497,6 +497,23 @@ fn the_bert_sample_matches_the_emulator_in_every_precision_mode() {
     hf_sample_in_every_mode("samples/bert_overflow_tiny");
 }
 
+/// The full T5 sample (scripts/make_t5_seq2seq.py's checkpoint: encoder padding, the
+/// causal decoder with cross-attention, an untied head; decoder block 1's `wo` past 65504)
+/// on the device, step for step as on the emulator, with the clamp off and on.
+#[test]
+fn the_t5_seq2seq_sample_matches_the_emulator_in_every_precision_mode() {
+    hf_sample_in_every_mode("samples/t5_seq2seq_tiny");
+    if !device_or_skip() {
+        return;
+    }
+    let dir = "samples/t5_seq2seq_tiny";
+    let cpu = t5(dir, Precision::Half, true, BackendKind::Cpu, 2, |_| {});
+    let dev = t5(dir, Precision::Half, true, BackendKind::Cuda, 2, |_| {});
+    t5_close(&cpu, &dev, "t5 seq2seq half clamp");
+    same_ops(&cpu, &dev, "t5 seq2seq half clamp");
+    same_clamp_bounds(&cpu, &dev, "t5 seq2seq half clamp");
+}
+
 /// The LLaMA sample (scripts/make_llama.py's checkpoint: grouped-query attention, rotary
 /// embeddings, RMSNorm, SwiGLU; layer 1's MLP output past fp16's range) in every
 /// precision mode on both backends.

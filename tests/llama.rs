@@ -115,7 +115,7 @@ fn run_hf_picks_the_architecture_of_the_checkpoint() {
     }
 }
 
-/// compare and report take the traces of the LLaMA, GPT-2 and BERT samples: the fp16 run diverges
+/// compare and report take the traces of the LLaMA, GPT-2, BERT and full T5 samples: the fp16 run diverges
 /// from fp32 first at the op where the overflow starts.
 #[test]
 fn compare_and_report_work_on_the_samples() {
@@ -130,6 +130,10 @@ fn compare_and_report_work_on_the_samples() {
         (
             "bert_overflow",
             "`linear` in `bert.encoder.layer.1.output.dense`",
+        ),
+        (
+            "t5_seq2seq",
+            "`linear` in `decoder.block.1.layer.2.DenseReluDense.wo`",
         ),
     ] {
         let trace = |p: &str| tmp.path().join(format!("{sample}-{p}.jsonl"));

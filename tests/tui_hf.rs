@@ -1,4 +1,4 @@
-//! The terminal UI over real traces of the GPT-2, LLaMA and BERT samples (fp16 autocast): the
+//! The terminal UI over real traces of the GPT-2, LLaMA, BERT and full T5 samples (fp16 autocast): the
 //! first-Inf and first-NaN cards name their modules, and `f` jumps to the op where the
 //! overflow starts.
 
@@ -43,6 +43,12 @@ fn the_cards_and_the_jump_name_the_origin_in_each_sample() {
             "bert_overflow",
             "bert.encoder.layer.1.output.dense",
             "bert.encoder.layer.1.output.LayerNorm",
+            "linear",
+        ),
+        (
+            "t5_seq2seq",
+            "decoder.block.1.layer.2.DenseReluDense.wo",
+            "decoder.final_layer_norm",
             "linear",
         ),
     ] {

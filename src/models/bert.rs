@@ -15,11 +15,11 @@
 //! labels not -100 (no fp32 upcast of the scores in transformers; autocast runs the loss
 //! in fp32).
 
+use super::masks::extended_mask;
 use super::t5::{bool_field, check_size, config_json, prob_field, usize_field};
-use super::tokens::{check_ids, check_token_batch, forward_ids};
+use super::tokens::{check_ids, check_token_batch, drop_full_mask, forward_ids};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
-use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -410,29 +410,6 @@ impl Bert {
     }
 }
 
-/// transformers' eager bidirectional mask [b, 1, 1, s] for an int64 `attention_mask`
-/// [b, s] (on the host or the device): 0 where it is 1, the smallest finite value of
-/// `like`'s dtype (the embeddings') where it is 0.
-fn extended_mask(e: &mut Engine, mask: &Tensor, like: &Tensor) -> Result<Tensor> {
-    let (b, s) = (mask.shape()[0], mask.shape()[1]);
-    let dtype = like.dtype();
-    let min = match dtype {
-        DType::F16 => -65504.0,
-        DType::BF16 => -f32::from_bits(0x7f7f_0000),
-        _ => f32::MIN,
-    };
-    let scalar = |v: f32| -> Result<Tensor> {
-        let t = Tensor::from_f32(vec![v], &[1, 1, 1, 1], dtype)?;
-        match like.device() {
-            Some(d) => t.to_device(d),
-            None => Ok(t),
-        }
-    };
-    let cond = mask.view_as(&[b, 1, 1, s])?;
-    let (zero, min) = (scalar(0.0)?, scalar(min)?);
-    e.where_(&cond, &zero, &min)
-}
-
 impl Model for Bert {
     fn describe(&self) -> String {
         let c = &self.cfg;
@@ -474,13 +451,8 @@ impl Model for Bert {
 
     /// An attention mask that marks no padding is dropped, as transformers' eager mask
     /// is skipped then.
-    fn prepare_batch(&self, mut batch: Batch) -> Result<Batch> {
-        if let Some(m) = &batch.attention_mask {
-            if m.device().is_none() && !m.i64s()?.contains(&0) {
-                batch.attention_mask = None;
-            }
-        }
-        Ok(batch)
+    fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
+        drop_full_mask(batch)
     }
 
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {

@@ -16,6 +16,7 @@
 //! fp32, labels padded with -100 and shifted left by one (done on the host, see
 //! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
 
+use super::masks::causal_mask;
 use super::t5::{check_size, config_json, usize_field};
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
@@ -452,33 +453,6 @@ pub(crate) fn causal_lm_output(
         logits,
         hidden: h,
     })
-}
-
-/// transformers' additive causal mask for eager attention, [1, 1, s, s]: 0 on and below the
-/// diagonal, the smallest finite value of `like`'s dtype (the embeddings', so fp32 under
-/// autocast and fp16 in a pure-fp16 model) above it, on `like`'s device.
-pub(crate) fn causal_mask(s: usize, like: &Tensor) -> Result<Tensor> {
-    let min = match like.dtype() {
-        DType::F16 => -65504.0,
-        DType::BF16 => -f32::from_bits(0x7f7f_0000),
-        _ => f32::MIN,
-    };
-    let mut m = vec![0.0f32; s * s];
-    for q in 0..s {
-        for k in q + 1..s {
-            m[q * s + k] = min;
-        }
-    }
-    let dtype = if like.dtype().is_float() && like.dtype() != DType::F64 {
-        like.dtype()
-    } else {
-        DType::F32
-    };
-    let t = Tensor::from_f32(m, &[1, 1, s, s], dtype)?;
-    match like.device() {
-        Some(d) => t.to_device(d),
-        None => Ok(t),
-    }
 }
 
 impl Model for Gpt2 {

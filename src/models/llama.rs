@@ -11,7 +11,8 @@
 //! Objective: transformers' `ForCausalLMLoss`, as for GPT-2 (logits cast to fp32, labels
 //! padded with -100 and shifted left by one on the host).
 
-use super::gpt2::{causal_lm_labels, causal_lm_output, causal_mask};
+use super::gpt2::{causal_lm_labels, causal_lm_output};
+use super::masks::causal_mask;
 use super::t5::{check_size, config_json, usize_field};
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params};

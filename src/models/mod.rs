@@ -3,8 +3,10 @@
 pub mod bert;
 pub mod gpt2;
 pub mod llama;
+pub mod masks;
 pub mod mlp;
 pub mod t5;
+pub mod t5_seq2seq;
 pub mod tokens;
 pub mod weights;
 

@@ -1,12 +1,15 @@
-//! T5 encoder from Hugging Face files (`config.json` + safetensors), mirroring the forward
-//! of transformers' `modeling_t5.py` with its explicit casts: the variance of T5LayerNorm in
-//! fp32, `.float()` before the attention softmax and `type_as` after it, the cast of the
-//! FFN activations to `wo.weight`'s dtype, and (optionally) the fp16 clamp in T5Block.
+//! T5 encoder from Hugging Face files (`config.json` + safetensors), mirroring the eager
+//! forward of transformers 5.x's `modeling_t5.py` with its casts: the variance of
+//! T5LayerNorm in fp32, attention scores plus the position bias out of place (so fp32
+//! under autocast) plus the padding mask, the cast of the FFN activations to
+//! `wo.weight`'s dtype, and (optionally) the fp16 clamp in T5Block. The blocks' parts are
+//! shared with the full model ([`super::t5_seq2seq`]).
 //!
 //! Training objective: logits = (last hidden state × d_model^-0.5) · shared.weightᵀ, loss =
 //! mean cross-entropy over all positions against `labels` (default: the input ids).
 
-use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
+use super::masks::extended_mask;
+use super::tokens::{check_token_batch, drop_full_mask, forward_ids, refuse_inputs};
 pub use super::tokens::{inputs_from, load_inputs, synthetic_ids};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
@@ -17,6 +20,17 @@ use crate::rng::Rng;
 use crate::tensor::Tensor;
 use serde::Serialize;
 use std::path::Path;
+
+/// Which attention of a T5 block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attention {
+    /// The encoder's self-attention (bidirectional buckets).
+    Encoder,
+    /// The decoder's self-attention (causal buckets).
+    Decoder,
+    /// The decoder's attention over the encoder output.
+    Cross,
+}
 
 /// Feed-forward variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -355,17 +369,24 @@ impl T5Encoder {
         init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.05)
     }
 
-    /// Relative position buckets [q, k] (bidirectional), as transformers computes them:
-    /// the logarithmic part in f32, truncated.
-    pub fn buckets(&self, len: usize) -> Vec<i64> {
-        let nb = (self.cfg.num_buckets / 2) as i64;
+    /// Relative position buckets [q, k] as transformers computes them (the logarithmic
+    /// part in f32, truncated): bidirectional (the encoder: half the buckets for keys
+    /// after the query) or causal (the decoder: all buckets for keys at or before it).
+    pub fn buckets(&self, q_len: usize, k_len: usize, bidirectional: bool) -> Vec<i64> {
+        let mut nb = self.cfg.num_buckets as i64;
+        if bidirectional {
+            nb /= 2;
+        }
         let max_exact = nb / 2;
-        let mut out = Vec::with_capacity(len * len);
-        for q in 0..len as i64 {
-            for k in 0..len as i64 {
+        let mut out = Vec::with_capacity(q_len * k_len);
+        for q in 0..q_len as i64 {
+            for k in 0..k_len as i64 {
                 let rel = k - q;
-                let mut b = if rel > 0 { nb } else { 0 };
-                let r = rel.abs();
+                let (mut b, r) = if bidirectional {
+                    (if rel > 0 { nb } else { 0 }, rel.abs())
+                } else {
+                    (0, (-rel).max(0))
+                };
                 if r < max_exact {
                     b += r;
                 } else {
@@ -388,7 +409,7 @@ impl T5Encoder {
 
     /// T5LayerNorm: RMS norm with the variance in fp32, output cast to the weight's dtype
     /// when that is fp16/bf16 (and, in O2, back to the low dtype).
-    fn layer_norm(
+    pub(crate) fn layer_norm(
         &self,
         e: &mut Engine,
         p: &ParamAccess<'_>,
@@ -412,45 +433,68 @@ impl T5Encoder {
         Ok(out)
     }
 
-    fn attention(
+    /// One attention of layer `a` (`encoder.block.0.layer.0`, ...), as transformers 5.x's
+    /// eager T5Attention: scores `q·kᵀ` (no scaling), plus the position bias (out of place,
+    /// so under autocast the sum is fp32), plus the additive `mask` if any, softmax, dropout,
+    /// `·v`, `o`. Self-attention takes its bias from `relative_attention_bias` (the first
+    /// block's, then `bias` as set there; bidirectional buckets in the encoder, causal in the
+    /// decoder); cross-attention attends over `kv` with a zero bias in the queries' dtype.
+    pub(crate) fn attention(
         &self,
         e: &mut Engine,
         p: &ParamAccess<'_>,
-        a: &str,
-        x: &Tensor,
+        (a, kind): (&str, Attention),
+        (x, kv): (&Tensor, Option<&Tensor>),
+        mask: Option<&Tensor>,
         bias: &mut Option<Tensor>,
     ) -> Result<Tensor> {
         let (b, s) = (x.shape()[0], x.shape()[1]);
+        let src = kv.unwrap_or(x);
+        let t = src.shape()[1];
         let (h, dk) = (self.cfg.num_heads as isize, self.cfg.d_kv as isize);
-        let sa = format!("{a}.SelfAttention");
-        let proj = |e: &mut Engine, name: &str| -> Result<Tensor> {
+        let sa = match kind {
+            Attention::Cross => format!("{a}.EncDecAttention"),
+            _ => format!("{a}.SelfAttention"),
+        };
+        let proj = |e: &mut Engine, name: &str, from: &Tensor| -> Result<Tensor> {
             let w = p.get(e, &format!("{sa}.{name}.weight"))?;
-            let y = e.scope(name, |e| e.linear(x, &w, None))?;
-            let y = e.view(&y, &[b as isize, s as isize, h, dk])?;
+            let y = e.scope(name, |e| e.linear(from, &w, None))?;
+            let y = e.view(&y, &[b as isize, from.shape()[1] as isize, h, dk])?;
             e.transpose(&y, 1, 2)
         };
         e.push_module(&sa);
         let r = (|| -> Result<Tensor> {
-            let q = proj(e, "q")?;
-            let k = proj(e, "k")?;
-            let v = proj(e, "v")?;
-            let kt = e.transpose(&k, 3, 2)?;
+            let q = proj(e, "q", x)?;
+            let k = proj(e, "k", src)?;
+            let v = proj(e, "v", src)?;
+            let kt = e.transpose(&k, 2, 3)?;
             let scores = e.matmul(&q, &kt)?;
             if bias.is_none() {
-                let w = p.get(e, &format!("{sa}.relative_attention_bias.weight"))?;
-                let ids = Tensor::from_i64(self.buckets(s), &[s, s])?;
-                let vals = e.scope("relative_attention_bias", |e| e.embedding(&w, &ids))?;
-                let vals = e.permute(&vals, &[2, 0, 1])?;
-                *bias = Some(e.unsqueeze(&vals, 0)?);
+                *bias = Some(match kind {
+                    Attention::Cross => {
+                        let z = vec![0.0f32; self.cfg.num_heads * s * t];
+                        let z = Tensor::from_f32(z, &[1, self.cfg.num_heads, s, t], q.dtype())?;
+                        match q.device() {
+                            Some(d) => z.to_device(d)?,
+                            None => z,
+                        }
+                    }
+                    _ => {
+                        let w = p.get(e, &format!("{sa}.relative_attention_bias.weight"))?;
+                        let bidirectional = kind == Attention::Encoder;
+                        let ids = Tensor::from_i64(self.buckets(s, t, bidirectional), &[s, t])?;
+                        let vals = e.scope("relative_attention_bias", |e| e.embedding(&w, &ids))?;
+                        let vals = e.permute(&vals, &[2, 0, 1])?;
+                        e.unsqueeze(&vals, 0)?
+                    }
+                });
             }
             let pb = bias.as_ref().expect("set above");
-            // `scores += position_bias` is in place: computed in the promoted type, stored
-            // in the scores' dtype.
-            let sum = e.add(&scores, pb)?;
-            let scores = e.to_dtype(&sum, scores.dtype())?;
-            let sf = e.to_dtype(&scores, DType::F32)?;
-            let attn = e.softmax(&sf, -1)?;
-            let attn = e.to_dtype(&attn, scores.dtype())?;
+            let mut scores = e.add(&scores, pb)?;
+            if let Some(m) = mask {
+                scores = e.add(&scores, m)?;
+            }
+            let attn = e.softmax(&scores, -1)?;
             let attn = e.scope("dropout", |e| {
                 e.dropout(&attn, self.cfg.dropout, self.train, 1)
             })?;
@@ -464,7 +508,7 @@ impl T5Encoder {
         r
     }
 
-    fn feed_forward(
+    pub(crate) fn feed_forward(
         &self,
         e: &mut Engine,
         p: &ParamAccess<'_>,
@@ -502,15 +546,22 @@ impl T5Encoder {
 
     /// transformers' T5Block clamp: for fp16 hidden states, clamp to ±(65504 − 1000) when
     /// any value is infinite, else to ±65504.
-    fn clamp(&self, e: &mut Engine, x: Tensor) -> Result<Tensor> {
+    pub(crate) fn clamp(&self, e: &mut Engine, x: Tensor) -> Result<Tensor> {
         if !self.clamp || x.dtype() != DType::F16 {
             return Ok(x);
         }
         e.clamp_on_inf(&x, 65504.0, 65504.0 - 1000.0)
     }
 
-    /// The encoder's last hidden state for token ids [batch, seq].
-    pub fn encode(&self, e: &mut Engine, p: &ParamAccess<'_>, ids: &Tensor) -> Result<Tensor> {
+    /// The encoder's last hidden state for token ids [batch, seq] and their attention mask
+    /// (int64 [batch, seq], 0 for padding), if any.
+    pub fn encode(
+        &self,
+        e: &mut Engine,
+        p: &ParamAccess<'_>,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         if ids.rank() != 2 || ids.dtype() != DType::I64 {
             return Err(Error::tensor(
                 "input_ids",
@@ -524,6 +575,10 @@ impl T5Encoder {
         let shared = p.get(e, "shared.weight")?;
         let mut x = e.scope("encoder.embed_tokens", |e| e.embedding(&shared, ids))?;
         x = e.scope("encoder", |e| self.dropout(e, &x, 0))?;
+        let mask = match mask {
+            Some(m) => Some(e.scope("encoder", |e| extended_mask(e, m, &x))?),
+            None => None,
+        };
         let mut bias = None;
         for i in 0..self.cfg.num_layers {
             let blk = format!("encoder.block.{i}");
@@ -531,7 +586,14 @@ impl T5Encoder {
             let n = e.scope(&format!("{a}.layer_norm"), |e| {
                 self.layer_norm(e, p, &format!("{a}.layer_norm"), &x)
             })?;
-            let att = self.attention(e, p, &a, &n, &mut bias)?;
+            let att = self.attention(
+                e,
+                p,
+                (&a, Attention::Encoder),
+                (&n, None),
+                mask.as_ref(),
+                &mut bias,
+            )?;
             x = e.scope(&a, |e| {
                 let att = self.dropout(e, &att, 3)?;
                 e.add(&x, &att)
@@ -585,12 +647,19 @@ impl Model for T5Encoder {
     }
 
     fn check_batch(&self, batch: &Batch) -> Result<()> {
-        refuse_inputs(batch, "t5-encoder", false, false)?;
+        refuse_inputs(batch, "t5-encoder", true, false)?;
         check_token_batch(batch, self.cfg.vocab_size)
     }
 
+    /// An attention mask that marks no padding is dropped, as transformers' eager mask is
+    /// skipped then.
+    fn prepare_batch(&self, batch: Batch) -> Result<Batch> {
+        drop_full_mask(batch)
+    }
+
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
-        let h = self.encode(e, p, forward_ids(self, batch)?)?;
+        let ids = forward_ids(self, batch)?;
+        let h = self.encode(e, p, ids, batch.attention_mask.as_ref())?;
         let shared = p.get(e, "shared.weight")?;
         let logits = e.scope("lm_head", |e| {
             let hs = e.mul_scalar(&h, (self.cfg.d_model as f64).powf(-0.5))?;

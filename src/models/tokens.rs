@@ -207,6 +207,17 @@ pub(crate) fn refuse_inputs(batch: &Batch, model: &str, mask: bool, types: bool)
     Ok(())
 }
 
+/// The batch without its attention mask when that marks no padding (a host mask of all
+/// ones): transformers skips its eager mask then.
+pub(crate) fn drop_full_mask(mut batch: Batch) -> Result<Batch> {
+    if let Some(m) = &batch.attention_mask {
+        if m.device().is_none() && !m.i64s()?.contains(&0) {
+            batch.attention_mask = None;
+        }
+    }
+    Ok(batch)
+}
+
 /// The token ids a language model's forward takes: int64, and checked by the model's
 /// `check_batch` when on the host (device ids were checked before they were copied).
 pub(crate) fn forward_ids<'a>(model: &dyn Model, batch: &'a Batch) -> Result<&'a Tensor> {
