@@ -9,12 +9,27 @@
 # Each part runs under its own time limit, so one that hangs costs its limit, not the
 # machine. Prints one summary table; results go to $OUT (or gpu-results/) as text and JSON.
 #
-#   scripts/gpu-check.sh [--quick]     # --quick: both benches with 2 layers
+# The Hugging Face samples (GPT-2, LLaMA, BERT, the full T5) each run one step on the
+# device and on the CPU; their diagnoses must read the same.
+#
+#   scripts/gpu-check.sh [--quick | --no-bench]  # --quick: both benches with 2 layers
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 quick=${1:-}
+
+# One step of samples/$1.toml on each backend: the diagnoses (all but the header line,
+# which names the backend) must be equal.
+same_diagnosis() {
+    local s=$1
+    gpu-bin/amprobe run "samples/$s.toml" --steps 1 --backend cuda >"$out/$s-cuda.txt" 2>&1
+    gpu-bin/amprobe run "samples/$s.toml" --steps 1 --backend cpu >"$out/$s-cpu.txt" 2>&1
+    cat "$out/$s-cuda.txt"
+    diff <(tail -n +2 "$out/$s-cpu.txt") <(tail -n +2 "$out/$s-cuda.txt")
+}
+export -f same_diagnosis
+export out
 
 . scripts/gpu-libpath.sh
 export AMPROBE_REQUIRE_GPU=1
@@ -36,12 +51,19 @@ step doctor 60 gpu-bin/amprobe doctor
 gpu-bin/amprobe doctor --json >"$out/doctor.json" 2>/dev/null
 step cuda_kernels 120 gpu-bin/cuda_kernels --test-threads=1
 step gpu_parity 180 gpu-bin/gpu_parity --test-threads=1 --nocapture
-step device_step 240 gpu-bin/device_step --test-threads=1
+step device_step 240 gpu-bin/device_step --test-threads=1 --nocapture
 step engine_step 120 gpu-bin/engine_step --test-threads=1
 step run_cuda 60 gpu-bin/amprobe run samples/t5_overflow.toml --backend cuda --trace "$out/t5_cuda.jsonl"
 step run_cpu 60 gpu-bin/amprobe run samples/t5_overflow.toml --backend cpu --trace "$out/t5_cpu.jsonl"
 step run_auto 60 gpu-bin/amprobe run samples/t5_overflow.toml --backend auto --trace "$out/t5_auto.jsonl"
 step selftest 120 gpu-bin/amprobe doctor --selftest
+for s in gpt2_overflow llama_overflow bert_overflow t5_seq2seq; do
+    step "hf_$s" 60 bash -c "same_diagnosis $s"
+done
+if [ "$quick" = "--no-bench" ]; then
+    echo; echo "== summary ($(tail -n 1 "$out/nvidia-smi.txt"))"; printf '%s\n' "${rows[@]}"
+    exit 0
+fi
 layers=12; [ "$quick" = "--quick" ] && layers=2
 step torch_bench 240 python3 scripts/bench_t5_gpu_torch.py --layers "$layers" --json "$out/torch_bench.json"
 step amprobe_bench 300 gpu-bin/t5_base_gpu --layers "$layers" --json "$out/amprobe_bench.json" \

@@ -28,6 +28,14 @@ pub fn device_or_skip() -> bool {
     }
 }
 
+/// True when the GPU is real hardware, not the project's simulated device.
+pub fn on_hardware() -> bool {
+    match detect() {
+        Detection::Available(info) => info.devices.iter().any(|d| !d.simulated),
+        Detection::Unavailable { .. } => false,
+    }
+}
+
 /// Linear → ReLU → Linear with a loss of ops that every backend runs: the logits summed by
 /// two products with ones (so the loss is a sum, its gradient all ones).
 #[derive(Clone)]
