@@ -1,6 +1,7 @@
-//! GPT-2-mini and LLaMA-mini training steps on the CPU, the T5-mini workload's sizes for
-//! the other architectures: hidden 256, MLP 1024, 4 layers, 4 heads of 64 (LLaMA: 2
-//! key/value heads), vocab 512, batch 8, seq 128, the causal LM loss, SGD; fp32 and
+//! GPT-2-mini, LLaMA-mini, BERT-mini and T5-mini (the whole encoder–decoder) training
+//! steps on the CPU, the T5-mini workload's sizes for the other architectures: hidden 256,
+//! MLP 1024, 4 layers (the full T5: 4 + 4), 4 heads of 64 (LLaMA: 2 key/value heads),
+//! vocab 512, batch 8, seq 128, each model's own loss on labels = the ids, SGD; fp32 and
 //! emulated fp16 and bf16 autocast, probes off and on, median of `AMPROBE_BENCH_REPS`
 //! steps (default 5) after one warm-up step. `scripts/bench_hf_torch.py` runs PyTorch on
 //! the same workloads.
@@ -11,9 +12,11 @@
 //! ```
 
 use amprobe::amp::mode::Precision;
+use amprobe::models::bert::{Bert, BertConfig};
 use amprobe::models::gpt2::{Gpt2, Gpt2Config};
 use amprobe::models::llama::{Llama, LlamaConfig};
 use amprobe::models::t5::synthetic_ids;
+use amprobe::models::t5_seq2seq::T5Seq2Seq;
 use amprobe::models::Model;
 use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
@@ -23,6 +26,13 @@ use std::time::Instant;
 const GPT2: &str = r#"{"model_type": "gpt2", "vocab_size": 512, "n_positions": 128,
     "n_embd": 256, "n_layer": 4, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
     "attn_pdrop": 0.0}"#;
+const BERT: &str = r#"{"model_type": "bert", "vocab_size": 512, "hidden_size": 256,
+    "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "max_position_embeddings": 128, "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0}"#;
+const T5: &str = r#"{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
+    "vocab_size": 512, "d_model": 256, "d_ff": 1024, "d_kv": 64, "num_heads": 4,
+    "num_layers": 4, "feed_forward_proj": "relu", "dropout_rate": 0.0}"#;
 const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 512, "hidden_size": 256,
     "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 128}"#;
@@ -32,6 +42,16 @@ fn trainer(model: &str, precision: Precision, probes: bool) -> Trainer {
     let (m, params): (Box<dyn Model>, _) = match model {
         "gpt2" => {
             let m = Gpt2::new(Gpt2Config::parse(GPT2, here).expect("config"));
+            let p = m.init(0).expect("init");
+            (Box::new(m), p)
+        }
+        "bert" => {
+            let m = Bert::new(BertConfig::parse(BERT, here).expect("config"));
+            let p = m.init(0).expect("init");
+            (Box::new(m), p)
+        }
+        "t5" => {
+            let m = T5Seq2Seq::parse_config(T5, here).expect("config");
             let p = m.init(0).expect("init");
             (Box::new(m), p)
         }
@@ -92,7 +112,7 @@ fn main() {
         return;
     }
     println!("model  mode  probes off ms  probes on ms  on/off");
-    for model in ["gpt2", "llama"] {
+    for model in ["gpt2", "llama", "bert", "t5"] {
         for mode in ["fp32", "fp16", "bf16"] {
             let p = Precision::parse(mode).expect("mode");
             let off = median_ms(model, p, false, reps);

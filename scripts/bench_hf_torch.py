@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""PyTorch on the GPT-2-mini and LLaMA-mini workloads of `cargo bench --bench hf_step`:
-transformers GPT2LMHeadModel / LlamaForCausalLM with hidden 256, MLP 1024, 4 layers, 4 heads
-(LLaMA: 2 key/value heads), vocab 512, batch 8, seq 128, the causal LM loss
+"""PyTorch on the GPT-2-mini, LLaMA-mini, BERT-mini and T5-mini workloads of `cargo bench
+--bench hf_step`: transformers GPT2LMHeadModel / LlamaForCausalLM / BertForMaskedLM /
+T5ForConditionalGeneration with hidden 256, MLP 1024, 4 layers (T5: 4 + 4, relu), 4 heads
+(LLaMA: 2 key/value heads), vocab 512, batch 8, seq 128, each model's loss
 (`model(input_ids, labels=input_ids).loss`), SGD(lr=0.01), torch.amp.GradScaler on CPU,
 eager attention, dropout 0, 2 threads. One warm-up step, then the median of --reps steps.
 Needs torch and transformers; CI does not run it.
@@ -13,7 +14,8 @@ import statistics
 import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM, T5Config, T5ForConditionalGeneration)
 
 
 def model_for(name):
@@ -22,6 +24,17 @@ def model_for(name):
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         cfg._attn_implementation = "eager"
         return GPT2LMHeadModel(cfg)
+    if name == "bert":
+        cfg = BertConfig(vocab_size=512, hidden_size=256, intermediate_size=1024,
+                         num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=128,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        cfg._attn_implementation = "eager"
+        return BertForMaskedLM(cfg)
+    if name == "t5":
+        cfg = T5Config(vocab_size=512, d_model=256, d_ff=1024, d_kv=64, num_heads=4, num_layers=4,
+                       feed_forward_proj="relu", dropout_rate=0.0, use_cache=False)
+        cfg._attn_implementation = "eager"
+        return T5ForConditionalGeneration(cfg)
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     cfg._attn_implementation = "eager"
@@ -30,7 +43,7 @@ def model_for(name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", choices=("gpt2", "llama"))
+    ap.add_argument("model", choices=("gpt2", "llama", "bert", "t5"))
     ap.add_argument("mode", choices=("fp32", "fp16", "bf16"))
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()

@@ -79,12 +79,12 @@ if [ "$mode" = "--device" ]; then
          echo TUI-EXIT=\$?; sleep 600"
     wait_for device 'status +finished' 120
     grep -Eq 'backend +cuda on ' "$work/pane.txt" || fail "the device is not named"
-    grep -Eq 'first Inf +step 0 · fwd #209 linear @ encoder.block.3.layer.1.DenseReluDense.wo' \
+    grep -Eq 'first Inf +step 0 · fwd #201 linear @ encoder.block.3.layer.1.DenseReluDense.wo' \
         "$work/pane.txt" || fail "not the emulator's first Inf"
-    grep -Eq 'first NaN +step 0 · fwd #216 mul @ encoder.final_layer_norm' "$work/pane.txt" \
+    grep -Eq 'first NaN +step 0 · fwd #208 mul @ encoder.final_layer_norm' "$work/pane.txt" \
         || fail "not the emulator's first NaN"
     key device 4 '\[4 Ops\]'
-    key device f 'first non-finite: step 0 #209'
+    key device f 'first non-finite: step 0 #201'
     tm send-keys -t device q
     wait_for device 'TUI-EXIT=0' 10
     echo "tui-tmux-test: ok"

@@ -133,7 +133,7 @@ fn the_t5_diagnosis_on_the_device_is_the_emulators() {
     let (cpu, dev) = (run("cpu"), run("cuda"));
     let rest = |s: &str| s.lines().skip(1).collect::<Vec<_>>().join("\n");
     assert!(
-        cpu.contains("first Inf: step 0 forward op #209 `linear`"),
+        cpu.contains("first Inf: step 0 forward op #201 `linear`"),
         "{cpu}"
     );
     assert_eq!(rest(&cpu), rest(&dev));
@@ -217,11 +217,18 @@ fn bisect_fix_and_compare_on_the_device_say_what_the_emulator_says() {
         );
         text(&o.stdout)
     };
-    // The lines that name the device aside.
+    // The lines that name the device aside, and how far a remedy's run is from fp32: the
+    // device's fp32 GEMMs add in another order than the host's (the simulated cuBLAS in k
+    // order, the host's blocked), which moves a kept-fp32 run's hidden state at 1e-7.
     let plain = |s: &str| -> Vec<String> {
         s.lines()
             .filter(|l| !l.starts_with("amprobe: "))
-            .map(str::to_string)
+            .map(
+                |l| match (l.find("; loss differs from fp32"), l.find(" (relative)")) {
+                    (Some(a), Some(b)) if a < b => format!("{}{}", &l[..a], &l[b..]),
+                    _ => l.to_string(),
+                },
+            )
             .collect()
     };
     for cmd in ["bisect", "fix"] {
@@ -244,7 +251,7 @@ fn bisect_fix_and_compare_on_the_device_say_what_the_emulator_says() {
     assert!(
         key(&cpu)
             .iter()
-            .any(|l| l.contains("first divergence at step 0 forward op #209")),
+            .any(|l| l.contains("first divergence at step 0 forward op #201")),
         "{cpu}"
     );
     assert_eq!(key(&cpu), key(&dev));

@@ -94,8 +94,13 @@ impl T5Seq2Seq {
     /// Reads `config.json`.
     pub fn load_config(path: &Path) -> Result<T5Seq2Seq> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let cfg = T5Config::parse(&text, path)?;
-        let dec = Seq2SeqConfig::parse(&text, path, &cfg)?;
+        T5Seq2Seq::parse_config(&text, path)
+    }
+
+    /// [`T5Seq2Seq::load_config`] of a file's text; `path` names it in errors.
+    pub fn parse_config(text: &str, path: &Path) -> Result<T5Seq2Seq> {
+        let cfg = T5Config::parse(text, path)?;
+        let dec = Seq2SeqConfig::parse(text, path, &cfg)?;
         let m = T5Seq2Seq {
             enc: T5Encoder::new(cfg),
             dec,
