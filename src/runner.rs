@@ -15,7 +15,7 @@ use crate::models::t5::{T5Config, T5Encoder};
 use crate::models::t5_seq2seq::T5Seq2Seq;
 use crate::models::tokens::{load_inputs, synthetic_ids};
 use crate::models::weights::{load_safetensors, take};
-use crate::models::{Batch, Model, ParamStore};
+use crate::models::{Batch, Model, ParamStore, Pretrained};
 use crate::trace::io::TraceWriter;
 use crate::trace::record::{EndRecord, Header, OpRef, Record, StepRecord};
 use crate::train::confirm::{confirm_device_step, Confirmation};
@@ -113,96 +113,25 @@ fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             };
             Ok((Box::new(m), params, data))
         }
-        "t5" => {
-            let (config_path, weights) =
-                match (&cfg.model.hf, &cfg.model.hf_config, &cfg.model.weights) {
-                    (Some(dir), _, w) => {
-                        let dir = cfg.resolve(dir);
-                        (
-                            dir.join("config.json"),
-                            w.as_ref().map(|w| cfg.resolve(w)).unwrap_or(dir),
-                        )
-                    }
-                    (None, Some(c), Some(w)) => (cfg.resolve(c), cfg.resolve(w)),
-                    (None, Some(c), None) => (cfg.resolve(c), PathBuf::new()),
-                    (None, None, _) => {
-                        return Err(Error::config(
-                            "model.hf",
-                            "a t5 model needs `hf` (a checkpoint directory) or `hf_config`",
-                        ))
-                    }
-                };
-            let mut m = T5Encoder::new(T5Config::load(&config_path)?);
+        "t5" => hf_model(cfg, train, "t5", |path| {
+            let mut m = T5Encoder::new(T5Config::load(path)?);
             m.clamp = cfg.model.t5_clamp.unwrap_or(false);
-            let params = if weights.as_os_str().is_empty() {
-                m.init(train.seed)?
-            } else {
-                m.load(&weights)?
-            };
-            let data: Box<dyn DataSource> = match &cfg.data.inputs {
-                Some(p) => Box::new(FixedBatch(load_inputs(&cfg.resolve(p))?)),
-                None => {
-                    let (vocab, b, s, seed) = (
-                        m.cfg.vocab_size,
-                        cfg.data.batch.unwrap_or(8),
-                        cfg.data.seq.unwrap_or(128),
-                        train.seed,
-                    );
-                    if b == 0 || s == 0 {
-                        return Err(Error::config("data.batch / data.seq", "must be at least 1"));
-                    }
-                    Box::new(Synthetic(move |step, micro| {
-                        synthetic_ids(vocab, b, s, seed, step * 1024 + micro as u64)
-                    }))
-                }
-            };
-            Ok((Box::new(m), params, data))
-        }
-        "gpt2" => {
-            let (config_path, weights) = hf_paths(cfg, "gpt2")?;
-            let m = Gpt2::new(Gpt2Config::load(&config_path)?);
-            let params = if weights.as_os_str().is_empty() {
-                m.init(train.seed)?
-            } else {
-                m.load(&weights)?
-            };
-            let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.n_positions.min(64))?;
-            Ok((Box::new(m), params, data))
-        }
-        "llama" => {
-            let (config_path, weights) = hf_paths(cfg, "llama")?;
-            let m = Llama::new(LlamaConfig::load(&config_path)?);
-            let params = if weights.as_os_str().is_empty() {
-                m.init(train.seed)?
-            } else {
-                m.load(&weights)?
-            };
-            let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.max_positions.min(64))?;
-            Ok((Box::new(m), params, data))
-        }
-        "t5-seq2seq" => {
-            let (config_path, weights) = hf_paths(cfg, "t5")?;
-            let mut m = T5Seq2Seq::load_config(&config_path)?;
+            Ok(m)
+        }),
+        "t5-seq2seq" => hf_model(cfg, train, "t5", |path| {
+            let mut m = T5Seq2Seq::load_config(path)?;
             m.enc.clamp = cfg.model.t5_clamp.unwrap_or(false);
-            let params = if weights.as_os_str().is_empty() {
-                m.init(train.seed)?
-            } else {
-                m.load(&weights)?
-            };
-            let data = token_data(cfg, train, m.enc.cfg.vocab_size, 64)?;
-            Ok((Box::new(m), params, data))
-        }
-        "bert" => {
-            let (config_path, weights) = hf_paths(cfg, "bert")?;
-            let m = Bert::new(BertConfig::load(&config_path)?);
-            let params = if weights.as_os_str().is_empty() {
-                m.init(train.seed)?
-            } else {
-                m.load(&weights)?
-            };
-            let data = token_data(cfg, train, m.cfg.vocab_size, m.cfg.max_positions.min(64))?;
-            Ok((Box::new(m), params, data))
-        }
+            Ok(m)
+        }),
+        "gpt2" => hf_model(cfg, train, "gpt2", |path| {
+            Ok(Gpt2::new(Gpt2Config::load(path)?))
+        }),
+        "llama" => hf_model(cfg, train, "llama", |path| {
+            Ok(Llama::new(LlamaConfig::load(path)?))
+        }),
+        "bert" => hf_model(cfg, train, "bert", |path| {
+            Ok(Bert::new(BertConfig::load(path)?))
+        }),
         other => Err(Error::config(
             "model.kind",
             format!(
@@ -210,6 +139,26 @@ fn build_model(cfg: &RunConfig, train: &TrainConfig) -> Result<Built> {
             ),
         )),
     }
+}
+
+/// A Hugging Face model of kind `kind`, made by `make` from its `config.json`, with the
+/// checkpoint's weights (or a seeded init when the config names none) and token data.
+fn hf_model<M: Pretrained>(
+    cfg: &RunConfig,
+    train: &TrainConfig,
+    kind: &str,
+    make: impl FnOnce(&std::path::Path) -> Result<M>,
+) -> Result<Built> {
+    let (config_path, weights) = hf_paths(cfg, kind)?;
+    let m = make(&config_path)?;
+    let params = if weights.as_os_str().is_empty() {
+        m.seeded(train.seed)?
+    } else {
+        m.load_weights(&weights)?
+    };
+    let (vocab, seq) = m.tokens();
+    let data = token_data(cfg, train, vocab, seq)?;
+    Ok((Box::new(m), params, data))
 }
 
 /// The architectures `run --hf` takes: `model_type` in `config.json` and the model kind.

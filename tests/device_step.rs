@@ -262,6 +262,74 @@ fn a_device_masks_neg_inf_is_counted_on_the_device_and_is_no_origin() {
     assert!(!cpu_inf && !gpu_inf, "a mask's -inf is not an Inf origin");
 }
 
+/// The op records of fp16 scores plus an additive mask made as transformers makes it
+/// (`where(mask, 0, −65504)`), then softmax, on the host or on `dev`, and whether the
+/// recorder saw an Inf origin.
+fn additive_mask_records(
+    dev: Option<&std::sync::Arc<amprobe::device::cuda::CudaDevice>>,
+) -> (Vec<amprobe::trace::record::OpRecord>, bool) {
+    use amprobe::probe::recorder::Recorder;
+    let put = |t: Tensor| match dev {
+        Some(d) => t.to_device(d).unwrap(),
+        None => t,
+    };
+    if let Some(d) = dev {
+        d.with_arena(|a| a.reset(d)).unwrap();
+    }
+    // Scores −40, −20, 0, 20 per row: −65504 plus a score below −16 rounds to −inf.
+    let scores = put(Tensor::from_f32(
+        (0..8).map(|i| ((i % 4) as f32 - 2.0) * 20.0).collect(),
+        &[2, 4],
+        DType::F16,
+    )
+    .unwrap());
+    let keep = put(Tensor::from_i64(vec![0, 1, 1, 1], &[1, 4]).unwrap());
+    let scalar = |v: f32| put(Tensor::from_f32(vec![v], &[1, 1], DType::F16).unwrap());
+    let mut e = Engine::new();
+    e.add_observer(Box::new(Recorder::new()));
+    e.begin_step(0);
+    let (zero, min) = (scalar(0.0), scalar(-65504.0));
+    let mask = e.make_mask(|e| e.where_(&keep, &zero, &min)).unwrap();
+    let s = e.add(&scores, &mask).unwrap();
+    e.softmax(&s, -1).unwrap();
+    let mut obs = e.take_observers();
+    let r = obs[0].as_any_mut().downcast_mut::<Recorder>().unwrap();
+    if let Some(d) = dev {
+        let slots = d.with_arena(|a| a.read(d)).unwrap();
+        r.resolve(&slots).unwrap();
+    }
+    (r.take_ops(), r.origins().first_inf.is_some())
+}
+
+/// fp16 padding as transformers does it: a masked score of −65504 plus −40 rounds to −inf
+/// (once per row).
+/// That -inf is the mask's, on the host and on the device alike: counted as masked, no Inf
+/// origin, and neither the mask nor its sum is a headroom warning.
+#[test]
+fn an_additive_masks_neg_inf_is_the_masks_on_both_backends() {
+    let check = |ops: &[amprobe::trace::record::OpRecord], origin: bool, on: &str| {
+        let (w, a) = (&ops[0], &ops[1]);
+        assert_eq!((w.op.as_str(), a.op.as_str()), ("where", "add"), "{on}");
+        assert!(
+            w.additive_mask && a.additive_mask && !ops[2].additive_mask,
+            "{on}"
+        );
+        assert_eq!((a.stats.neg_inf, a.masked_neg_inf), (2, 2), "{on}");
+        assert!(!origin, "{on}: a mask's -inf is not an Inf origin");
+        let mut h = amprobe::diagnose::headroom::Headroom::new(Default::default());
+        h.observe(0, 1.0, ops);
+        assert!(h.report().warnings.is_empty(), "{on}: {:?}", h.report());
+    };
+    let (cpu, cpu_inf) = additive_mask_records(None);
+    check(&cpu, cpu_inf, "host");
+    if !device_or_skip() {
+        return;
+    }
+    let dev = amprobe::backend::open_device(0, false).unwrap();
+    let (gpu, gpu_inf) = additive_mask_records(Some(&dev));
+    check(&gpu, gpu_inf, "device");
+}
+
 /// An op whose backward takes several arena slots before its kernels run keeps valid
 /// counter addresses when the arena grows (and moves) in between: linear's backward with a
 /// bias takes three, and the arena (256 slots) is left one short of full before it.

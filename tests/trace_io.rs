@@ -56,6 +56,7 @@ fn op(index: u64, phase: Phase, name: &str, data: &[f32]) -> OpRecord {
         forward_op: (phase == Phase::Backward).then_some(0),
         wrt: (phase == Phase::Backward).then(|| "weight".to_string()),
         masked_neg_inf: 3,
+        additive_mask: false,
     }
 }
 

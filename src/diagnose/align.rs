@@ -129,6 +129,7 @@ mod tests {
             forward_op: None,
             wrt: None,
             masked_neg_inf: 0,
+            additive_mask: false,
         }
     }
 

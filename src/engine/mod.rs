@@ -115,6 +115,11 @@ pub struct Engine {
     phase: Phase,
     injections: Vec<Injection>,
     seed: u64,
+    /// Additive attention masks of the current forward (their dtype's lowest finite value
+    /// where attention is masked), by tensor.
+    masks: Vec<TensorId>,
+    /// True while the ops that make such a mask run.
+    making_mask: bool,
 }
 
 impl Default for Engine {
@@ -142,6 +147,8 @@ impl Engine {
             phase: Phase::Forward,
             injections: Vec::new(),
             seed: 0,
+            masks: Vec::new(),
+            making_mask: false,
         }
     }
 
@@ -211,6 +218,27 @@ impl Engine {
         self.micro = micro;
         self.phase = Phase::Forward;
         self.cast_cache.clear();
+        self.masks.clear();
+    }
+
+    /// Marks `mask` as an additive attention mask (0 where attention goes, its dtype's
+    /// lowest finite value where it is masked, as transformers' eager masks are): the ops
+    /// that take it record `additive_mask`, so the -inf they make (fp16's −65504 plus a
+    /// negative score) is the mask's, not an origin, and its extreme values are no
+    /// headroom warning.
+    pub fn mark_mask(&mut self, mask: &Tensor) {
+        self.masks.push(mask.id());
+    }
+
+    /// Runs `f`, which makes an additive attention mask: its ops record `additive_mask`,
+    /// and its result is marked as [`Engine::mark_mask`] does.
+    pub fn make_mask(&mut self, f: impl FnOnce(&mut Engine) -> Result<Tensor>) -> Result<Tensor> {
+        let was = std::mem::replace(&mut self.making_mask, true);
+        let r = f(self);
+        self.making_mask = was;
+        let t = r?;
+        self.mark_mask(&t);
+        Ok(t)
     }
 
     /// Current step.
@@ -392,6 +420,8 @@ impl Engine {
                 forward_op: None,
                 wrt: None,
                 masked_neg_inf: out.masked_neg_inf,
+                additive_mask: self.making_mask
+                    || inputs.iter().any(|t| self.masks.contains(&t.id())),
             };
             for o in &mut self.observers {
                 o.on_op(&ev);
@@ -456,6 +486,7 @@ impl Engine {
             forward_op: None,
             wrt: None,
             masked_neg_inf: 0,
+            additive_mask: false,
         };
         for o in &mut self.observers {
             o.on_op(&ev);
@@ -543,6 +574,7 @@ impl Engine {
                         forward_op: Some(node.index),
                         wrt: node.wrt.get(i).copied(),
                         masked_neg_inf: 0,
+                        additive_mask: false,
                     };
                     for o in &mut self.observers {
                         o.on_op(&ev);
@@ -595,6 +627,7 @@ impl Engine {
                 forward_op: Some(forward_op),
                 wrt: None,
                 masked_neg_inf: 0,
+                additive_mask: false,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);

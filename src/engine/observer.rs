@@ -34,6 +34,8 @@ pub struct OpEvent<'a> {
     pub wrt: Option<&'a str>,
     /// -inf values the op wrote on purpose (masks), not a numerical failure.
     pub masked_neg_inf: u64,
+    /// The op makes or applies an additive attention mask ([`super::Engine::mark_mask`]).
+    pub additive_mask: bool,
 }
 
 /// Something that watches ops: statistics, origin tracking, live views.

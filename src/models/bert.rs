@@ -410,6 +410,20 @@ impl Bert {
     }
 }
 
+impl super::Pretrained for Bert {
+    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
+        self.load(weights)
+    }
+
+    fn seeded(&self, seed: u64) -> Result<ParamStore> {
+        self.init(seed)
+    }
+
+    fn tokens(&self) -> (usize, usize) {
+        (self.cfg.vocab_size, self.cfg.max_positions.min(64))
+    }
+}
+
 impl Model for Bert {
     fn describe(&self) -> String {
         let c = &self.cfg;

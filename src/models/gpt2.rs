@@ -17,7 +17,7 @@
 //! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
 
 use super::masks::causal_mask;
-use super::t5::{check_size, config_json, usize_field};
+use super::t5::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
@@ -81,24 +81,8 @@ impl Gpt2Config {
                 format!("`{act}` is not supported (expected `gelu_new`)"),
             ));
         }
-        let flag = |name: &str, default: bool| -> Result<bool> {
-            match v.get(name) {
-                None | Some(serde_json::Value::Null) => Ok(default),
-                Some(x) => x.as_bool().ok_or_else(|| {
-                    Error::config(format!("{at}: {name}"), "expected true or false")
-                }),
-            }
-        };
-        let prob = |name: &str| -> Result<f64> {
-            match v.get(name).and_then(|x| x.as_f64()) {
-                None => Ok(0.1),
-                Some(p) if (0.0..1.0).contains(&p) => Ok(p),
-                Some(p) => Err(Error::config(
-                    format!("{at}: {name}"),
-                    format!("{p} is not a dropout probability in [0, 1)"),
-                )),
-            }
-        };
+        let flag = |name: &str, default: bool| bool_field(&v, path, name, default);
+        let prob = |name: &str| prob_field(&v, path, name, 0.1);
         let n_embd = usize_field(&v, path, "n_embd")?;
         let n_head = usize_field(&v, path, "n_head")?;
         if n_embd % n_head != 0 {
@@ -389,7 +373,7 @@ impl Gpt2 {
             let x = e.add(&tok, &pos)?;
             e.scope("drop", |e| e.dropout(&x, self.cfg.dropout.0, self.train, 0))
         })?;
-        let mask = causal_mask(s, &x)?;
+        let mask = causal_mask(e, s, &x)?;
         for i in 0..self.cfg.n_layer {
             let blk = format!("transformer.h.{i}");
             let n = self.layer_norm(e, p, &format!("{blk}.ln_1"), &x)?;
@@ -453,6 +437,20 @@ pub(crate) fn causal_lm_output(
         logits,
         hidden: h,
     })
+}
+
+impl super::Pretrained for Gpt2 {
+    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
+        self.load(weights)
+    }
+
+    fn seeded(&self, seed: u64) -> Result<ParamStore> {
+        self.init(seed)
+    }
+
+    fn tokens(&self) -> (usize, usize) {
+        (self.cfg.vocab_size, self.cfg.n_positions.min(64))
+    }
 }
 
 impl Model for Gpt2 {

@@ -13,7 +13,7 @@
 
 use super::gpt2::{causal_lm_labels, causal_lm_output};
 use super::masks::causal_mask;
-use super::t5::{check_size, config_json, usize_field};
+use super::t5::{bool_field, check_size, config_json, usize_field};
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
@@ -111,14 +111,7 @@ impl LlamaConfig {
             .or_else(|| v.get("rope_theta"))
             .and_then(|x| x.as_f64())
             .unwrap_or(10000.0);
-        let flag = |name: &str, default: bool| -> Result<bool> {
-            match v.get(name) {
-                None | Some(serde_json::Value::Null) => Ok(default),
-                Some(x) => x.as_bool().ok_or_else(|| {
-                    Error::config(format!("{at}: {name}"), "expected true or false")
-                }),
-            }
-        };
+        let flag = |name: &str, default: bool| bool_field(&v, path, name, default);
         let hidden_size = usize_field(&v, path, "hidden_size")?;
         let num_heads = usize_field(&v, path, "num_attention_heads")?;
         let num_kv_heads = match v.get("num_key_value_heads") {
@@ -474,7 +467,7 @@ impl Llama {
         let mut x = e.scope("model.embed_tokens", |e| {
             e.embedding_padded(&emb, ids, self.cfg.pad_token_id)
         })?;
-        let mask = causal_mask(s, &x)?;
+        let mask = causal_mask(e, s, &x)?;
         let (cos, sin) = self.rotary(s, &x)?;
         for i in 0..self.cfg.num_layers {
             let l = format!("model.layers.{i}");
@@ -486,6 +479,20 @@ impl Llama {
             x = e.scope(&l, |e| e.add(&x, &m))?;
         }
         self.rms_norm(e, p, "model.norm", &x)
+    }
+}
+
+impl super::Pretrained for Llama {
+    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
+        self.load(weights)
+    }
+
+    fn seeded(&self, seed: u64) -> Result<ParamStore> {
+        self.init(seed)
+    }
+
+    fn tokens(&self) -> (usize, usize) {
+        (self.cfg.vocab_size, self.cfg.max_positions.min(64))
     }
 }
 

@@ -17,8 +17,9 @@ fn finfo_min(dtype: DType) -> f32 {
 
 /// transformers' additive causal mask for eager attention, [1, 1, s, s]: 0 on and below the
 /// diagonal, the smallest finite value of `like`'s dtype (the embeddings', so fp32 under
-/// autocast and fp16 in a pure-fp16 model) above it, on `like`'s device.
-pub(crate) fn causal_mask(s: usize, like: &Tensor) -> Result<Tensor> {
+/// autocast and fp16 in a pure-fp16 model) above it, on `like`'s device; marked as an
+/// additive mask ([`Engine::mark_mask`]).
+pub(crate) fn causal_mask(e: &mut Engine, s: usize, like: &Tensor) -> Result<Tensor> {
     let min = finfo_min(like.dtype());
     let mut m = vec![0.0f32; s * s];
     for q in 0..s {
@@ -32,10 +33,12 @@ pub(crate) fn causal_mask(s: usize, like: &Tensor) -> Result<Tensor> {
         DType::F32
     };
     let t = Tensor::from_f32(m, &[1, 1, s, s], dtype)?;
-    match like.device() {
-        Some(d) => t.to_device(d),
-        None => Ok(t),
-    }
+    let t = match like.device() {
+        Some(d) => t.to_device(d)?,
+        None => t,
+    };
+    e.mark_mask(&t);
+    Ok(t)
 }
 
 /// transformers' eager bidirectional mask [b, 1, 1, s] for an int64 `attention_mask`
@@ -54,5 +57,5 @@ pub(crate) fn extended_mask(e: &mut Engine, mask: &Tensor, like: &Tensor) -> Res
     };
     let cond = mask.view_as(&[b, 1, 1, s])?;
     let (zero, min) = (scalar(0.0)?, scalar(min)?);
-    e.where_(&cond, &zero, &min)
+    e.make_mask(|e| e.where_(&cond, &zero, &min))
 }

@@ -155,6 +155,16 @@ pub struct Output {
     pub hidden: Tensor,
 }
 
+/// A model read from Hugging Face files (`config.json` and a checkpoint).
+pub trait Pretrained: Model + Sized + 'static {
+    /// Its parameters from a checkpoint (a directory or one safetensors file).
+    fn load_weights(&self, weights: &std::path::Path) -> Result<ParamStore>;
+    /// Seeded parameters, for runs without a checkpoint.
+    fn seeded(&self, seed: u64) -> Result<ParamStore>;
+    /// The vocabulary size, and the sequence length of synthetic batches.
+    fn tokens(&self) -> (usize, usize);
+}
+
 /// A model the step engine can train.
 pub trait Model: Send + Sync {
     /// Short description (architecture and sizes).

@@ -617,6 +617,20 @@ impl T5Encoder {
     }
 }
 
+impl super::Pretrained for T5Encoder {
+    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
+        self.load(weights)
+    }
+
+    fn seeded(&self, seed: u64) -> Result<ParamStore> {
+        self.init(seed)
+    }
+
+    fn tokens(&self) -> (usize, usize) {
+        (self.cfg.vocab_size, 128)
+    }
+}
+
 impl Model for T5Encoder {
     fn describe(&self) -> String {
         let c = &self.cfg;

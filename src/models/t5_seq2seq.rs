@@ -241,7 +241,7 @@ impl T5Seq2Seq {
         x = e.scope("decoder", |e| {
             e.scope("dropout", |e| e.dropout(&x, m.cfg.dropout, m.train, 0))
         })?;
-        let causal = causal_mask(ids.shape()[1], &x)?;
+        let causal = causal_mask(e, ids.shape()[1], &x)?;
         let cross_mask = match enc_mask {
             Some(mk) => Some(e.scope("decoder", |e| extended_mask(e, mk, enc))?),
             None => None,
@@ -322,6 +322,20 @@ pub fn shift_right(labels: &Tensor, start: i64, pad: i64) -> Result<Tensor> {
         }
     }
     Tensor::from_i64(out, &shape)
+}
+
+impl super::Pretrained for T5Seq2Seq {
+    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
+        self.load(weights)
+    }
+
+    fn seeded(&self, seed: u64) -> Result<ParamStore> {
+        self.init(seed)
+    }
+
+    fn tokens(&self) -> (usize, usize) {
+        (self.enc.cfg.vocab_size, 64)
+    }
 }
 
 impl Model for T5Seq2Seq {

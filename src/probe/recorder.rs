@@ -223,6 +223,7 @@ impl Recorder {
             // A device mask's -inf count is known only now (a host mask's was counted
             // when the op ran; the slot's word is then 0).
             op.masked_neg_inf += got.masked_neg_inf;
+            mask_owns_neg_inf(op);
             *h = StatsHandle::Ready;
         }
         self.advance();
@@ -345,12 +346,25 @@ impl Observer for Recorder {
             forward_op: ev.forward_op,
             wrt: ev.wrt.map(str::to_string),
             masked_neg_inf: ev.masked_neg_inf,
+            additive_mask: ev.additive_mask,
         });
+        if let Some(o) = self.ops.last_mut() {
+            mask_owns_neg_inf(o);
+        }
         self.advance();
     }
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
+    }
+}
+
+/// An op applying an additive attention mask: the -inf of its output are the mask's (fp16's
+/// −65504 plus a negative score rounds to −inf; an input's own -inf was that input's
+/// origin already).
+fn mask_owns_neg_inf(o: &mut OpRecord) {
+    if o.additive_mask {
+        o.masked_neg_inf = o.masked_neg_inf.max(o.stats.neg_inf);
     }
 }
 

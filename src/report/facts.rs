@@ -632,6 +632,7 @@ mod tests {
             forward_op: None,
             wrt: None,
             masked_neg_inf: 1,
+            additive_mask: false,
         };
         let mut s = StepRecord {
             ops: Some(vec![op.clone()]),

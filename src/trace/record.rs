@@ -183,6 +183,11 @@ pub struct OpRecord {
     /// -inf values written on purpose by a mask (e.g. attention masking): not an origin
     /// of a non-finite value.
     pub masked_neg_inf: u64,
+    /// The op makes or applies an additive attention mask (its dtype's lowest finite value
+    /// where attention is masked): every -inf of its output is the mask's (counted in
+    /// `masked_neg_inf`), and its values at the dtype's limit are the mask's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub additive_mask: bool,
 }
 
 /// A reference to one op of one step.

@@ -431,6 +431,7 @@ pub(crate) mod tests {
             forward_op: None,
             wrt: None,
             masked_neg_inf: 0,
+            additive_mask: false,
         }
     }
 

@@ -462,6 +462,7 @@ mod tests {
             forward_op: None,
             wrt: None,
             masked_neg_inf: masked,
+            additive_mask: false,
         }
     }
 
