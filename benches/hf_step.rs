@@ -94,6 +94,7 @@ fn median_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> f64 
 }
 
 fn main() {
+    amprobe::host_memory::keep_freed_memory();
     let reps = std::env::var("AMPROBE_BENCH_REPS")
         .ok()
         .and_then(|r| r.parse().ok())

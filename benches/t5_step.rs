@@ -57,6 +57,7 @@ fn median_ms(t: &mut Trainer, start: u64, reps: u64) -> f64 {
 }
 
 fn main() {
+    amprobe::host_memory::keep_freed_memory();
     let reps = std::env::var("AMPROBE_BENCH_REPS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -32,7 +32,8 @@ def model_for(name):
         return BertForMaskedLM(cfg)
     if name == "t5":
         cfg = T5Config(vocab_size=512, d_model=256, d_ff=1024, d_kv=64, num_heads=4, num_layers=4,
-                       feed_forward_proj="relu", dropout_rate=0.0, use_cache=False)
+                       feed_forward_proj="relu", dropout_rate=0.0, use_cache=False,
+                       decoder_start_token_id=0, pad_token_id=0)
         cfg._attn_implementation = "eager"
         return T5ForConditionalGeneration(cfg)
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,

@@ -8,6 +8,7 @@
 // Layer 0: numbers and errors.
 pub mod dtype;
 pub mod error;
+pub mod host_memory;
 pub mod numfmt;
 pub mod rng;
 
@@ -58,7 +59,7 @@ pub use tensor::Tensor;
 /// The layers of the crate, lowest first: a module uses modules of lower layers only (and
 /// the pairs in [`SIDEWAYS`] within a layer). `cli` is the binary on top.
 pub const LAYERS: &[&[&str]] = &[
-    &["dtype", "error", "numfmt", "rng"],
+    &["dtype", "error", "host_memory", "numfmt", "rng"],
     &["trace"],
     &["device"],
     &["tensor"],

@@ -3,6 +3,7 @@
 mod cli;
 
 fn main() {
+    amprobe::host_memory::keep_freed_memory();
     let code = match cli::main() {
         Ok(code) => code,
         // The reader of stdout went away (`amprobe ... | head`): it has what it wanted.
