@@ -675,22 +675,36 @@ impl Model for T5Encoder {
         let ids = forward_ids(self, batch)?;
         let h = self.encode(e, p, ids, batch.attention_mask.as_ref())?;
         let shared = p.get(e, "shared.weight")?;
-        let logits = e.scope("lm_head", |e| {
-            let hs = e.mul_scalar(&h, (self.cfg.d_model as f64).powf(-0.5))?;
-            e.linear(&hs, &shared, None)
-        })?;
-        let logits = if p.precision().o2_dtype().is_some() {
-            e.to_dtype(&logits, DType::F32)?
-        } else {
-            logits
-        };
-        let loss = e.scope("loss", |e| {
-            e.cross_entropy(&logits, &batch.labels, Some(-100))
-        })?;
-        Ok(Output {
-            loss,
-            logits,
-            hidden: h,
-        })
+        let scale = Some((self.cfg.d_model as f64).powf(-0.5));
+        lm_output(e, p, h, (&shared, scale), &batch.labels)
     }
+}
+
+/// T5's head and loss: the hidden state `h` (times `scale` when given) through the head
+/// weight, the logits cast to fp32 in O2 modes, mean cross-entropy over the labels not -100.
+pub(crate) fn lm_output(
+    e: &mut Engine,
+    p: &ParamAccess<'_>,
+    h: Tensor,
+    (w, scale): (&Tensor, Option<f64>),
+    labels: &Tensor,
+) -> Result<Output> {
+    let logits = e.scope("lm_head", |e| {
+        let hs = match scale {
+            Some(s) => e.mul_scalar(&h, s)?,
+            None => h.clone(),
+        };
+        e.linear(&hs, w, None)
+    })?;
+    let logits = if p.precision().o2_dtype().is_some() {
+        e.to_dtype(&logits, DType::F32)?
+    } else {
+        logits
+    };
+    let loss = e.scope("loss", |e| e.cross_entropy(&logits, labels, Some(-100)))?;
+    Ok(Output {
+        loss,
+        logits,
+        hidden: h,
+    })
 }

@@ -15,7 +15,7 @@
 //! `scale_decoder_outputs` (default: the head is tied) says so.
 
 use super::masks::{causal_mask, extended_mask};
-use super::t5::{bool_field, config_json, Attention, T5Config, T5Encoder};
+use super::t5::{bool_field, config_json, lm_output, Attention, T5Config, T5Encoder};
 use super::tokens::{check_ids, drop_full_mask, forward_ids};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
@@ -406,32 +406,15 @@ impl Model for T5Seq2Seq {
         let mask = batch.attention_mask.as_ref();
         let enc = self.enc.encode(e, p, ids, mask)?;
         let h = self.decode(e, p, dec_ids, &enc, mask)?;
-        let d = self.enc.cfg.d_model as f64;
         let w = if self.dec.tied_head {
             p.get(e, "shared.weight")?
         } else {
             p.get(e, "lm_head.weight")?
         };
-        let logits = e.scope("lm_head", |e| {
-            let hs = if self.dec.scale_decoder_outputs {
-                e.mul_scalar(&h, d.powf(-0.5))?
-            } else {
-                h.clone()
-            };
-            e.linear(&hs, &w, None)
-        })?;
-        let logits = if p.precision().o2_dtype().is_some() {
-            e.to_dtype(&logits, DType::F32)?
-        } else {
-            logits
-        };
-        let loss = e.scope("loss", |e| {
-            e.cross_entropy(&logits, &batch.labels, Some(-100))
-        })?;
-        Ok(Output {
-            loss,
-            logits,
-            hidden: h,
-        })
+        let scale = self
+            .dec
+            .scale_decoder_outputs
+            .then(|| (self.enc.cfg.d_model as f64).powf(-0.5));
+        lm_output(e, p, h, (&w, scale), &batch.labels)
     }
 }
