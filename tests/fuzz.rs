@@ -18,7 +18,11 @@
 
 use amprobe::amp::simulate::{parse_overflow_steps, parse_overflow_steps_file};
 use amprobe::config::RunConfig;
+use amprobe::models::bert::BertConfig;
+use amprobe::models::gpt2::Gpt2Config;
+use amprobe::models::llama::LlamaConfig;
 use amprobe::models::t5::{inputs_from, T5Config};
+use amprobe::models::t5_seq2seq::T5Seq2Seq;
 use amprobe::models::weights::parse_safetensors;
 use amprobe::report::compare::compare;
 use amprobe::report::facts::Facts;
@@ -101,7 +105,20 @@ fn run_target(target: &str, bytes: &[u8]) {
             }
         }
         "hf_config" => {
-            if let Ok(cfg) = T5Config::parse(&text, Path::new("fuzz/config.json")) {
+            let path = Path::new("fuzz/config.json");
+            if let Ok(cfg) = T5Config::parse(&text, path) {
+                let _ = cfg.shapes();
+            }
+            if let Ok(m) = T5Seq2Seq::parse_config(&text, path) {
+                let _ = m.shapes();
+            }
+            if let Ok(cfg) = Gpt2Config::parse(&text, path) {
+                let _ = cfg.shapes();
+            }
+            if let Ok(cfg) = LlamaConfig::parse(&text, path) {
+                let _ = cfg.shapes();
+            }
+            if let Ok(cfg) = BertConfig::parse(&text, path) {
                 let _ = cfg.shapes();
             }
         }
