@@ -15,8 +15,8 @@
 //! labels not -100 (no fp32 upcast of the scores in transformers; autocast runs the loss
 //! in fp32).
 
+use super::hf_config::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::masks::extended_mask;
-use super::t5::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::tokens::{check_ids, check_token_batch, drop_full_mask, forward_ids};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};

@@ -16,8 +16,8 @@
 //! fp32, labels padded with -100 and shifted left by one (done on the host, see
 //! [`Model::prepare_batch`]), mean cross-entropy over the labels not ignored.
 
+use super::hf_config::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::masks::causal_mask;
-use super::t5::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};

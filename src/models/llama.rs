@@ -12,8 +12,8 @@
 //! padded with -100 and shifted left by one on the host).
 
 use super::gpt2::{causal_lm_labels, causal_lm_output};
+use super::hf_config::{bool_field, check_size, config_json, usize_field};
 use super::masks::causal_mask;
-use super::t5::{bool_field, check_size, config_json, usize_field};
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};

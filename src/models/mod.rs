@@ -2,6 +2,7 @@
 
 pub mod bert;
 pub mod gpt2;
+pub mod hf_config;
 pub mod llama;
 pub mod masks;
 pub mod mlp;

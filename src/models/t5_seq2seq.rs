@@ -14,8 +14,9 @@
 //! embedding; the decoder output is scaled by d_model^-0.5 first when
 //! `scale_decoder_outputs` (default: the head is tied) says so.
 
+use super::hf_config::{bool_field, config_json};
 use super::masks::{causal_mask, extended_mask};
-use super::t5::{bool_field, config_json, lm_output, Attention, T5Config, T5Encoder};
+use super::t5::{lm_output, Attention, T5Config, T5Encoder};
 use super::tokens::{check_ids, drop_full_mask, forward_ids};
 use super::weights::{init_params, read_checkpoint, take_params};
 use super::{Batch, Model, Output, ParamAccess, ParamStore};
@@ -59,7 +60,7 @@ impl Seq2SeqConfig {
         };
         let num_decoder_layers = match v.get("num_decoder_layers") {
             None | Some(serde_json::Value::Null) => enc.num_layers,
-            Some(_) => super::t5::usize_field(&v, path, "num_decoder_layers")?,
+            Some(_) => super::hf_config::usize_field(&v, path, "num_decoder_layers")?,
         };
         if num_decoder_layers > super::t5::MAX_T5_LAYERS {
             return Err(Error::config(
