@@ -253,7 +253,7 @@ fn hf_paths(cfg: &RunConfig, kind: &str) -> Result<(PathBuf, PathBuf)> {
     }
 }
 
-/// Token batches: `data.inputs` (safetensors with `input_ids`, optional `labels`) or
+/// Token batches: `data.inputs` (a safetensors inputs file, see [`load_inputs`]) or
 /// seeded synthetic ids of `data.batch` × `data.seq` (default 8 × `seq`).
 fn token_data(
     cfg: &RunConfig,
