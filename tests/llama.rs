@@ -188,3 +188,28 @@ fn compare_and_report_work_on_the_samples() {
         );
     }
 }
+
+/// `bisect` on each Hugging Face sample finds the planted module as the minimal set to keep
+/// in fp32.
+#[test]
+fn bisect_finds_the_planted_module_in_each_sample() {
+    let bin = env!("CARGO_BIN_EXE_amprobe");
+    for (sample, module) in [
+        ("llama_overflow", "model.layers.1.mlp.down_proj"),
+        ("gpt2_overflow", "transformer.h.1.attn"),
+        ("bert_overflow", "bert.encoder.layer.1.output.dense"),
+        ("t5_seq2seq", "decoder.block.1.layer.2.DenseReluDense.wo"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .args(["bisect", &format!("samples/{sample}.toml")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && text.contains(&format!("keeping {module} in fp32 makes step 0 finite")),
+            "{sample}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
