@@ -85,6 +85,7 @@ def main(out: Path):
             sd[k] = (v * (0.5 / v.abs().max())).to(torch.bfloat16).float()
     sd[TIED[0]] = sd[TIED[1]] = sd["shared.weight"]
     base.load_state_dict(sd)
+    unplanted = {k: v.clone() for k, v in base.state_dict().items()}
     g = torch.Generator().manual_seed(19)
     ids = torch.randint(2, 96, (2, 10), generator=g)
     mask = torch.ones(2, 10, dtype=torch.int64)
@@ -111,6 +112,8 @@ def main(out: Path):
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items() if k not in TIED},
               str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in unplanted.items() if k not in TIED},
+              str(out / "unplanted.safetensors"), metadata={"format": "pt"})
     cfg_dict = config().to_dict()
     cfg_dict["model_type"] = "t5"
     cfg_dict["architectures"] = ["T5ForConditionalGeneration"]
@@ -131,12 +134,16 @@ def main(out: Path):
             variants[name] = scenarios(model_with, state, inputs)
         print(name, json.dumps(variants[name]))
     loss, grads, grads64 = fp32_and_fp64_grads(model_with, state, inputs)
+    # The planted outlier leaves PyTorch's own fp32 gradients about 1e-4 off the exact
+    # ones; the unplanted weights are well conditioned.
+    loss_u, grads_u, grads64_u = fp32_and_fp64_grads(model_with, unplanted, inputs)
     expected = {
         "about": "transformers T5ForConditionalGeneration (eager attention, CPU, untied lm_head, "
                  "no decoder output scaling) on a padded batch; first module in completion "
                  "order whose first output holds an Inf / a NaN, with T5Block's fp16 clamp "
                  "(plain) and without it (no_clamp); the fp32 forward module by module; the "
-                 "fp32 loss and the gradient of each parameter after one backward.",
+                 "fp32 loss and the gradient of each parameter after one backward (of the planted "
+                 "model, and unplanted_* of unplanted.safetensors).",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "planted": {"module": PLANT, "channel": ch, "target_max_abs": 1.2e5},
         "fp32_loss": float(loss.detach()),
@@ -144,6 +151,9 @@ def main(out: Path):
         "fp32_grads": grads,
         "fp64_grads": grads64,
         "variants": variants,
+        "unplanted_fp32_loss": float(loss_u.detach()),
+        "unplanted_fp32_grads": grads_u,
+        "unplanted_fp64_grads": grads64_u,
     }
     (out / "expected.json").write_text(json.dumps(expected, indent=1, allow_nan=False))
 

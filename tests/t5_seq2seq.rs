@@ -2,7 +2,8 @@
 //! a padded encoder batch, labels with -100) with an fp16 overflow planted at decoder block
 //! 1's `wo` (tests/golden/t5_seq2seq_tiny, made by scripts/make_t5_seq2seq.py with PyTorch
 //! and transformers). The fp32 forward matches module by module, the loss and every
-//! parameter's gradient match, and the first Inf / NaN land where transformers finds them,
+//! parameter's gradient (on the weights before the plant) match, and the first Inf / NaN
+//! land where transformers finds them,
 //! with transformers' fp16 clamp in the decoder blocks and without it.
 
 mod hf_golden;
@@ -42,9 +43,35 @@ fn the_whole_model_comes_from_architectures() {
 }
 
 #[test]
-fn fp32_forward_loss_and_gradients_match_pytorch() {
+fn fp32_forward_and_loss_match_pytorch() {
     // Dropout with p = 0 runs no op.
-    hf_golden::fp32_step_matches(DIR, |m| m.ends_with("dropout"));
+    hf_golden::fp32_step_checks(DIR, |m| m.ends_with("dropout"), false);
+}
+
+/// Gradients are compared on the weights before the plant, as BERT's are: with the planted
+/// 1.2e5 channel PyTorch's own fp32 gradients are 1e-4 off the exact ones (shared.weight's
+/// norm), so a second fp32 implementation summing in another order can be as far off
+/// without being wrong.
+#[test]
+fn fp32_gradients_match_pytorch() {
+    let exp = hf_golden::expected(DIR);
+    let dir = PathBuf::from(DIR);
+    let mut cfg = RunConfig::default();
+    cfg.model.hf = Some(dir.clone());
+    cfg.model.weights = Some(dir.join("unplanted.safetensors"));
+    cfg.data.inputs = Some(dir.join("inputs.safetensors"));
+    cfg.train.precision = Some("fp32".into());
+    cfg.train.policy = Some("cpu".into());
+    let train = cfg.train_config().unwrap();
+    let (m, p, d) = build(&cfg, &train).unwrap();
+    let rec = Trainer::new(train, m, p, d).unwrap().step(0).unwrap();
+    let want = exp["unplanted_fp32_loss"].as_f64().unwrap();
+    assert!(rel(rec.loss.unwrap(), want) <= 1e-5);
+    hf_golden::grads_match(
+        &rec,
+        &exp["unplanted_fp32_grads"],
+        &exp["unplanted_fp64_grads"],
+    );
 }
 
 #[test]

@@ -84,10 +84,10 @@ impl Unary {
             Unary::GeluErf => half * x * (one + (x * T::of(std::f64::consts::FRAC_1_SQRT_2)).erf()),
             Unary::GeluTanh => {
                 let k = T::of((2.0 / std::f64::consts::PI).sqrt());
-                half * x * (one + (k * (x + T::of(0.044715) * x * x * x)).tanh())
+                half * x * (one + (k * (x + T::of(0.044715) * x * x * x)).tanh_op())
             }
             Unary::Silu => x / (one + (-x).exp()),
-            Unary::Tanh => x.tanh(),
+            Unary::Tanh => x.tanh_op(),
             Unary::Sigmoid => one / (one + (-x).exp()),
             Unary::Exp => x.exp(),
             Unary::Log => x.ln(),
@@ -146,7 +146,7 @@ impl Unary {
                 let k = T::of((2.0 / std::f64::consts::PI).sqrt());
                 let c = T::of(0.044715);
                 let inner = k * (x + c * x * x * x);
-                let t = inner.tanh();
+                let t = inner.tanh_op();
                 let dinner = k * (one + T::of(3.0) * c * x * x);
                 g * (half * (one + t) + half * x * (one - t * t) * dinner)
             }
