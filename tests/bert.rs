@@ -50,16 +50,7 @@ fn fp32_forward_and_loss_match_pytorch() {
 /// lookup (PyTorch's `padding_idx`), only from the tied MLM decoder.
 #[test]
 fn fp32_gradients_match_pytorch() {
-    let exp = hf_golden::expected(DIR);
-    let mut t = trainer("fp32", "unplanted.safetensors");
-    let rec = t.step(0).unwrap();
-    let want = exp["unplanted_fp32_loss"].as_f64().unwrap();
-    assert!(rel(rec.loss.unwrap(), want) <= 1e-5);
-    hf_golden::grads_match(
-        &rec,
-        &exp["unplanted_fp32_grads"],
-        &exp["unplanted_fp64_grads"],
-    );
+    hf_golden::unplanted_step_matches(DIR);
 }
 
 #[test]

@@ -54,24 +54,7 @@ fn fp32_forward_and_loss_match_pytorch() {
 /// without being wrong.
 #[test]
 fn fp32_gradients_match_pytorch() {
-    let exp = hf_golden::expected(DIR);
-    let dir = PathBuf::from(DIR);
-    let mut cfg = RunConfig::default();
-    cfg.model.hf = Some(dir.clone());
-    cfg.model.weights = Some(dir.join("unplanted.safetensors"));
-    cfg.data.inputs = Some(dir.join("inputs.safetensors"));
-    cfg.train.precision = Some("fp32".into());
-    cfg.train.policy = Some("cpu".into());
-    let train = cfg.train_config().unwrap();
-    let (m, p, d) = build(&cfg, &train).unwrap();
-    let rec = Trainer::new(train, m, p, d).unwrap().step(0).unwrap();
-    let want = exp["unplanted_fp32_loss"].as_f64().unwrap();
-    assert!(rel(rec.loss.unwrap(), want) <= 1e-5);
-    hf_golden::grads_match(
-        &rec,
-        &exp["unplanted_fp32_grads"],
-        &exp["unplanted_fp64_grads"],
-    );
+    hf_golden::unplanted_step_matches(DIR);
 }
 
 #[test]

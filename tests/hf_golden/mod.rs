@@ -128,6 +128,30 @@ pub fn fp32_step_checks(dir: &str, no_ops: impl Fn(&str) -> bool, with_grads: bo
     }
 }
 
+/// An fp32 step from the golden's weights before the plant (`unplanted.safetensors`): its
+/// loss (1e-5) and every parameter's gradient against PyTorch's for those weights.
+pub fn unplanted_step_matches(dir: &str) {
+    let exp = expected(dir);
+    let dir_path = PathBuf::from(dir);
+    let mut cfg = RunConfig::default();
+    cfg.model.hf = Some(dir_path.clone());
+    cfg.model.weights = Some(dir_path.join("unplanted.safetensors"));
+    cfg.data.inputs = Some(dir_path.join("inputs.safetensors"));
+    cfg.train.precision = Some("fp32".into());
+    cfg.train.policy = Some("cpu".into());
+    let train = cfg.train_config().unwrap();
+    let (m, p, d) = build(&cfg, &train).unwrap();
+    let rec = Trainer::new(train, m, p, d).unwrap().step(0).unwrap();
+    let want = exp["unplanted_fp32_loss"].as_f64().unwrap();
+    let got = rec.loss.expect("a finite fp32 loss");
+    assert!(rel(got, want) <= 1e-5, "loss {got} vs PyTorch {want}");
+    grads_match(
+        &rec,
+        &exp["unplanted_fp32_grads"],
+        &exp["unplanted_fp64_grads"],
+    );
+}
+
 /// Every parameter's gradient of a step's record against PyTorch's fp32 `grads` (L2 and max
 /// |g|) and the float64 `exact` ones.
 pub fn grads_match(rec: &StepRecord, grads: &serde_json::Value, exact: &serde_json::Value) {
