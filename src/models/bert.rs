@@ -270,30 +270,9 @@ impl Bert {
         init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
     }
 
-    fn linear(
-        &self,
-        e: &mut Engine,
-        p: &ParamAccess<'_>,
-        name: &str,
-        x: &Tensor,
-    ) -> Result<Tensor> {
-        let w = p.get(e, &format!("{name}.weight"))?;
-        let b = p.get(e, &format!("{name}.bias"))?;
-        e.scope(name, |e| e.linear(x, &w, Some(&b)))
-    }
-
-    fn layer_norm(
-        &self,
-        e: &mut Engine,
-        p: &ParamAccess<'_>,
-        name: &str,
-        x: &Tensor,
-    ) -> Result<Tensor> {
-        let w = p.get(e, &format!("{name}.weight"))?;
-        let b = p.get(e, &format!("{name}.bias"))?;
-        e.scope(name, |e| {
-            e.layer_norm(x, self.cfg.hidden_size, Some(&w), Some(&b), self.cfg.eps)
-        })
+    /// LayerNorm's width and epsilon.
+    fn norm(&self) -> (usize, f64) {
+        (self.cfg.hidden_size, self.cfg.eps)
     }
 
     /// `dense → dropout → LayerNorm(h + input)` of `BertSelfOutput` / `BertOutput`.
@@ -305,14 +284,14 @@ impl Bert {
         h: &Tensor,
         input: &Tensor,
     ) -> Result<Tensor> {
-        let h = self.linear(e, p, &format!("{name}.dense"), h)?;
+        let h = p.linear(e, &format!("{name}.dense"), h, true)?;
         let h = e.scope(name, |e| {
             let h = e.scope("dropout", |e| {
                 e.dropout(&h, self.cfg.dropout.0, self.train, 0)
             })?;
             e.add(&h, input)
         })?;
-        self.layer_norm(e, p, &format!("{name}.LayerNorm"), &h)
+        p.layer_norm(e, &format!("{name}.LayerNorm"), &h, self.norm())
     }
 
     fn self_attention(
@@ -326,7 +305,7 @@ impl Bert {
         let (b, s, d) = (x.shape()[0], x.shape()[1], self.cfg.hidden_size);
         let hd = d / self.cfg.num_heads;
         let heads = |e: &mut Engine, m: &str| -> Result<Tensor> {
-            let t = self.linear(e, p, &format!("{name}.{m}"), x)?;
+            let t = p.linear(e, &format!("{name}.{m}"), x, true)?;
             e.scope(name, |e| {
                 let t = e.view(&t, &[b as isize, s as isize, -1, hd as isize])?;
                 e.transpose(&t, 1, 2)
@@ -386,7 +365,7 @@ impl Bert {
             let pos = e.scope("position_embeddings", |e| e.embedding(&pe, &positions))?;
             e.add(&x, &pos)
         })?;
-        let x = self.layer_norm(e, p, &format!("{emb}.LayerNorm"), &x)?;
+        let x = p.layer_norm(e, &format!("{emb}.LayerNorm"), &x, self.norm())?;
         let mut x = e.scope(emb, |e| {
             e.scope("dropout", |e| {
                 e.dropout(&x, self.cfg.dropout.0, self.train, 0)
@@ -400,7 +379,7 @@ impl Bert {
             let l = format!("bert.encoder.layer.{i}");
             let a = self.self_attention(e, p, &format!("{l}.attention.self"), &x, mask.as_ref())?;
             let a = self.add_norm(e, p, &format!("{l}.attention.output"), &a, &x)?;
-            let h = self.linear(e, p, &format!("{l}.intermediate.dense"), &a)?;
+            let h = p.linear(e, &format!("{l}.intermediate.dense"), &a, true)?;
             let h = e.scope(&format!("{l}.intermediate.intermediate_act_fn"), |e| {
                 e.gelu(&h, false)
             })?;
@@ -472,9 +451,9 @@ impl Model for Bert {
     fn forward(&self, e: &mut Engine, p: &ParamAccess<'_>, batch: &Batch) -> Result<Output> {
         let h = self.hidden(e, p, batch)?;
         let t = "cls.predictions.transform";
-        let y = self.linear(e, p, &format!("{t}.dense"), &h)?;
+        let y = p.linear(e, &format!("{t}.dense"), &h, true)?;
         let y = e.scope(&format!("{t}.transform_act_fn"), |e| e.gelu(&y, false))?;
-        let y = self.layer_norm(e, p, &format!("{t}.LayerNorm"), &y)?;
+        let y = p.layer_norm(e, &format!("{t}.LayerNorm"), &y, self.norm())?;
         let w = p.get(e, "bert.embeddings.word_embeddings.weight")?;
         let bias = p.get(e, "cls.predictions.bias")?;
         let logits = e.scope("cls.predictions.decoder", |e| e.linear(&y, &w, Some(&bias)))?;

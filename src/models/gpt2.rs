@@ -248,20 +248,6 @@ impl Gpt2 {
         })
     }
 
-    fn layer_norm(
-        &self,
-        e: &mut Engine,
-        p: &ParamAccess<'_>,
-        name: &str,
-        x: &Tensor,
-    ) -> Result<Tensor> {
-        let w = p.get(e, &format!("{name}.weight"))?;
-        let b = p.get(e, &format!("{name}.bias"))?;
-        e.scope(name, |e| {
-            e.layer_norm(x, self.cfg.n_embd, Some(&w), Some(&b), self.cfg.eps)
-        })
-    }
-
     fn attention(
         &self,
         e: &mut Engine,
@@ -376,14 +362,24 @@ impl Gpt2 {
         let mask = causal_mask(e, s, &x)?;
         for i in 0..self.cfg.n_layer {
             let blk = format!("transformer.h.{i}");
-            let n = self.layer_norm(e, p, &format!("{blk}.ln_1"), &x)?;
+            let n = p.layer_norm(
+                e,
+                &format!("{blk}.ln_1"),
+                &x,
+                (self.cfg.n_embd, self.cfg.eps),
+            )?;
             let a = self.attention(e, p, i, &n, &mask)?;
             x = e.scope(&blk, |e| e.add(&a, &x))?;
-            let n = self.layer_norm(e, p, &format!("{blk}.ln_2"), &x)?;
+            let n = p.layer_norm(
+                e,
+                &format!("{blk}.ln_2"),
+                &x,
+                (self.cfg.n_embd, self.cfg.eps),
+            )?;
             let m = self.mlp(e, p, i, &n)?;
             x = e.scope(&blk, |e| e.add(&x, &m))?;
         }
-        self.layer_norm(e, p, "transformer.ln_f", &x)
+        p.layer_norm(e, "transformer.ln_f", &x, (self.cfg.n_embd, self.cfg.eps))
     }
 }
 

@@ -286,23 +286,6 @@ impl Llama {
         init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
     }
 
-    fn linear(
-        &self,
-        e: &mut Engine,
-        p: &ParamAccess<'_>,
-        name: &str,
-        x: &Tensor,
-        bias: bool,
-    ) -> Result<Tensor> {
-        let w = p.get(e, &format!("{name}.weight"))?;
-        let b = if bias {
-            Some(p.get(e, &format!("{name}.bias"))?)
-        } else {
-            None
-        };
-        e.scope(name, |e| e.linear(x, &w, b.as_ref()))
-    }
-
     /// LlamaRMSNorm: `weight · (x₃₂ · rsqrt(mean(x₃₂²) + eps)).to(x.dtype)`.
     fn rms_norm(
         &self,
@@ -410,9 +393,9 @@ impl Llama {
         let hd = self.cfg.head_dim as isize;
         let name = format!("model.layers.{layer}.self_attn");
         let bias = self.cfg.attention_bias;
-        let q = self.linear(e, p, &format!("{name}.q_proj"), x, bias)?;
-        let k = self.linear(e, p, &format!("{name}.k_proj"), x, bias)?;
-        let v = self.linear(e, p, &format!("{name}.v_proj"), x, bias)?;
+        let q = p.linear(e, &format!("{name}.q_proj"), x, bias)?;
+        let k = p.linear(e, &format!("{name}.k_proj"), x, bias)?;
+        let v = p.linear(e, &format!("{name}.v_proj"), x, bias)?;
         e.push_module(&name);
         let r = (|| -> Result<Tensor> {
             let heads = |e: &mut Engine, t: &Tensor| -> Result<Tensor> {
@@ -437,17 +420,17 @@ impl Llama {
         })();
         e.pop_module();
         let ctx = r?;
-        self.linear(e, p, &format!("{name}.o_proj"), &ctx, bias)
+        p.linear(e, &format!("{name}.o_proj"), &ctx, bias)
     }
 
     fn mlp(&self, e: &mut Engine, p: &ParamAccess<'_>, layer: usize, x: &Tensor) -> Result<Tensor> {
         let name = format!("model.layers.{layer}.mlp");
         let bias = self.cfg.mlp_bias;
-        let g = self.linear(e, p, &format!("{name}.gate_proj"), x, bias)?;
+        let g = p.linear(e, &format!("{name}.gate_proj"), x, bias)?;
         let g = e.scope(&format!("{name}.act_fn"), |e| e.silu(&g))?;
-        let u = self.linear(e, p, &format!("{name}.up_proj"), x, bias)?;
+        let u = p.linear(e, &format!("{name}.up_proj"), x, bias)?;
         let h = e.scope(&name, |e| e.mul(&g, &u))?;
-        self.linear(e, p, &format!("{name}.down_proj"), &h, bias)
+        p.linear(e, &format!("{name}.down_proj"), &h, bias)
     }
 
     /// The last hidden state (after the final norm) for token ids [batch, seq].

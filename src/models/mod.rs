@@ -102,6 +102,29 @@ impl<'a> ParamAccess<'a> {
     pub fn precision(&self) -> Precision {
         self.precision
     }
+
+    /// The `nn.Linear` module `name`: `x · weightᵀ (+ bias)` in its scope.
+    pub fn linear(&self, e: &mut Engine, name: &str, x: &Tensor, bias: bool) -> Result<Tensor> {
+        let w = self.get(e, &format!("{name}.weight"))?;
+        let b = match bias {
+            true => Some(self.get(e, &format!("{name}.bias"))?),
+            false => None,
+        };
+        e.scope(name, |e| e.linear(x, &w, b.as_ref()))
+    }
+
+    /// The `nn.LayerNorm` module `name` over the last `d` values, in its scope.
+    pub fn layer_norm(
+        &self,
+        e: &mut Engine,
+        name: &str,
+        x: &Tensor,
+        (d, eps): (usize, f64),
+    ) -> Result<Tensor> {
+        let w = self.get(e, &format!("{name}.weight"))?;
+        let b = self.get(e, &format!("{name}.bias"))?;
+        e.scope(name, |e| e.layer_norm(x, d, Some(&w), Some(&b), eps))
+    }
 }
 
 /// One batch: model inputs and integer labels.
