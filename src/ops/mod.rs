@@ -101,23 +101,79 @@ pub(crate) fn produce_in<T: Finish>(
     f: impl Fn(usize, &mut [T]) + Sync + Send,
 ) -> Result<Computed> {
     use rayon::prelude::*;
-    let mut out = vec![T::zero(); n];
-    let rounding = if n >= PAR_MIN {
-        out.par_chunks_mut(piece)
+    if n >= PAR_MIN {
+        // Each piece is zeroed just before it is computed, while it is in cache, rather
+        // than the whole output up front (a pass over memory of its own).
+        let mut out: Vec<T> = Vec::with_capacity(n);
+        let rounding = out.spare_capacity_mut()[..n]
+            .par_chunks_mut(piece)
             .enumerate()
             .map(|(c, p)| {
+                let p = zeroed(p);
                 f(c * piece, p);
                 T::round_piece(dtype, p)
             })
             .reduce(RoundCounts::default, |mut a, b| {
                 a.add(b);
                 a
-            })
-    } else {
+            });
+        // SAFETY: the pieces cover 0..n and each was initialized by `zeroed`.
+        unsafe { out.set_len(n) };
+        return T::finish_rounded(out, rounding, shape, dtype);
+    }
+    let mut out = vec![T::zero(); n];
+    let rounding = {
         f(0, &mut out);
         T::round_piece(dtype, &mut out)
     };
     T::finish_rounded(out, rounding, shape, dtype)
+}
+
+/// A kernel's loop over one piece of its output, for [`produce_wide`]: `run(start, piece)`
+/// writes elements `start..start + piece.len()`. Each implementation marks `run`
+/// `#[inline(always)]`, so that it is compiled into the AVX2 copy as well as the portable
+/// one (a closure would be compiled once, for the portable target).
+pub(crate) trait PieceKernel<T>: Sync + Send {
+    /// Writes one piece.
+    fn run(&self, start: usize, piece: &mut [T]);
+}
+
+/// [`produce`] for a [`PieceKernel`], run in code compiled for AVX2 where the CPU has it: the
+/// kernel's element loop then runs 4 f64 or 8 f32 lanes wide (the branch-free
+/// transcendentals of [`crate::tensor::exp_f32`] and its kin above all). The values are the
+/// same either way: no fused multiply-add is formed from separate operations.
+pub(crate) fn produce_wide<T: Finish, K: PieceKernel<T>>(
+    n: usize,
+    shape: &[usize],
+    dtype: DType,
+    kernel: K,
+) -> Result<Computed> {
+    produce(n, shape, dtype, |s, p| run_wide(&kernel, s, p))
+}
+
+#[inline(always)]
+fn run_wide<T, K: PieceKernel<T>>(kernel: &K, start: usize, piece: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2<T, K: PieceKernel<T>>(kernel: &K, start: usize, piece: &mut [T]) {
+            kernel.run(start, piece)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU was just checked to have AVX2.
+            return unsafe { avx2(kernel, start, piece) };
+        }
+    }
+    kernel.run(start, piece)
+}
+
+/// Writes zeros over an uninitialized piece and returns it as initialized values.
+fn zeroed<T: Real>(p: &mut [std::mem::MaybeUninit<T>]) -> &mut [T] {
+    for v in p.iter_mut() {
+        v.write(T::zero());
+    }
+    // SAFETY: every element was just written; MaybeUninit<T> has T's layout.
+    unsafe { &mut *(p as *mut [std::mem::MaybeUninit<T>] as *mut [T]) }
 }
 
 impl Finish for f32 {

@@ -5,6 +5,9 @@
 //! round once; on a device they are kept as their 16-bit patterns.
 
 pub mod accumulate;
+mod math;
+
+pub use math::{erf_f32, exp_f32, tanh_f32};
 
 use crate::device::cuda::{CudaDevice, DeviceBuffer};
 use crate::dtype::DType;
@@ -16,8 +19,10 @@ use std::sync::Arc;
 pub trait Real:
     num_traits::Float + Copy + Send + Sync + Default + std::fmt::Debug + std::iter::Sum + 'static
 {
-    /// The error function.
+    /// The error function (for `f32`, [`erf_f32`]).
     fn erf(self) -> Self;
+    /// e^x as the ops compute it (for `f32`, [`exp_f32`]).
+    fn exp_op(self) -> Self;
     /// The hyperbolic tangent as the elementwise ops compute it (for `f32`, [`tanh_f32`]).
     fn tanh_op(self) -> Self;
     /// Converts from f64 (rounding once).
@@ -27,80 +32,48 @@ pub trait Real:
 }
 
 impl Real for f32 {
+    #[inline(always)]
     fn erf(self) -> Self {
-        libm::erff(self)
+        erf_f32(self)
     }
+    #[inline(always)]
+    fn exp_op(self) -> Self {
+        exp_f32(self)
+    }
+    #[inline(always)]
     fn tanh_op(self) -> Self {
         tanh_f32(self)
     }
+    #[inline(always)]
     fn of(x: f64) -> Self {
         x as f32
     }
+    #[inline(always)]
     fn f64(self) -> f64 {
         self as f64
     }
 }
 
 impl Real for f64 {
+    #[inline(always)]
     fn erf(self) -> Self {
         libm::erf(self)
     }
+    #[inline(always)]
+    fn exp_op(self) -> Self {
+        self.exp()
+    }
+    #[inline(always)]
     fn tanh_op(self) -> Self {
         self.tanh()
     }
+    #[inline(always)]
     fn of(x: f64) -> Self {
         x
     }
+    #[inline(always)]
     fn f64(self) -> f64 {
         self
-    }
-}
-
-/// tanh of an f32, computed in f64 and rounded once, as the device kernels compute it
-/// (`(float)tanh((double)x)`): equal to that in all but rare near-tie cases (one ulp then),
-/// and branch-free, so a loop over it vectorizes (libm's scalar `tanhf` was a tenth of a
-/// GPT-2 step). `e = exp(2|x|)` by `2|x| = k·ln 2 + r`, |r| ≤ ln 2 / 2, a degree-13 Taylor
-/// series of `e^r − 1` (no cancellation near 0) and `2^k` from the exponent bits;
-/// then `(e − 1) / (e + 1)` with the sign of `x`.
-#[inline(always)]
-pub fn tanh_f32(x: f32) -> f32 {
-    const LOG2E: f64 = std::f64::consts::LOG2_E;
-    // ln 2 split so that k · LN2_HI is exact for the k used here (k ≤ 58).
-    const LN2_HI: f64 = 6.931_471_803_691_238e-1;
-    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-    // Adding 1.5 · 2^52 rounds to an integer, which lands in the low mantissa bits.
-    const SHIFT: f64 = 6_755_399_441_055_744.0;
-    // tanh(20) rounds to 1 in f32; the clamp also takes ±inf there.
-    let y = 2.0 * (x as f64).abs().min(20.0);
-    let kd = y * LOG2E + SHIFT;
-    let k = kd - SHIFT;
-    let r = (y - k * LN2_HI) - k * LN2_LO;
-    // e^r − 1 = r/1! + r²/2! + … + r¹³/13!, Horner from the inside.
-    const INV_FACT: [f64; 14] = {
-        let mut c = [1.0; 14];
-        let mut n = 1;
-        while n < 14 {
-            c[n] = c[n - 1] / n as f64;
-            n += 1;
-        }
-        c
-    };
-    let mut q = INV_FACT[13];
-    for &c in INV_FACT[1..13].iter().rev() {
-        q = q * r + c;
-    }
-    let em1r = q * r;
-    let s = f64::from_bits(kd.to_bits().wrapping_add(1023) << 52);
-    let em1 = if k == 0.0 {
-        em1r
-    } else {
-        (em1r + 1.0) * s - 1.0
-    };
-    let t = (em1 / (em1 + 2.0)) as f32;
-    if x.is_nan() {
-        x
-    } else {
-        t.copysign(x)
     }
 }
 
@@ -483,40 +456,4 @@ pub fn norm_dim(dim: isize, rank: usize, op: &str) -> Result<usize> {
         ));
     }
     Ok(d as usize)
-}
-
-#[cfg(test)]
-mod tanh_tests {
-    use super::tanh_f32;
-
-    /// Against tanh computed in f64 and rounded once (the device's formula), over every 29th
-    /// f32 bit pattern from 0 past the clamp, both signs: at most one ulp apart, and apart
-    /// at all for a tiny share; the special values exactly.
-    #[test]
-    fn tanh_f32_is_tanh_rounded_once() {
-        let (mut n, mut off) = (0u64, 0u64);
-        let end = 21.0f32.to_bits();
-        for bits in (0..end).step_by(29) {
-            for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
-                let want = (x as f64).tanh() as f32;
-                let got = tanh_f32(x);
-                let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
-                assert!(
-                    ulps <= 1,
-                    "tanh({x:e}) = {got:e}, rounded f64 gives {want:e}"
-                );
-                assert_eq!(got.is_sign_negative(), want.is_sign_negative(), "{x:e}");
-                off += (ulps != 0) as u64;
-                n += 1;
-            }
-        }
-        assert!(off * 1_000_000 < n, "{off} of {n} values one ulp off");
-        assert!(tanh_f32(f32::NAN).is_nan());
-        assert_eq!(tanh_f32(f32::INFINITY), 1.0);
-        assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
-        assert_eq!(tanh_f32(f32::MAX), 1.0);
-        assert_eq!(tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
-        let tiny = f32::from_bits(1);
-        assert_eq!(tanh_f32(tiny), tiny);
-    }
 }

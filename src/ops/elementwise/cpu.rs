@@ -9,7 +9,10 @@ use super::{Binary, Unary};
 use crate::dtype::DType;
 use crate::engine::Computed;
 use crate::error::Result;
-use crate::ops::{bstrides, for_each_offset, produce, sum_to, Finish, Pattern};
+use crate::ops::{
+    bstrides, for_each_offset, produce, produce_wide, sum_to, Finish, Pattern, PieceKernel,
+};
+use crate::tensor::Real;
 
 /// Runs `$body` with `$o` bound to a closure that returns `$op`: a closure type per
 /// variant, so `$o().f(..)` and `$o().df(..)` inline to the one arm inside the loops (a
@@ -111,16 +114,27 @@ pub(super) fn unary<T: Finish>(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Computed> {
-    per_unary!(op, |o| produce(
+    per_unary!(op, |o| produce_wide(
         x.len(),
         shape,
         dtype,
-        |s, out: &mut [T]| {
-            for (y, &v) in out.iter_mut().zip(&x[s..]) {
-                *y = o().f(v);
-            }
-        }
+        UnaryFwd { x, o }
     ))
+}
+
+/// y = f(x), element by element.
+struct UnaryFwd<'a, T, O> {
+    x: &'a [T],
+    o: O,
+}
+
+impl<T: Real, O: Fn() -> Unary + Sync + Send> PieceKernel<T> for UnaryFwd<'_, T, O> {
+    #[inline(always)]
+    fn run(&self, s: usize, out: &mut [T]) {
+        for (y, &v) in out.iter_mut().zip(&self.x[s..]) {
+            *y = (self.o)().f(v);
+        }
+    }
 }
 
 pub(super) fn unary_backward<T: Finish>(
@@ -132,12 +146,31 @@ pub(super) fn unary_backward<T: Finish>(
     dtype: DType,
 ) -> Result<Computed> {
     let n = x.len().min(y.len()).min(g.len());
-    per_unary!(op, |o| produce(n, shape, dtype, |s, out: &mut [T]| {
+    per_unary!(op, |o| produce_wide(
+        n,
+        shape,
+        dtype,
+        UnaryBwd { x, y, g, o }
+    ))
+}
+
+/// dL/dx = df(x, y, dL/dy), element by element.
+struct UnaryBwd<'a, T, O> {
+    x: &'a [T],
+    y: &'a [T],
+    g: &'a [T],
+    o: O,
+}
+
+impl<T: Real, O: Fn() -> Unary + Sync + Send> PieceKernel<T> for UnaryBwd<'_, T, O> {
+    #[inline(always)]
+    fn run(&self, s: usize, out: &mut [T]) {
         let e = s + out.len();
-        for (((d, &xv), &yv), &gv) in out.iter_mut().zip(&x[s..e]).zip(&y[s..e]).zip(&g[s..e]) {
-            *d = o().df(xv, yv, gv);
+        let (x, y, g) = (&self.x[s..e], &self.y[s..e], &self.g[s..e]);
+        for (((d, &xv), &yv), &gv) in out.iter_mut().zip(x).zip(y).zip(g) {
+            *d = (self.o)().df(xv, yv, gv);
         }
-    }))
+    }
 }
 
 /// How a broadcast operand of an elementwise op is read, element by element of the

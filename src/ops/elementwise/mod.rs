@@ -86,10 +86,10 @@ impl Unary {
                 let k = T::of((2.0 / std::f64::consts::PI).sqrt());
                 half * x * (one + (k * (x + T::of(0.044715) * x * x * x)).tanh_op())
             }
-            Unary::Silu => x / (one + (-x).exp()),
+            Unary::Silu => x / (one + (-x).exp_op()),
             Unary::Tanh => x.tanh_op(),
-            Unary::Sigmoid => one / (one + (-x).exp()),
-            Unary::Exp => x.exp(),
+            Unary::Sigmoid => one / (one + (-x).exp_op()),
+            Unary::Exp => x.exp_op(),
             Unary::Log => x.ln(),
             Unary::Sqrt => x.sqrt(),
             Unary::Rsqrt => one / x.sqrt(),
@@ -139,7 +139,8 @@ impl Unary {
             }
             Unary::GeluErf => {
                 let cdf = half * (one + (x * T::of(std::f64::consts::FRAC_1_SQRT_2)).erf());
-                let pdf = (-half * x * x).exp() * T::of(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+                let pdf =
+                    (-half * x * x).exp_op() * T::of(1.0 / (2.0 * std::f64::consts::PI).sqrt());
                 g * (cdf + x * pdf)
             }
             Unary::GeluTanh => {
@@ -151,7 +152,7 @@ impl Unary {
                 g * (half * (one + t) + half * x * (one - t * t) * dinner)
             }
             Unary::Silu => {
-                let s = one / (one + (-x).exp());
+                let s = one / (one + (-x).exp_op());
                 g * s * (one + x * (one - s))
             }
             Unary::Tanh => g * (one - y * y),

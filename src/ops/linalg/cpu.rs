@@ -55,9 +55,16 @@ fn gemm_par<T: Real>(
     b: Mat<'_, T>,
     parallel: bool,
 ) -> Vec<T> {
-    let mut c = vec![T::zero(); m * n];
     if m == 0 || n == 0 || k == 0 {
-        return c;
+        return vec![T::zero(); m * n];
+    }
+    // The product is written over memory that is not zeroed first (gemm with `read_dst`
+    // false writes every element and reads none it has not written).
+    let mut c: Vec<T> = Vec::with_capacity(m * n);
+    if cfg!(debug_assertions) {
+        // In debug builds an element gemm failed to write shows up as NaN.
+        c.resize(m * n, T::nan());
+        c.clear();
     }
     let par = if parallel {
         gemm::Parallelism::Rayon(0)
@@ -67,7 +74,8 @@ fn gemm_par<T: Real>(
     debug_assert!(a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs);
     debug_assert!(b.data.len() > (k - 1) * b.rs + (n - 1) * b.cs);
     // SAFETY: the asserts above hold for every caller in this module: operands are sized
-    // from the same shapes that set m, n, k and the strides; c has m*n elements.
+    // from the same shapes that set m, n, k and the strides; c has room for m*n elements,
+    // which gemm writes (dst is not read), so they are initialized when the length is set.
     unsafe {
         gemm::gemm(
             m,
@@ -90,6 +98,7 @@ fn gemm_par<T: Real>(
             false,
             par,
         );
+        c.set_len(m * n);
     }
     c
 }

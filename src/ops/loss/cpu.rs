@@ -12,7 +12,7 @@ pub(super) fn lse<T: Real>(row: &[T]) -> T {
     if !m.is_finite() {
         return m;
     }
-    let s: f64 = row.iter().map(|&v| (v - m).exp().f64()).sum();
+    let s: f64 = row.iter().map(|&v| (v - m).exp_op().f64()).sum();
     m + T::of(s).ln()
 }
 
@@ -61,7 +61,7 @@ pub(super) fn ce_bwd<T: Finish>(
         }
         let l = lse(row);
         for (j, (v, oo)) in row.iter().zip(o.iter_mut()).enumerate() {
-            let p = (*v - l).exp();
+            let p = (*v - l).exp_op();
             let onehot = if j == y as usize { T::one() } else { T::zero() };
             *oo = (p - onehot) * scale;
         }

@@ -1,20 +1,28 @@
 //! The layer-norm, embedding-gradient and dropout kernels on the host.
 
 use super::*;
+use crate::ops::{produce_in, PAR_MIN, PIECE};
 
 /// Per-row mean and 1/√(var + eps) of `x` split in rows of `d`, accumulated in f64 (two
-/// passes, biased variance) and converted once to T.
+/// passes, biased variance) and converted once to T. Rows run in parallel when there are
+/// many; each row's sums keep their order.
 pub(super) fn row_stats<T: Real>(x: &[T], d: usize, eps: f64) -> (Vec<T>, Vec<T>) {
-    let rows = x.len() / d;
-    let mut mean = Vec::with_capacity(rows);
-    let mut rstd = Vec::with_capacity(rows);
-    for r in x.chunks(d) {
+    use rayon::prelude::*;
+    let one = |r: &[T]| {
         let m = r.iter().map(|v| v.f64()).sum::<f64>() / d as f64;
         let var = r.iter().map(|v| (v.f64() - m).powi(2)).sum::<f64>() / d as f64;
-        mean.push(T::of(m));
-        rstd.push(T::of(1.0 / (var + eps).sqrt()));
+        (T::of(m), T::of(1.0 / (var + eps).sqrt()))
+    };
+    if x.len() >= PAR_MIN {
+        x.par_chunks(d).map(one).unzip()
+    } else {
+        x.chunks(d).map(one).unzip()
     }
-    (mean, rstd)
+}
+
+/// Pieces of whole rows of `d`, about [`PIECE`] values each.
+fn row_piece(d: usize) -> usize {
+    d.max(1) * (PIECE / d.max(1)).max(1)
 }
 
 pub(super) fn layer_norm_fwd<T: Finish>(
@@ -26,23 +34,33 @@ pub(super) fn layer_norm_fwd<T: Finish>(
     shape: &[usize],
     dtype: crate::DType,
 ) -> Result<Computed> {
-    let mut y = Vec::with_capacity(x.len());
-    for ((r, &m), &s) in x.chunks(d).zip(mean).zip(rstd) {
-        for (j, &v) in r.iter().enumerate() {
-            let mut o = (v - m) * s;
-            if let Some(w) = w {
-                o = o * w[j];
+    produce_in(
+        row_piece(d),
+        x.len(),
+        shape,
+        dtype,
+        |start, out: &mut [T]| {
+            let rows = x[start..start + out.len()].chunks(d);
+            let stats = mean[start / d..].iter().zip(&rstd[start / d..]);
+            for ((o, r), (&m, &s)) in out.chunks_mut(d).zip(rows).zip(stats) {
+                for (j, (y, &v)) in o.iter_mut().zip(r).enumerate() {
+                    let mut v = (v - m) * s;
+                    if let Some(w) = w {
+                        v = v * w[j];
+                    }
+                    if let Some(b) = b {
+                        v = v + b[j];
+                    }
+                    *y = v;
+                }
             }
-            if let Some(b) = b {
-                o = o + b[j];
-            }
-            y.push(o);
-        }
-    }
-    T::finish(y, shape, dtype)
+        },
+    )
 }
 
-/// Gradients of layer norm: input (always), weight and bias (when present).
+/// Gradients of layer norm: input (always), weight and bias (when present). The input's
+/// gradient runs over rows in parallel; the weight's and bias's sums over the rows (in row
+/// order, per column) over blocks of columns.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn layer_norm_bwd<T: Finish>(
     x: &[T],
@@ -54,35 +72,64 @@ pub(super) fn layer_norm_bwd<T: Finish>(
     has_b: bool,
     dtype: crate::DType,
 ) -> Result<Vec<Option<crate::engine::Grad>>> {
-    let mut gx = Vec::with_capacity(x.len());
-    let mut gw = vec![0f64; d];
-    let mut gb = vec![0f64; d];
-    let mut xhat = vec![T::zero(); d];
-    let mut gh = vec![T::zero(); d];
-    for (((r, gr), &m), &s) in x.chunks(d).zip(g.chunks(d)).zip(mean).zip(rstd) {
-        let (mut s1, mut s2) = (0f64, 0f64);
-        for j in 0..d {
-            xhat[j] = (r[j] - m) * s;
-            gh[j] = match w {
-                Some(w) => gr[j] * w[j],
-                None => gr[j],
-            };
-            s1 += gh[j].f64();
-            s2 += (gh[j] * xhat[j]).f64();
-            gw[j] += (gr[j] * xhat[j]).f64();
-            gb[j] += gr[j].f64();
+    use rayon::prelude::*;
+    let gx = produce_in(
+        row_piece(d),
+        x.len(),
+        shape,
+        dtype,
+        |start, out: &mut [T]| {
+            let mut xhat = vec![T::zero(); d];
+            let mut gh = vec![T::zero(); d];
+            let rows = x[start..].chunks(d).zip(g[start..].chunks(d));
+            let stats = mean[start / d..].iter().zip(&rstd[start / d..]);
+            for ((o, (r, gr)), (&m, &s)) in out.chunks_mut(d).zip(rows).zip(stats) {
+                let (mut s1, mut s2) = (0f64, 0f64);
+                for j in 0..d {
+                    xhat[j] = (r[j] - m) * s;
+                    gh[j] = match w {
+                        Some(w) => gr[j] * w[j],
+                        None => gr[j],
+                    };
+                    s1 += gh[j].f64();
+                    s2 += (gh[j] * xhat[j]).f64();
+                }
+                let (a, c) = (T::of(s1 / d as f64), T::of(s2 / d as f64));
+                for j in 0..d {
+                    o[j] = s * (gh[j] - a - xhat[j] * c);
+                }
+            }
+        },
+    )?;
+    let mut out = vec![grad(gx)];
+    if w.is_some() || has_b {
+        let mut gw = vec![0f64; d];
+        let mut gb = vec![0f64; d];
+        const COLS: usize = 32;
+        let block = |(k, (gw, gb)): (usize, (&mut [f64], &mut [f64]))| {
+            let j0 = k * COLS;
+            let rows = x.chunks(d).zip(g.chunks(d)).zip(mean.iter().zip(rstd));
+            for ((r, gr), (&m, &s)) in rows {
+                for (c, (a, b)) in gw.iter_mut().zip(gb.iter_mut()).enumerate() {
+                    let j = j0 + c;
+                    *a += (gr[j] * ((r[j] - m) * s)).f64();
+                    *b += gr[j].f64();
+                }
+            }
+        };
+        if x.len() >= PAR_MIN {
+            let blocks = gw.par_chunks_mut(COLS).zip(gb.par_chunks_mut(COLS));
+            blocks.enumerate().for_each(block);
+        } else {
+            let blocks = gw.chunks_mut(COLS).zip(gb.chunks_mut(COLS));
+            blocks.enumerate().for_each(block);
         }
-        let (a, c) = (T::of(s1 / d as f64), T::of(s2 / d as f64));
-        for j in 0..d {
-            gx.push(s * (gh[j] - a - xhat[j] * c));
+        if w.is_some() {
+            out.push(grad(T::finish_acc(gw, &[d], dtype)?));
         }
-    }
-    let mut out = vec![grad(T::finish(gx, shape, dtype)?)];
-    if w.is_some() {
-        out.push(grad(T::finish_acc(gw, &[d], dtype)?));
-    }
-    if has_b {
-        out.push(grad(T::finish_acc(gb, &[d], dtype)?));
+        if has_b {
+            out.push(grad(T::finish_acc(gb, &[d], dtype)?));
+        }
     }
     Ok(out)
 }
