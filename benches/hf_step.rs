@@ -10,6 +10,12 @@
 //! cargo bench --bench hf_step                              # every configuration, a table
 //! AMPROBE_BENCH_ONLY=llama:bf16:off cargo bench --bench hf_step   # one alone
 //! ```
+//!
+//! `AMPROBE_BENCH_ONLY=MODEL:MODE:on|off` (model gpt2|llama|bert|t5, mode fp32|fp16|bf16)
+//! runs one configuration alone and prints its median; with `AMPROBE_BENCH_JSON=1` as well
+//! it also prints one JSON line, as `benches/t5_step.rs` does
+//! (`{"side":"amprobe","config":"gpt2:fp32:off","model":"gpt2",...,"times_ms":[...]}`), for
+//! `scripts/bench-cpu.py --models`.
 
 use amprobe::amp::mode::Precision;
 use amprobe::models::bert::{Bert, BertConfig};
@@ -36,6 +42,9 @@ const T5: &str = r#"{"model_type": "t5", "architectures": ["T5ForConditionalGene
 const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 512, "hidden_size": 256,
     "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 128}"#;
+
+/// The models `trainer` builds, in table order.
+const MODELS: [&str; 4] = ["gpt2", "llama", "bert", "t5"];
 
 fn trainer(model: &str, precision: Precision, probes: bool) -> Trainer {
     let here = Path::new("bench");
@@ -79,18 +88,30 @@ fn trainer(model: &str, precision: Precision, probes: bool) -> Trainer {
     Trainer::new(train, m, params, Box::new(data)).expect("trainer")
 }
 
-fn median_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> f64 {
+/// The warm-up step's wall time and that of each of the `reps` steps after it, in
+/// milliseconds, in step order.
+fn step_times_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> (f64, Vec<f64>) {
     let mut t = trainer(model, precision, probes);
+    let t0 = Instant::now();
     t.step(0).expect("warm-up step");
-    let mut v: Vec<f64> = (1..=reps)
+    let warmup_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let times = (1..=reps)
         .map(|s| {
             let t0 = Instant::now();
             t.step(s).expect("step");
             t0.elapsed().as_secs_f64() * 1e3
         })
         .collect();
+    (warmup_ms, times)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+fn median_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> f64 {
+    median(step_times_ms(model, precision, probes, reps).1)
 }
 
 fn main() {
@@ -105,15 +126,35 @@ fn main() {
         let [model, mode, probes] = parts[..] else {
             panic!("AMPROBE_BENCH_ONLY: MODEL:MODE:on|off, got {only:?}");
         };
-        let p = Precision::parse(mode).expect("AMPROBE_BENCH_ONLY: a precision mode");
-        println!(
-            "{only}: {:.1} ms",
-            median_ms(model, p, probes == "on", reps)
+        assert!(
+            MODELS.contains(&model),
+            "AMPROBE_BENCH_ONLY: the model is one of {MODELS:?}, got {model:?}"
         );
+        let p = Precision::parse(mode).expect("AMPROBE_BENCH_ONLY: a precision mode");
+        let (warmup_ms, times) = step_times_ms(model, p, probes == "on", reps);
+        let med = median(times.clone());
+        println!("{only}: {med:.1} ms");
+        // AMPROBE_BENCH_JSON (set and not 0) adds one JSON line with every step's time,
+        // the line scripts/bench-cpu.py reads (the fields of benches/t5_step.rs's, plus
+        // the model).
+        if std::env::var("AMPROBE_BENCH_JSON").is_ok_and(|v| !v.is_empty() && v != "0") {
+            let line = serde_json::json!({
+                "side": "amprobe",
+                "config": only,
+                "model": model,
+                "mode": p.name(),
+                "probes": probes == "on",
+                "reps": reps,
+                "warmup_ms": warmup_ms,
+                "median_ms": med,
+                "times_ms": times,
+            });
+            println!("{line}");
+        }
         return;
     }
     println!("model  mode  probes off ms  probes on ms  on/off");
-    for model in ["gpt2", "llama", "bert", "t5"] {
+    for model in MODELS {
         for mode in ["fp32", "fp16", "bf16"] {
             let p = Precision::parse(mode).expect("mode");
             let off = median_ms(model, p, false, reps);

@@ -4,17 +4,33 @@
     /path/to/venv-with-torch/bin/python scripts/bench-cpu.py      # both halves
     python3 scripts/bench-cpu.py                                  # amprobe alone if no torch
     python3 scripts/bench-cpu.py --rounds 1 --reps 3              # quicker, noisier
+    python3 scripts/bench-cpu.py --models gpt2,llama,bert,t5      # and the Hugging Face models
 
 Run it from anywhere inside the repository checkout. It builds the bench with
 `cargo bench --bench t5_step --no-run --message-format=json-render-diagnostics` (the
-binary's path comes from cargo's JSON), then runs every configuration in a child process
-of its own:
+binary's path comes from cargo's JSON; with --models, `--bench t5_step --bench hf_step`
+in the same cargo call), then runs every configuration in a child process of its own:
 
   amprobe  (benches/t5_step.rs, AMPROBE_BENCH_ONLY=MODE:on|off AMPROBE_BENCH_JSON=1):
            fp32, fp16 autocast, bf16 autocast, each with probes on and off;
   PyTorch  (scripts/bench_t5_torch.py CONFIG --json, run with the python running this
            script): fp32, bf16 autocast, fp16 autocast, fp32 + per-module forward hooks,
            fp32 + autograd anomaly mode.
+
+With --models LIST (a comma-separated subset of gpt2,llama,bert,t5; none by default, and
+without it nothing here changes), each round also runs, for each listed model, in every
+mode of --hf-modes (comma-separated subset of fp32,fp16,bf16; default fp32):
+
+  amprobe  (benches/hf_step.rs, AMPROBE_BENCH_ONLY=MODEL:MODE:on|off AMPROBE_BENCH_JSON=1),
+           probes off and on: GPT-2-mini, LLaMA-mini, BERT-mini or the full T5-mini
+           (encoder and decoder), each at the T5-mini encoder's sizes;
+  PyTorch  (scripts/bench_hf_torch.py MODEL MODE --json) in the same modes, except fp16
+           autocast, which takes several seconds a step on the CPU and runs only with
+           --hf-torch-fp16 (then as the T5 encoder's does: --torch-fp16-reps steps, in the
+           first round only).
+
+(--hf-bench-exe names an hf_step executable to use instead of building it, as --bench-exe
+does for t5_step.)
 
 PyTorch is used only when `import torch, transformers` works in the python that runs this
 script (sys.executable); otherwise the table has amprobe's half alone and says PyTorch was
@@ -23,16 +39,20 @@ not found.
 Timing: each child does one untimed warm-up step, then --reps timed steps (default 5;
 PyTorch fp16 autocast, 5 s or more a step on CPU, does --torch-fp16-reps, default 2, in the
 first round only). There are --rounds rounds (default 5); within a round the amprobe and
-PyTorch children alternate, and the order rotates from one round to the next. The time
-shown is the median of all the timed steps of a configuration, pooled over its rounds.
+PyTorch children alternate, and the order rotates from one round to the next (with
+--models, the models' amprobe and PyTorch children join the same two lists, after the T5
+encoder's). The time shown is the median of all the timed steps of a configuration,
+pooled over its rounds.
 Both sides use --threads threads (default 2; RAYON_NUM_THREADS for amprobe,
-torch.set_num_threads for PyTorch). Progress goes to stderr, the table to stdout. The
-defaults take about 3 to 5 minutes on an idle 2-core machine. Other work on the machine
+torch.set_num_threads for PyTorch). Progress goes to stderr, the tables to stdout. The
+defaults take about 3 to 5 minutes on an idle 2-core machine; each (model, mode) of
+--models adds three children a round (two without PyTorch). Other work on the machine
 spoils the figures (PyTorch's OpenMP threads slow down many times over when they share
 their cores with another process), so the table shows how many cores other processes
 kept busy during the runs (from /proc/stat, less this script's own CPU time), and a note
-under it names every configuration whose single-process medians differ by more than 25%
-(a time goal that involves one of them has "(noisy)" after its mark).
+at the end names every configuration, the Hugging Face models' included, whose
+single-process medians differ by more than 25% (a time goal that involves one of them has
+"(noisy)" after its mark).
 
 Peak resident memory: the parent reaps each child with os.wait4(), which returns that one
 child's resource usage, and reads its ru_maxrss (KiB on Linux): the kernel's high-water
@@ -47,9 +67,22 @@ scale, the peak of a child that only imports torch and transformers.
 The goal lines (marked from the measured numbers) are those of the "CPU step speed"
 issue: amprobe fp32 probes-off / PyTorch fp32 <= 1.2; amprobe fp16 and bf16 probes-off /
 amprobe fp32 probes-off <= 1.2; probes on / off per mode <= 1.10; amprobe / PyTorch peak
-RSS for the fp32 step <= 1.5. Exit status: 0 once the table is printed (whatever the goal
-marks), 1 if cargo, a child process or the output of one fails, 2 for bad arguments.
-Standard library only; Linux (os.wait4, /proc/cpuinfo).
+RSS for the fp32 step <= 1.5.
+
+With --models a second table, "Hugging Face models", follows, one row per (model, mode):
+amprobe probes-off ms, probes-on ms, on / off, amprobe peak RSS (off / on), PyTorch ms,
+PyTorch peak RSS and amprobe off / PyTorch (the PyTorch cells are "–" where PyTorch was
+not run: not found, or fp16 without --hf-torch-fp16). Under it come the goal lines of the
+issue point "each model's step on the CPU within the same ratio of PyTorch as the T5
+encoder's": for each model, its amprobe fp32 probes-off / PyTorch fp32 ratio next to the
+T5-mini encoder's same ratio from the same run, and the quotient model / encoder, marked
+✓ when the model's ratio is at most the encoder's (they need fp32 in --hf-modes and
+PyTorch).
+
+Exit status: 0 once the tables are printed (whatever the goal marks), 1 if cargo, a child
+process or the output of one fails, 2 for bad arguments (an unknown name in --models or
+--hf-modes, or an --hf-* option without --models). Standard library only; Linux
+(os.wait4, /proc/cpuinfo).
 """
 import argparse
 import json
@@ -75,6 +108,10 @@ TORCH_CONFIGS = [
     ("hooks", "fp32 + per-module hooks", None),
     ("anomaly", "fp32 + anomaly mode", None),
 ]
+# The Hugging Face models of benches/hf_step.rs and scripts/bench_hf_torch.py, and their modes.
+HF_MODELS = {"gpt2": "GPT-2-mini", "llama": "LLaMA-mini", "bert": "BERT-mini", "t5": "T5-mini (full)"}
+HF_MODES = {"fp32": "fp32", "fp16": "fp16 autocast", "bf16": "bf16 autocast"}
+HF_TORCH_SCRIPT = os.path.join(ROOT, "scripts", "bench_hf_torch.py")
 GOAL_SPEED = 1.2
 GOAL_PROBES = 1.10
 GOAL_RSS = 1.5
@@ -91,9 +128,12 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def build_bench():
-    """Builds benches/t5_step.rs; returns the path of its executable."""
-    cmd = ["cargo", "bench", "--bench", "t5_step", "--no-run", "--message-format=json-render-diagnostics"]
+def build_benches(names):
+    """Builds the benches `names` (t5_step, hf_step) in one cargo call; returns {name: executable path}."""
+    cmd = ["cargo", "bench"]
+    for name in names:
+        cmd += ["--bench", name]
+    cmd += ["--no-run", "--message-format=json-render-diagnostics"]
     log(f"building: {shlex.join(cmd)}")
     try:
         p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -101,18 +141,19 @@ def build_bench():
         raise BenchError("cargo was not found on PATH; install Rust (https://rustup.rs) or put cargo on PATH")
     if p.returncode != 0:
         raise BenchError(f"`{shlex.join(cmd)}` failed with exit status {p.returncode} (cargo's messages are above)")
-    exe = None
+    exes = {}
     for line in p.stdout.splitlines():
         try:
             msg = json.loads(line)
         except ValueError:
             continue
-        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "t5_step" \
-                and msg.get("executable"):
-            exe = msg["executable"]
-    if not exe or not os.path.isfile(exe):
-        raise BenchError(f"`{shlex.join(cmd)}` succeeded but named no t5_step executable in its JSON output")
-    return exe
+        name = msg.get("target", {}).get("name")
+        if msg.get("reason") == "compiler-artifact" and name in names and msg.get("executable"):
+            exes[name] = msg["executable"]
+    for name in names:
+        if not exes.get(name) or not os.path.isfile(exes[name]):
+            raise BenchError(f"`{shlex.join(cmd)}` succeeded but named no {name} executable in its JSON output")
+    return exes
 
 
 def spawn(argv, env, label):
@@ -232,13 +273,46 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="threads on both sides (default 2)")
     ap.add_argument("--no-torch", action="store_true", help="amprobe's half alone")
     ap.add_argument("--bench-exe", help="use this t5_step executable instead of building it with cargo")
+    ap.add_argument("--models", metavar="LIST",
+                    help="also run these Hugging Face models (comma-separated subset of "
+                         f"{','.join(HF_MODELS)}) and print their table and goal lines (default none)")
+    ap.add_argument("--hf-modes", metavar="LIST",
+                    help=f"modes of the --models runs (comma-separated subset of {','.join(HF_MODES)}; "
+                         "default fp32)")
+    ap.add_argument("--hf-torch-fp16", action="store_true",
+                    help="with fp16 in --hf-modes, run PyTorch fp16 autocast of the models too "
+                         "(several seconds a step; --torch-fp16-reps steps, first round only)")
+    ap.add_argument("--hf-bench-exe", help="use this hf_step executable instead of building it with cargo")
     args = ap.parse_args()
     for name in ("rounds", "reps", "torch_fp16_reps", "threads"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
 
+    def parse_list(opt, value, allowed):
+        items = [x.strip() for x in value.split(",") if x.strip()]
+        if not items:
+            ap.error(f"{opt} needs a comma-separated list of some of {', '.join(allowed)}")
+        bad = [x for x in items if x not in allowed]
+        if bad:
+            ap.error(f"{opt}: unknown {'name' if len(bad) == 1 else 'names'} {', '.join(map(repr, bad))} "
+                     f"(choose from {', '.join(allowed)}, comma-separated)")
+        return list(dict.fromkeys(items))  # in the order given, each once
+
+    if args.models is None:
+        for opt, given in (("--hf-modes", args.hf_modes is not None), ("--hf-torch-fp16", args.hf_torch_fp16),
+                           ("--hf-bench-exe", args.hf_bench_exe is not None)):
+            if given:
+                ap.error(f"{opt} needs --models")
+        hf_models, hf_modes = [], []
+    else:
+        hf_models = parse_list("--models", args.models, list(HF_MODELS))
+        hf_modes = parse_list("--hf-modes", "fp32" if args.hf_modes is None else args.hf_modes, list(HF_MODES))
+
     command = shlex.join([sys.executable] + sys.argv)
-    exe = args.bench_exe or build_bench()
+    to_build = ([] if args.bench_exe else ["t5_step"]) + (["hf_step"] if hf_models and not args.hf_bench_exe else [])
+    built = build_benches(to_build) if to_build else {}
+    exe = args.bench_exe or built["t5_step"]
+    hf_exe = (args.hf_bench_exe or built["hf_step"]) if hf_models else None
     base_env = dict(os.environ)
     base_env["RAYON_NUM_THREADS"] = str(args.threads)
     base_env.pop("AMPROBE_BENCH_ONLY", None)
@@ -260,8 +334,24 @@ def main():
         argv = [sys.executable, TORCH_SCRIPT, name, "--json", "--reps", str(reps), "--threads", str(args.threads)]
         return (("torch", name), f"PyTorch {name}", argv, base_env)
 
+    def hf_amprobe_job(model, mode, probes):
+        env = dict(base_env, AMPROBE_BENCH_ONLY=f"{model}:{mode}:{probes}", AMPROBE_BENCH_JSON="1",
+                   AMPROBE_BENCH_REPS=str(args.reps))
+        return (("hf-amprobe", model, mode, probes), f"amprobe {model} {mode} probes {probes}", [hf_exe], env)
+
+    def hf_torch_job(model, mode, reps):
+        argv = [sys.executable, HF_TORCH_SCRIPT, model, mode, "--json", "--reps", str(reps),
+                "--threads", str(args.threads)]
+        return (("hf-torch", model, mode), f"PyTorch {model} {mode}", argv, base_env)
+
     a_jobs = [amprobe_job(m, p) for m, _ in AMPROBE_MODES for p in ("off", "on")]
     t_jobs = [torch_job(n, args.reps) for n, _, _ in TORCH_CONFIGS if n != "fp16"] if have_torch else []
+    # The Hugging Face models join the same two lists, so they alternate and rotate with the T5 encoder's.
+    a_jobs += [hf_amprobe_job(m, mode, p) for m in hf_models for mode in hf_modes for p in ("off", "on")]
+    if have_torch:
+        t_jobs += [hf_torch_job(m, mode, args.reps) for m in hf_models for mode in hf_modes if mode != "fp16"]
+    # PyTorch fp16 autocast of a model runs only with --hf-torch-fp16, in the first round, as T5's does.
+    hf_torch_fp16 = have_torch and args.hf_torch_fp16 and "fp16" in hf_modes
 
     times = {}  # key -> pooled step times
     child_medians = {}  # key -> each child's own median
@@ -278,6 +368,8 @@ def main():
             jobs += aj[i:i + 1] + tj[i:i + 1]
         if have_torch and r == 0:
             jobs.append(torch_job("fp16", args.torch_fp16_reps))
+            if hf_torch_fp16:
+                jobs += [hf_torch_job(m, "fp16", args.torch_fp16_reps) for m in hf_models]
         for key, label, argv, env in jobs:
             res, kib, wall = run_child(argv, env, label)
             times.setdefault(key, []).extend(res["times_ms"])
@@ -319,7 +411,13 @@ def main():
     if rev:
         out.append(row("amprobe", f"git {rev}"))
     out.append(row("command", f"`{command}`"))
-    fp16_note = f"; PyTorch fp16: 1 child x {args.torch_fp16_reps} steps" if have_torch else ""
+    if hf_models:
+        out.append(row("Hugging Face models", f"{', '.join(HF_MODELS[m] for m in hf_models)} in "
+                                              f"{', '.join(hf_modes)} (--models, --hf-modes)"))
+    fp16_note = ""
+    if have_torch:
+        also = " (the models' too)" if hf_torch_fp16 else ""
+        fp16_note = f"; PyTorch fp16{also}: 1 child x {args.torch_fp16_reps} steps"
     out.append(row("timing", f"median of {args.rounds} child process(es) x {args.reps} steps per configuration, "
                              f"after one warm-up step each{fp16_note}; {elapsed / 60:.1f} min in all"))
     out.append(row("peak RSS", "ru_maxrss of each configuration's own process (os.wait4), largest over its runs"))
@@ -377,6 +475,52 @@ def main():
         out.append("")
         out.append(f"PyTorch was not found ({torch_err}), so the PyTorch columns and the two goals against "
                    f"PyTorch are left out; run this script with a python that has torch and transformers.")
+
+    if hf_models:
+        out.append("")
+        out.append("Hugging Face models (amprobe: benches/hf_step.rs; PyTorch: scripts/bench_hf_torch.py; "
+                   "the T5-mini encoder is the table above):")
+        out.append("")
+        head = ["model", "mode", "amprobe probes off ms", "amprobe probes on ms", "probes on / off",
+                "amprobe peak RSS MiB (off / on)", "PyTorch ms", "PyTorch peak RSS MiB", "amprobe off / PyTorch"]
+        out.append(row(*head))
+        out.append("|" + "---|" * len(head))
+        for m in hf_models:
+            for mode in hf_modes:
+                off, on = med(("hf-amprobe", m, mode, "off")), med(("hf-amprobe", m, mode, "on"))
+                tm = med(("hf-torch", m, mode))  # None where PyTorch did not run
+                out.append(row(HF_MODELS[m], HF_MODES[mode], fmt_ms(off), fmt_ms(on), f"{on / off:.3f}",
+                               f"{fmt_mib(rss.get(('hf-amprobe', m, mode, 'off')))} / "
+                               f"{fmt_mib(rss.get(('hf-amprobe', m, mode, 'on')))}",
+                               fmt_ms(tm), fmt_mib(rss.get(("hf-torch", m, mode))),
+                               "–" if tm is None else f"{off / tm:.2f}"))
+        out.append("")
+        point = "each model's step on the CPU within the same ratio of PyTorch as the T5 encoder's"
+        if have_torch and "fp32" in hf_modes:
+            enc = a_off["fp32"] / med(t32)
+            out.append(f"Goal \"{point}\": amprobe fp32 probes off / PyTorch fp32 of each model against the "
+                       f"T5-mini encoder's from this run ({enc:.3f}); met (✓) when the model's ratio is at most "
+                       f"the encoder's.")
+            out.append("")
+            out.append(row("model", "model: amprobe off / PyTorch (fp32)", "T5-mini encoder: amprobe off / PyTorch "
+                           "(fp32)", "model / encoder", "met"))
+            out.append("|---|---|---|---|---|")
+            for m in hf_models:
+                ka, kt = ("hf-amprobe", m, "fp32", "off"), ("hf-torch", m, "fp32")
+                ratio = med(ka) / med(kt)
+                mark = ("✓" if ratio <= enc else "✗") + \
+                    (" (noisy)" if noisy_keys.intersection((ka, kt, a32, t32)) else "")
+                out.append(row(HF_MODELS[m], f"{ratio:.3f}", f"{enc:.3f}", f"{ratio / enc:.3f}", mark))
+        elif not have_torch:
+            out.append(f"PyTorch was not found ({torch_err}), so the models' PyTorch cells are blank and the goal "
+                       f"\"{point}\" is left out; run this script with a python that has torch and transformers.")
+        else:
+            out.append(f"The goal \"{point}\" compares fp32 steps; --hf-modes ({','.join(hf_modes)}) left fp32 "
+                       f"out, so it is not shown.")
+        if have_torch and "fp16" in hf_modes and not hf_torch_fp16:
+            out.append("")
+            out.append("PyTorch fp16 autocast of the models was not run (several seconds a step on the CPU), so its "
+                       "cells are blank; --hf-torch-fp16 runs it.")
     if noisy_keys:
         ranges = [f"{labels[k]} {min(v):.0f}–{max(v):.0f} ms" for k, v in child_medians.items() if k in noisy_keys]
         out.append("")
