@@ -14,5 +14,6 @@ pub fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }

@@ -105,6 +105,11 @@ fn linear_matmul_bmm() {
     assert_ok("linear", &[x.clone(), w], |e, i| {
         e.linear(&i[0], &i[1], None)
     });
+    // GPT-2's Conv1D: the weight stored [in, out].
+    let x2 = randn(&[6, 5], 15);
+    let wio = randn(&[5, 4], 16);
+    let b2 = randn(&[4], 17);
+    assert_ok("addmm", &[b2, x2, wio], |e, i| e.addmm(&i[0], &i[1], &i[2]));
     let m = randn(&[5, 2], 13);
     assert_ok("matmul shared", &[x.clone(), m], |e, i| {
         e.matmul(&i[0], &i[1])

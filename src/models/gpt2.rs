@@ -232,7 +232,7 @@ impl Gpt2 {
         e.scope("dropout", |e| e.dropout(x, p, self.train, salt))
     }
 
-    /// `Conv1D`: `addmm(bias, x, W)` with `W` [in, out].
+    /// `Conv1D`: `addmm(bias, x.view(-1, in), W).view(..., out)` with `W` [in, out].
     fn conv1d(
         &self,
         e: &mut Engine,
@@ -243,8 +243,12 @@ impl Gpt2 {
         let w = p.get(e, &format!("{name}.weight"))?;
         let b = p.get(e, &format!("{name}.bias"))?;
         e.scope(name, |e| {
-            let wt = e.transpose(&w, 0, 1)?;
-            e.linear(x, &wt, Some(&b))
+            let nx = x.shape()[x.rank() - 1] as isize;
+            let mut size_out: Vec<isize> = x.shape().iter().map(|&d| d as isize).collect();
+            *size_out.last_mut().expect("rank >= 1") = w.shape()[1] as isize;
+            let x2 = e.view(x, &[-1, nx])?;
+            let y = e.addmm(&b, &x2, &w)?;
+            e.view(&y, &size_out)
         })
     }
 

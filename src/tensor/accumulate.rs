@@ -97,7 +97,14 @@ impl Tensor {
                 Ok((t, RoundCounts::default(), Some(slot)))
             }
             (Storage::F32(a), Storage::F32(b)) => {
-                let mut sum: Vec<f32> = a.iter().zip(b.iter()).map(|(&x, &y)| x + y).collect();
+                let mut sum: Vec<f32> = Vec::with_capacity(a.len());
+                if a.len() >= 64 * 1024 {
+                    use rayon::prelude::*;
+                    let terms = a.par_iter().zip(b.par_iter());
+                    terms.map(|(&x, &y)| x + y).collect_into_vec(&mut sum);
+                } else {
+                    sum.extend(a.iter().zip(b.iter()).map(|(&x, &y)| x + y));
+                }
                 let rounding = round_slice(self.dtype(), &mut sum);
                 Ok((
                     Tensor::from_exact(sum, self.shape(), self.dtype())?,

@@ -119,11 +119,14 @@ fn transposed<T>(data: &[T], cols: usize) -> Mat<'_, T> {
     }
 }
 
+/// y = x·wᵀ + b (w [n, k]; with `w_t`, y = x·w + b for w [k, n]), the bias added to the f32
+/// product and the sum rounded once.
 // A kernel takes its operands, their shapes and the output dtype explicitly.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear_fwd<T: Finish>(
     x: &[T],
     w: &[T],
+    w_t: bool,
     b: Option<&[T]>,
     m: usize,
     k: usize,
@@ -131,12 +134,19 @@ pub(super) fn linear_fwd<T: Finish>(
     out_shape: &[usize],
     dtype: crate::DType,
 ) -> Result<Computed> {
-    let mut y = gemm(m, n, k, row(x, k), transposed(w, k));
+    let wm = if w_t { row(w, n) } else { transposed(w, k) };
+    let mut y = gemm(m, n, k, row(x, k), wm);
     if let Some(b) = b {
-        for r in y.chunks_mut(n) {
+        let add = |r: &mut [T]| {
             for (v, &bb) in r.iter_mut().zip(b) {
                 *v = *v + bb;
             }
+        };
+        if y.len() >= crate::ops::PAR_MIN && n > 0 {
+            use rayon::prelude::*;
+            y.par_chunks_mut(n).for_each(add);
+        } else {
+            y.chunks_mut(n.max(1)).for_each(add);
         }
     }
     T::finish(y, out_shape, dtype)
@@ -212,23 +222,29 @@ pub(super) fn matmul_bwd<T: Finish>(
     Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?))
 }
 
-/// Gradients of linear: dx = g·w, dw = gᵀ·x, db = Σ g over rows (each rounded once).
+/// Gradients of linear: dx = g·w, dw = gᵀ·x, db = Σ g over rows (each rounded once); with
+/// `w_t` (w [k, n]), dx = g·wᵀ and dw = xᵀ·g.
 // A kernel takes its operands, their shapes and the output dtype explicitly.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear_bwd<T: Finish>(
     x: &[T],
     w: &[T],
+    w_t: bool,
     g: &[T],
-    m: usize,
-    k: usize,
-    n: usize,
-    x_shape: &[usize],
-    w_shape: &[usize],
+    (m, k, n): (usize, usize, usize),
+    (x_shape, w_shape): (&[usize], &[usize]),
     has_b: bool,
     dtype: crate::DType,
 ) -> Result<Vec<Option<Grad>>> {
-    let gx = T::finish(gemm(m, k, n, row(g, n), row(w, k)), x_shape, dtype)?;
-    let gw = T::finish(gemm(n, k, m, transposed(g, n), row(x, k)), w_shape, dtype)?;
+    let (gx, gw) = if w_t {
+        let gx = gemm(m, k, n, row(g, n), transposed(w, n));
+        (gx, gemm(k, n, m, transposed(x, k), row(g, n)))
+    } else {
+        let gx = gemm(m, k, n, row(g, n), row(w, k));
+        (gx, gemm(n, k, m, transposed(g, n), row(x, k)))
+    };
+    let gx = T::finish(gx, x_shape, dtype)?;
+    let gw = T::finish(gw, w_shape, dtype)?;
     let mut v = vec![grad(gx), grad(gw)];
     if has_b {
         v.push(grad(sum_to(g, &[m, n], &[n], dtype)?));

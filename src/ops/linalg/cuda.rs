@@ -68,11 +68,12 @@ pub fn matmul_acc(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Resul
     Ok(acc)
 }
 
-/// `x·wᵀ + b` for x [m, k], w [n, k], b [n]: the bias added to the f32 accumulation in
-/// f32 and the sum rounded once to x's dtype (as the emulator's linear).
-pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, sink: Out) -> Result<Tensor> {
+/// `x·wᵀ + b` for x [m, k], w [n, k], b [n] (with `w_t`, `x·w + b` for w [k, n]): the bias
+/// added to the f32 accumulation in f32 and the sum rounded once to x's dtype (as the
+/// emulator's linear).
+pub fn linear(x: &Tensor, w: &Tensor, w_t: bool, b: Option<&Tensor>, sink: Out) -> Result<Tensor> {
     let dt = same_dtype("linear", &[x, w])?;
-    let mut acc = matmul_acc(x, w, false, true)?;
+    let mut acc = matmul_acc(x, w, false, !w_t)?;
     if let Some(b) = b {
         let b32 = crate::ops::cast::cuda::cast(b, DType::F32, Out::NONE)?;
         // In f32 the sum is the output: its kernel gathers the statistics.
@@ -91,19 +92,25 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, sink: Out) -> Result<T
     crate::ops::cast::cuda::cast(&acc, dt, sink)
 }
 
-/// Gradients of [`linear`] from the output gradient `g` [m, n]: dx = g·w, dw = gᵀ·x (each
-/// rounded once) and db = Σ g over rows (in f64 in row order, rounded once).
+/// Gradients of [`linear`] from the output gradient `g` [m, n]: dx = g·w, dw = gᵀ·x (with
+/// `w_t`: dx = g·wᵀ, dw = xᵀ·g; each rounded once) and db = Σ g over rows (in f64 in row
+/// order, rounded once).
 pub fn linear_backward(
     x: &Tensor,
     w: &Tensor,
+    w_t: bool,
     g: &Tensor,
     has_b: bool,
     sinks: [Out; 3],
 ) -> Result<[Option<Tensor>; 3]> {
-    let gx = matmul(g, w, false, false, sinks[0])?;
-    let gw = matmul(g, x, true, false, sinks[1])?;
+    let gx = matmul(g, w, false, w_t, sinks[0])?;
+    let gw = if w_t {
+        matmul(x, g, true, false, sinks[1])?
+    } else {
+        matmul(g, x, true, false, sinks[1])?
+    };
     let gb = if has_b {
-        let n = w.shape()[0];
+        let n = g.shape()[1];
         let like = output(&device_of("linear", &[g])?, &[n], g.dtype())?;
         Some(crate::ops::elementwise::cuda::binary_grad(
             crate::ops::elementwise::Binary::Add,

@@ -105,29 +105,87 @@ fn device_matmul_backward(
     ])
 }
 
+/// The two affine ops: their weights' layouts differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Affine {
+    /// `linear(x, w, b)`, w [out, in].
+    Linear,
+    /// `addmm(b, x, w)`, w [in, out].
+    Addmm,
+}
+
+impl Affine {
+    fn op(self) -> &'static str {
+        match self {
+            Affine::Linear => "linear",
+            Affine::Addmm => "addmm",
+        }
+    }
+
+    fn layout(self) -> &'static str {
+        match self {
+            Affine::Linear => "[out, in]",
+            Affine::Addmm => "[in, out] with a 2-D input",
+        }
+    }
+
+    /// Names of the recorded inputs (input, weight, bias), as PyTorch names the arguments.
+    fn wrt(self) -> &'static [&'static str] {
+        match self {
+            Affine::Linear => &["input", "weight", "bias"],
+            Affine::Addmm => &["mat1", "mat2", "self"],
+        }
+    }
+}
+
 impl Engine {
     /// y = x·wᵀ + b for x [..., in], w [out, in], b [out] (`torch.nn.functional.linear`).
     pub fn linear(&mut self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-        expect_float(x, "linear", "input")?;
+        self.affine(Affine::Linear, x, w, b)
+    }
+
+    /// y = b + x·w for x [m, in], w [in, out], b [out] (`torch.addmm(b, x, w)`, as
+    /// transformers' GPT-2 `Conv1D` computes; the weight is used as it is stored).
+    pub fn addmm(&mut self, b: &Tensor, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        self.affine(Affine::Addmm, x, w, Some(b))
+    }
+
+    fn affine(
+        &mut self,
+        kind: Affine,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let op = kind.op();
+        expect_float(x, op, "input")?;
         let mut raw = vec![x, w];
         raw.extend(b);
-        let ins = self.prepare("linear", &raw)?;
+        let ins = self.prepare(op, &raw)?;
         let (x, w) = (&ins[0], &ins[1]);
         let b = ins.get(2);
-        if w.rank() != 2 || x.rank() == 0 {
+        let rank_ok = match kind {
+            Affine::Linear => x.rank() > 0,
+            Affine::Addmm => x.rank() == 2,
+        };
+        if w.rank() != 2 || !rank_ok {
             return Err(Error::shape(
-                "linear",
+                op,
                 format!(
-                    "weight must be [out, in], got {:?}; input {:?}",
+                    "weight must be {}, got {:?}; input {:?}",
+                    kind.layout(),
                     w.shape(),
                     x.shape()
                 ),
             ));
         }
-        let (n, k) = (w.shape()[0], w.shape()[1]);
+        let (n, k) = match kind {
+            Affine::Linear => (w.shape()[0], w.shape()[1]),
+            Affine::Addmm => (w.shape()[1], w.shape()[0]),
+        };
         if x.shape()[x.rank() - 1] != k {
             return Err(Error::shape(
-                "linear",
+                op,
                 format!(
                     "input {:?} does not end in {k} (weight {:?})",
                     x.shape(),
@@ -138,7 +196,7 @@ impl Engine {
         if let Some(b) = b {
             if b.shape() != [n] {
                 return Err(Error::shape(
-                    "linear",
+                    op,
                     format!("bias must be [{n}], got {:?}", b.shape()),
                 ));
             }
@@ -147,52 +205,56 @@ impl Engine {
         let mut out_shape = x.shape().to_vec();
         *out_shape.last_mut().expect("rank >= 1") = n;
         let dtype = x.dtype();
+        let w_t = kind == Affine::Addmm;
         if x.storage().is_device() {
-            return self.device_linear(x, w, b, m, k, out_shape, &ins);
+            return self.device_affine(kind, x, w, b, m, k, out_shape, &ins);
         }
         let out = match (
-            super::fdata(x, "linear")?,
-            super::fdata(w, "linear")?,
-            b.map(|t| super::fdata(t, "linear")).transpose()?,
+            super::fdata(x, op)?,
+            super::fdata(w, op)?,
+            b.map(|t| super::fdata(t, op)).transpose()?,
         ) {
             (FData::F32(xd), FData::F32(wd), Some(FData::F32(bd))) => {
-                cpu::linear_fwd(xd, wd, Some(bd), m, k, n, &out_shape, dtype)?
+                cpu::linear_fwd(xd, wd, w_t, Some(bd), m, k, n, &out_shape, dtype)?
             }
             (FData::F32(xd), FData::F32(wd), None) => {
-                cpu::linear_fwd(xd, wd, None, m, k, n, &out_shape, dtype)?
+                cpu::linear_fwd(xd, wd, w_t, None, m, k, n, &out_shape, dtype)?
             }
             (FData::F64(xd), FData::F64(wd), Some(FData::F64(bd))) => {
-                cpu::linear_fwd(xd, wd, Some(bd), m, k, n, &out_shape, dtype)?
+                cpu::linear_fwd(xd, wd, w_t, Some(bd), m, k, n, &out_shape, dtype)?
             }
             (FData::F64(xd), FData::F64(wd), None) => {
-                cpu::linear_fwd(xd, wd, None, m, k, n, &out_shape, dtype)?
+                cpu::linear_fwd(xd, wd, w_t, None, m, k, n, &out_shape, dtype)?
             }
-            _ => return Err(Error::shape("linear", "operands have different dtypes")),
+            _ => return Err(Error::shape(op, "operands have different dtypes")),
         };
         let (xt, wt, has_b) = (x.clone(), w.clone(), b.is_some());
         let bw = Box::new(move |g: &Tensor| {
+            let shapes = (xt.shape(), wt.shape());
             match (
-                super::fdata(&xt, "linear")?,
-                super::fdata(&wt, "linear")?,
-                super::fdata(g, "linear")?,
+                super::fdata(&xt, op)?,
+                super::fdata(&wt, op)?,
+                super::fdata(g, op)?,
             ) {
                 (FData::F32(x), FData::F32(w), FData::F32(g)) => {
-                    cpu::linear_bwd(x, w, g, m, k, n, xt.shape(), wt.shape(), has_b, dtype)
+                    cpu::linear_bwd(x, w, w_t, g, (m, k, n), shapes, has_b, dtype)
                 }
                 (FData::F64(x), FData::F64(w), FData::F64(g)) => {
-                    cpu::linear_bwd(x, w, g, m, k, n, xt.shape(), wt.shape(), has_b, dtype)
+                    cpu::linear_bwd(x, w, w_t, g, (m, k, n), shapes, has_b, dtype)
                 }
-                _ => Err(Error::shape("linear", "gradient dtype differs from inputs")),
+                _ => Err(Error::shape(op, "gradient dtype differs from inputs")),
             }
         });
         let refs: Vec<&Tensor> = ins.iter().collect();
-        self.record("linear", &refs, &["input", "weight", "bias"], out, Some(bw))
+        self.record(op, &refs, kind.wrt(), out, Some(bw))
     }
 
-    /// [`Engine::linear`] on the device: cuBLAS, the bias added in f32, one rounding.
+    /// [`Engine::linear`] and [`Engine::addmm`] on the device: cuBLAS, the bias added in
+    /// f32, one rounding.
     #[allow(clippy::too_many_arguments)]
-    fn device_linear(
+    fn device_affine(
         &mut self,
+        kind: Affine,
         x: &Tensor,
         w: &Tensor,
         b: Option<&Tensor>,
@@ -201,11 +263,13 @@ impl Engine {
         out_shape: Vec<usize>,
         ins: &[Tensor],
     ) -> Result<Tensor> {
+        let w_t = kind == Affine::Addmm;
         let x2 = x.view_as(&[m, k])?;
         let (slot, sink) = super::device_out(x)?;
-        let y = cuda::linear(&x2, w, b, sink)?.view_as(&out_shape)?;
+        let y = cuda::linear(&x2, w, w_t, b, sink)?.view_as(&out_shape)?;
         let out = Computed::pending(y, slot);
-        let (xt, wt, has_b, n) = (x2, w.clone(), b.is_some(), w.shape()[0]);
+        let n = out_shape[out_shape.len() - 1];
+        let (xt, wt, has_b) = (x2, w.clone(), b.is_some());
         let x_shape = x.shape().to_vec();
         let bw = Box::new(move |g: &Tensor| {
             let g2 = g.view_as(&[m, n])?;
@@ -215,7 +279,7 @@ impl Engine {
             for (i, (s, c)) in taken.into_iter().enumerate() {
                 (slots[i], sinks[i]) = (s, super::cuda::Out::new(s, c));
             }
-            let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, &g2, has_b, sinks)?;
+            let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, w_t, &g2, has_b, sinks)?;
             let gx = gx.map(|t| t.view_as(&x_shape)).transpose()?;
             Ok([gx, gw, gb]
                 .into_iter()
@@ -224,7 +288,7 @@ impl Engine {
                 .collect())
         });
         let refs: Vec<&Tensor> = ins.iter().collect();
-        self.record("linear", &refs, &["input", "weight", "bias"], out, Some(bw))
+        self.record(kind.op(), &refs, kind.wrt(), out, Some(bw))
     }
 
     fn matmul_op(&mut self, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {

@@ -110,13 +110,30 @@ fn gather_strided(
                 }
                 return;
             }
+            // Elements apart in the source: the last two dims copied as tiles, so that
+            // both sides stay in cache (a transpose).
+            if let [outer @ .., r, c] = sub {
+                let ([os @ .., sr, sc], rc) = (st, r * c) else {
+                    unreachable!("strides have the shape's rank")
+                };
+                let mut k = 0;
+                for_each_offset(outer, [os], |[i]| {
+                    for_tiles(*r, *c, |rr, cc| {
+                        o[k + rr * c + cc] = v[b + i + rr * sr + cc * sc]
+                    });
+                    k += rc;
+                });
+                return;
+            }
             let mut k = 0;
             for_each_offset(sub, [st], |[i]| {
                 o[k] = v[b + i];
                 k += 1;
             });
         };
-        if n >= super::PAR_MIN && shape.len() > 1 && shape[0] > 1 {
+        // A 2-D copy with its elements apart is tiled whole rather than split in rows.
+        let rows_apart = shape.len() == 2 && strides[1] != 1;
+        if n >= super::PAR_MIN && shape.len() > 1 && shape[0] > 1 && !rows_apart {
             let inner = n / shape[0];
             out.par_chunks_mut(inner)
                 .enumerate()
@@ -132,6 +149,22 @@ fn gather_strided(
         Storage::I64(v) => Storage::I64(copy(v, shape, strides, base)),
         Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
     })
+}
+
+/// Calls `f(row, col)` over an `r` × `c` block in square tiles (a transpose's reads or
+/// writes then stay within a few cache lines per tile).
+#[inline(always)]
+fn for_tiles(r: usize, c: usize, mut f: impl FnMut(usize, usize)) {
+    const TILE: usize = 16;
+    for r0 in (0..r).step_by(TILE) {
+        for c0 in (0..c).step_by(TILE) {
+            for rr in r0..(r0 + TILE).min(r) {
+                for cc in c0..(c0 + TILE).min(c) {
+                    f(rr, cc);
+                }
+            }
+        }
+    }
 }
 
 /// The flat offset of row `row` (row-major over the dims `shape`) laid out with `strides`.
@@ -171,6 +204,16 @@ fn scatter_strided(
                     out[at..at + inner].copy_from_slice(src);
                 }
             }
+            return Arc::new(out);
+        }
+        if let ([outer @ .., r, c], [os @ .., sr, sc]) = (shape, strides) {
+            let (mut k, rc) = (0, r * c);
+            for_each_offset(outer, [os], |[i]| {
+                for_tiles(*r, *c, |rr, cc| {
+                    out[base + i + rr * sr + cc * sc] = g[k + rr * c + cc]
+                });
+                k += rc;
+            });
             return Arc::new(out);
         }
         let mut k = 0;
