@@ -6,8 +6,10 @@
 //! measured with `perf stat`). Kept in the heap instead, freed blocks are reused.
 
 /// Keeps freed blocks of any size in the heap for reuse (glibc: the `mmap` threshold at its
-/// 32 MiB maximum and no trimming of the heap top below 1 GiB); elsewhere nothing. Called
-/// once at the start of the command line and the benchmarks; results do not depend on it.
+/// 32 MiB maximum, no trimming of the heap top below 1 GiB, and one arena for all threads,
+/// since the arenas of rayon's threads, where the host step runs, gave freed blocks back to
+/// the kernel all the same); elsewhere nothing. Called once at the start of the command
+/// line and the benchmarks; results do not depend on it.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets malloc's parameters; it is called before other threads run.
