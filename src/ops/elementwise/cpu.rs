@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::ops::{
     bstrides, for_each_offset, produce, produce_wide, sum_to, Finish, Pattern, PieceKernel,
 };
-use crate::tensor::Real;
+use crate::tensor::{erf_f32, exp_f32, Real, Storage, Tensor};
 
 /// Runs `$body` with `$o` bound to a closure that returns `$op`: a closure type per
 /// variant, so `$o().f(..)` and `$o().df(..)` inline to the one arm inside the loops (a
@@ -169,6 +169,79 @@ impl<T: Real, O: Fn() -> Unary + Sync + Send> PieceKernel<T> for UnaryBwd<'_, T,
         let (x, y, g) = (&self.x[s..e], &self.y[s..e], &self.g[s..e]);
         for (((d, &xv), &yv), &gv) in out.iter_mut().zip(x).zip(y).zip(g) {
             *d = (self.o)().df(xv, yv, gv);
+        }
+    }
+}
+
+/// The exact GELU's forward on f32 storage, keeping its `cdf = ½(1 + erf(x/√2))` (in f32)
+/// for the backward, so that erf is evaluated once per element in a step instead of
+/// twice. The output is `(½x)·(2·cdf)`: `2·cdf` is `1 + erf(x/√2)` exactly (halving and
+/// doubling a normal f32 are exact, and `1 + erf` is 0 or at least 2^-24), so the values are
+/// those of [`Unary::f`].
+pub(super) fn gelu_erf_fwd(x: &[f32], shape: &[usize], dtype: DType) -> Result<(Computed, Tensor)> {
+    let cdf = produce_wide(x.len(), shape, DType::F32, GeluCdf { x })?.tensor;
+    let y = {
+        let Storage::F32(c) = cdf.storage() else {
+            unreachable!("a host f32 computation")
+        };
+        produce_wide(x.len(), shape, dtype, GeluFromCdf { x, cdf: c })?
+    };
+    Ok((y, cdf))
+}
+
+/// The exact GELU's backward from its kept `cdf`: `g·(cdf + x·pdf)`, as [`Unary::df`].
+pub(super) fn gelu_erf_bwd(
+    x: &[f32],
+    cdf: &[f32],
+    g: &[f32],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Computed> {
+    produce_wide(x.len(), shape, dtype, GeluBwdFromCdf { x, cdf, g })
+}
+
+struct GeluCdf<'a> {
+    x: &'a [f32],
+}
+
+impl PieceKernel<f32> for GeluCdf<'_> {
+    #[inline(always)]
+    fn run(&self, s: usize, out: &mut [f32]) {
+        for (c, &x) in out.iter_mut().zip(&self.x[s..]) {
+            *c = 0.5 * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2));
+        }
+    }
+}
+
+struct GeluFromCdf<'a> {
+    x: &'a [f32],
+    cdf: &'a [f32],
+}
+
+impl PieceKernel<f32> for GeluFromCdf<'_> {
+    #[inline(always)]
+    fn run(&self, s: usize, out: &mut [f32]) {
+        for ((y, &x), &c) in out.iter_mut().zip(&self.x[s..]).zip(&self.cdf[s..]) {
+            *y = 0.5 * x * (c * 2.0);
+        }
+    }
+}
+
+struct GeluBwdFromCdf<'a> {
+    x: &'a [f32],
+    cdf: &'a [f32],
+    g: &'a [f32],
+}
+
+impl PieceKernel<f32> for GeluBwdFromCdf<'_> {
+    #[inline(always)]
+    fn run(&self, s: usize, out: &mut [f32]) {
+        let e = s + out.len();
+        let (x, cdf, g) = (&self.x[s..e], &self.cdf[s..e], &self.g[s..e]);
+        let k = f32::of(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+        for (((d, &x), &c), &g) in out.iter_mut().zip(x).zip(cdf).zip(g) {
+            let pdf = exp_f32(-0.5 * x * x) * k;
+            *d = g * (c + x * pdf);
         }
     }
 }
@@ -422,6 +495,44 @@ mod tests {
             assert_eq!(x.to_bits(), y.to_bits(), "element {i} of {shape:?}");
         }
         assert_eq!(c.rounding, counts, "{shape:?}");
+    }
+
+    /// The exact GELU with its kept cdf gives the values and counts of the one-element
+    /// formulas (`Unary::f`, `Unary::df`), bit for bit, in every dtype: large and tiny
+    /// values, where erf is ±1, and the special values included.
+    #[test]
+    fn gelu_with_kept_cdf_matches_the_elementwise_formulas() {
+        let mut x = data(70_000, 4);
+        x.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -5.6,
+            -5.5,
+            f32::from_bits(1),
+            -1e-30,
+            1e30,
+        ]);
+        let g = data(x.len(), 5);
+        let shape = [x.len()];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (y, cdf) = gelu_erf_fwd(&x, &shape, dtype).unwrap();
+            let want: Vec<f32> = x.iter().map(|&v| Unary::GeluErf.f(v)).collect();
+            same(&y, want, &shape, dtype);
+            let Storage::F32(c) = cdf.storage() else {
+                unreachable!()
+            };
+            let Storage::F32(yv) = y.tensor.storage() else {
+                unreachable!()
+            };
+            let dx = gelu_erf_bwd(&x, c, &g, &shape, dtype).unwrap();
+            let want: Vec<f32> = (0..x.len())
+                .map(|i| Unary::GeluErf.df(x[i], yv[i], g[i]))
+                .collect();
+            same(&dx, want, &shape, dtype);
+        }
     }
 
     #[test]

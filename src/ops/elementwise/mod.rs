@@ -261,9 +261,15 @@ impl Engine {
             }
             None => None,
         };
+        // The exact GELU on the host keeps its cdf for the backward (erf once, not twice).
+        let mut gelu_cdf = None;
         let out = if x.storage().is_device() {
             let (slot, sink) = device_out(x)?;
             Computed::pending(cuda::unary(op, x, switch(&flag, on_inf), sink)?, slot)
+        } else if let (Unary::GeluErf, super::FData::F32(d)) = (op, super::fdata(x, op.name())?) {
+            let (y, cdf) = cpu::gelu_erf_fwd(d, x.shape(), x.dtype())?;
+            gelu_cdf = Some(cdf);
+            y
         } else {
             with_float!(x, op.name(), |d| cpu::unary(d, op, x.shape(), x.dtype()))?
         };
@@ -273,6 +279,24 @@ impl Engine {
                 let (slot, sink) = device_out(&xs)?;
                 let dx = cuda::unary_backward(op, (&xs, &ys, g), switch(&flag, on_inf), sink)?;
                 return Ok(vec![grad(Computed::pending(dx, slot))]);
+            }
+            if let Some(cdf) = &gelu_cdf {
+                let r = match (
+                    super::fdata(&xs, "backward")?,
+                    super::fdata(cdf, "backward")?,
+                    super::fdata(g, "backward")?,
+                ) {
+                    (super::FData::F32(a), super::FData::F32(c), super::FData::F32(gd)) => {
+                        cpu::gelu_erf_bwd(a, c, gd, xs.shape(), xs.dtype())?
+                    }
+                    _ => {
+                        return Err(crate::Error::shape(
+                            op.name(),
+                            "gradient dtype differs from input",
+                        ))
+                    }
+                };
+                return Ok(vec![grad(r)]);
             }
             let r = match (
                 super::fdata(&xs, "backward")?,
