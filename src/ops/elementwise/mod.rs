@@ -343,6 +343,9 @@ impl Engine {
             ))?
         };
         let (at, bt) = (a.clone(), b.clone());
+        // On the host, no gradient is computed for an operand that needs none (a mask, the
+        // rotary tables): the engine would drop it unrecorded.
+        let need = [a.requires_grad(), b.requires_grad()];
         let bw = Box::new(move |g: &Tensor| {
             if at.storage().is_device() {
                 let mut grads = Vec::with_capacity(2);
@@ -368,41 +371,75 @@ impl Engine {
             macro_rules! grads {
                 ($x:ident, $y:ident, $gg:ident) => {{
                     let ga = match op {
-                        Binary::Add | Binary::Sub => match pass(sa)? {
+                        _ if !need[0] => None,
+                        Binary::Add | Binary::Sub => Some(match pass(sa)? {
                             Some(c) => c,
                             None => sum_to($gg, &out_shape, sa, dt)?,
-                        },
-                        Binary::Mul => {
-                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| {
-                                g * b
-                            })?
-                        }
-                        Binary::Div => {
-                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sa, dt, |_, b, g| {
-                                g / b
-                            })?
-                        }
+                        }),
+                        Binary::Mul => Some(cpu::binary_grad(
+                            $x,
+                            sa,
+                            $y,
+                            sb,
+                            $gg,
+                            &out_shape,
+                            sa,
+                            dt,
+                            |_, b, g| g * b,
+                        )?),
+                        Binary::Div => Some(cpu::binary_grad(
+                            $x,
+                            sa,
+                            $y,
+                            sb,
+                            $gg,
+                            &out_shape,
+                            sa,
+                            dt,
+                            |_, b, g| g / b,
+                        )?),
                     };
                     let gb = match op {
-                        Binary::Add => match pass(sb)? {
+                        _ if !need[1] => None,
+                        Binary::Add => Some(match pass(sb)? {
                             Some(c) => c,
                             None => sum_to($gg, &out_shape, sb, dt)?,
-                        },
-                        Binary::Sub => {
-                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |_, _, g| -g)?
-                        }
-                        Binary::Mul => {
-                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, _, g| {
-                                g * a
-                            })?
-                        }
-                        Binary::Div => {
-                            cpu::binary_grad($x, sa, $y, sb, $gg, &out_shape, sb, dt, |a, b, g| {
-                                -g * a / (b * b)
-                            })?
-                        }
+                        }),
+                        Binary::Sub => Some(cpu::binary_grad(
+                            $x,
+                            sa,
+                            $y,
+                            sb,
+                            $gg,
+                            &out_shape,
+                            sb,
+                            dt,
+                            |_, _, g| -g,
+                        )?),
+                        Binary::Mul => Some(cpu::binary_grad(
+                            $x,
+                            sa,
+                            $y,
+                            sb,
+                            $gg,
+                            &out_shape,
+                            sb,
+                            dt,
+                            |a, _, g| g * a,
+                        )?),
+                        Binary::Div => Some(cpu::binary_grad(
+                            $x,
+                            sa,
+                            $y,
+                            sb,
+                            $gg,
+                            &out_shape,
+                            sb,
+                            dt,
+                            |a, b, g| -g * a / (b * b),
+                        )?),
                     };
-                    Ok(vec![grad(ga), grad(gb)])
+                    Ok(vec![ga.and_then(grad), gb.and_then(grad)])
                 }};
             }
             match (
