@@ -370,74 +370,32 @@ impl Engine {
             };
             macro_rules! grads {
                 ($x:ident, $y:ident, $gg:ident) => {{
+                    // The gradient of the operand of shape `$t` from `$k(a, b, g)` per element.
+                    macro_rules! of {
+                        ($t:expr, $k:expr) => {
+                            Some(cpu::binary_grad(
+                                $x, sa, $y, sb, $gg, &out_shape, $t, dt, $k,
+                            )?)
+                        };
+                    }
+                    let summed = |t: &[usize]| -> Result<Option<crate::engine::Computed>> {
+                        Ok(Some(match pass(t)? {
+                            Some(c) => c,
+                            None => sum_to($gg, &out_shape, t, dt)?,
+                        }))
+                    };
                     let ga = match op {
                         _ if !need[0] => None,
-                        Binary::Add | Binary::Sub => Some(match pass(sa)? {
-                            Some(c) => c,
-                            None => sum_to($gg, &out_shape, sa, dt)?,
-                        }),
-                        Binary::Mul => Some(cpu::binary_grad(
-                            $x,
-                            sa,
-                            $y,
-                            sb,
-                            $gg,
-                            &out_shape,
-                            sa,
-                            dt,
-                            |_, b, g| g * b,
-                        )?),
-                        Binary::Div => Some(cpu::binary_grad(
-                            $x,
-                            sa,
-                            $y,
-                            sb,
-                            $gg,
-                            &out_shape,
-                            sa,
-                            dt,
-                            |_, b, g| g / b,
-                        )?),
+                        Binary::Add | Binary::Sub => summed(sa)?,
+                        Binary::Mul => of!(sa, |_, b, g| g * b),
+                        Binary::Div => of!(sa, |_, b, g| g / b),
                     };
                     let gb = match op {
                         _ if !need[1] => None,
-                        Binary::Add => Some(match pass(sb)? {
-                            Some(c) => c,
-                            None => sum_to($gg, &out_shape, sb, dt)?,
-                        }),
-                        Binary::Sub => Some(cpu::binary_grad(
-                            $x,
-                            sa,
-                            $y,
-                            sb,
-                            $gg,
-                            &out_shape,
-                            sb,
-                            dt,
-                            |_, _, g| -g,
-                        )?),
-                        Binary::Mul => Some(cpu::binary_grad(
-                            $x,
-                            sa,
-                            $y,
-                            sb,
-                            $gg,
-                            &out_shape,
-                            sb,
-                            dt,
-                            |a, _, g| g * a,
-                        )?),
-                        Binary::Div => Some(cpu::binary_grad(
-                            $x,
-                            sa,
-                            $y,
-                            sb,
-                            $gg,
-                            &out_shape,
-                            sb,
-                            dt,
-                            |a, b, g| -g * a / (b * b),
-                        )?),
+                        Binary::Add => summed(sb)?,
+                        Binary::Sub => of!(sb, |_, _, g| -g),
+                        Binary::Mul => of!(sb, |a, _, g| g * a),
+                        Binary::Div => of!(sb, |a, b, g| -g * a / (b * b)),
                     };
                     Ok(vec![ga.and_then(grad), gb.and_then(grad)])
                 }};
