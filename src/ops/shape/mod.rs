@@ -187,56 +187,117 @@ fn scatter_strided(
     base: usize,
     op: &str,
 ) -> Result<Storage> {
-    fn put<T: Copy + Default>(
-        g: &[T],
+    place_parts(&[(g, shape, base)], n, strides, op)
+}
+
+/// A zero host storage of `n` elements with each part's elements (row-major over its shape)
+/// written at `base + Σ i·strides`; every part must have the storage kind of the first.
+fn place_parts(
+    parts: &[(&Storage, &[usize], usize)],
+    n: usize,
+    strides: &[usize],
+    op: &str,
+) -> Result<Storage> {
+    fn all<'a, T>(
+        parts: &[(&'a Storage, &[usize], usize)],
+        pick: impl Fn(&'a Storage) -> Option<&'a [T]>,
+        op: &str,
+    ) -> Result<Vec<&'a [T]>> {
+        parts
+            .iter()
+            .map(|(s, _, _)| pick(s))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::shape(op, "inputs have different storage kinds (int and float)"))
+    }
+    fn fill<T: Copy + Default>(
+        data: &[&[T]],
+        parts: &[(&Storage, &[usize], usize)],
         n: usize,
-        shape: &[usize],
         strides: &[usize],
-        base: usize,
     ) -> Arc<Vec<T>> {
         let mut out = vec![T::default(); n];
-        if let (Some((&inner, outer)), Some((&1, ost))) = (shape.split_last(), strides.split_last())
-        {
-            // Rows contiguous in the destination: written a row at a time.
-            if inner > 0 {
-                for (row, src) in g[..numel(shape)].chunks_exact(inner).enumerate() {
-                    let at = base + row_offset(row, outer, ost);
-                    out[at..at + inner].copy_from_slice(src);
-                }
-            }
-            return Arc::new(out);
+        for (g, (_, shape, base)) in data.iter().zip(parts) {
+            put_strided(&mut out, g, shape, strides, *base);
         }
-        if let ([outer @ .., r, c], [os @ .., sr, sc]) = (shape, strides) {
-            let (mut k, rc) = (0, r * c);
-            for_each_offset(outer, [os], |[i]| {
-                for_tiles(*r, *c, |rr, cc| {
-                    out[base + i + rr * sr + cc * sc] = g[k + rr * c + cc]
-                });
-                k += rc;
-            });
-            return Arc::new(out);
-        }
-        let mut k = 0;
-        for_each_offset(shape, [strides], |[i]| {
-            out[base + i] = g[k];
-            k += 1;
-        });
         Arc::new(out)
     }
-    Ok(match g {
-        Storage::F32(v) => Storage::F32(put(v, n, shape, strides, base)),
-        Storage::F64(v) => Storage::F64(put(v, n, shape, strides, base)),
-        Storage::I64(v) => Storage::I64(put(v, n, shape, strides, base)),
+    let Some((first, _, _)) = parts.first() else {
+        return Err(Error::shape(op, "nothing to place"));
+    };
+    Ok(match first {
+        Storage::F32(_) => {
+            let d = all(
+                parts,
+                |s| {
+                    if let Storage::F32(v) = s {
+                        Some(&v[..])
+                    } else {
+                        None
+                    }
+                },
+                op,
+            )?;
+            Storage::F32(fill(&d, parts, n, strides))
+        }
+        Storage::F64(_) => {
+            let d = all(
+                parts,
+                |s| {
+                    if let Storage::F64(v) = s {
+                        Some(&v[..])
+                    } else {
+                        None
+                    }
+                },
+                op,
+            )?;
+            Storage::F64(fill(&d, parts, n, strides))
+        }
+        Storage::I64(_) => {
+            let d = all(
+                parts,
+                |s| {
+                    if let Storage::I64(v) = s {
+                        Some(&v[..])
+                    } else {
+                        None
+                    }
+                },
+                op,
+            )?;
+            Storage::I64(fill(&d, parts, n, strides))
+        }
         Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
     })
 }
 
-/// Flat offsets, in row-major order over `shape`, of elements laid out with `strides`
-/// starting at `base`.
-pub(crate) fn strided_offsets(shape: &[usize], strides: &[usize], base: usize) -> Vec<usize> {
-    let mut v = Vec::with_capacity(numel(shape));
-    for_each_offset(shape, [strides], |[o]| v.push(base + o));
-    v
+/// Writes `g` (row-major over `shape`) into `out` at `base + Σ i·strides`.
+fn put_strided<T: Copy>(out: &mut [T], g: &[T], shape: &[usize], strides: &[usize], base: usize) {
+    if let (Some((&inner, outer)), Some((&1, ost))) = (shape.split_last(), strides.split_last()) {
+        // Rows contiguous in the destination: written a row at a time.
+        if inner > 0 {
+            for (row, src) in g[..numel(shape)].chunks_exact(inner).enumerate() {
+                let at = base + row_offset(row, outer, ost);
+                out[at..at + inner].copy_from_slice(src);
+            }
+        }
+        return;
+    }
+    if let ([outer @ .., r, c], [os @ .., sr, sc]) = (shape, strides) {
+        let (mut k, rc) = (0, r * c);
+        for_each_offset(outer, [os], |[i]| {
+            for_tiles(*r, *c, |rr, cc| {
+                out[base + i + rr * sr + cc * sc] = g[k + rr * c + cc]
+            });
+            k += rc;
+        });
+        return;
+    }
+    let mut k = 0;
+    for_each_offset(shape, [strides], |[i]| {
+        out[base + i] = g[k];
+        k += 1;
+    });
 }
 
 /// Fails unless the gradient `g` has the shape of the op's output.
@@ -565,14 +626,6 @@ impl Engine {
             })
             .collect();
         let device = ins[0].storage().is_device();
-        let idx: Vec<Vec<usize>> = if device {
-            Vec::new()
-        } else {
-            ins.iter()
-                .zip(&offs)
-                .map(|(t, &o)| strided_offsets(t.shape(), &os, o))
-                .collect()
-        };
         let out = if device {
             let dev = super::cuda::device_of("cat", &ins.iter().collect::<Vec<_>>())?;
             let out = super::cuda::output(&dev, &out_shape, ins[0].dtype())?;
@@ -589,12 +642,13 @@ impl Engine {
             }
             out
         } else {
-            let parts: Vec<(&Storage, &[usize])> = ins
+            // Each input's rows copied into place in the output's layout.
+            let parts: Vec<(&Storage, &[usize], usize)> = ins
                 .iter()
-                .zip(&idx)
-                .map(|(t, i)| (t.storage(), i.as_slice()))
+                .zip(&offs)
+                .map(|(t, &o)| (t.storage(), t.shape(), o))
                 .collect();
-            let storage = scatter(&parts, numel(&out_shape), "cat")?;
+            let storage = place_parts(&parts, numel(&out_shape), &os, "cat")?;
             Tensor::from_storage(storage, &out_shape, ins[0].dtype())?
         };
         let backward: Option<BackwardFn> = if ins[0].dtype().is_float() {
@@ -612,8 +666,8 @@ impl Engine {
                             slot = Some(at);
                             cuda::gather_strided("cat", g, s, (&os, offs[k]), sink)?
                         } else {
-                            let i = idx.get(k).ok_or_else(|| super::no_device_kernel("cat"))?;
-                            Tensor::from_storage(gather(g.storage(), i, "backward")?, s, dtype)?
+                            let part = gather_strided(g.storage(), s, &os, offs[k], "cat")?;
+                            Tensor::from_storage(part, s, dtype)?
                         };
                         Ok(Some(Grad {
                             tensor,
