@@ -129,6 +129,37 @@ pub(crate) fn produce_in<T: Finish>(
     T::finish_rounded(out, rounding, shape, dtype)
 }
 
+/// Pieces of whole lines of `n` values, about [`PIECE`] values each (a line of no values
+/// still makes a whole number of lines per piece).
+pub(crate) fn line_piece(n: usize) -> usize {
+    let w = n.max(1);
+    (PIECE / w).max(1) * w
+}
+
+/// Produces an output of `outer` contiguous lines of `n` values: `f(line, out)` writes one
+/// line. Groups of whole lines are the pieces of [`produce_in`] (over rayon's threads, each
+/// rounded while in cache); every line is computed alone.
+pub(crate) fn produce_lines<T: Finish>(
+    outer: usize,
+    n: usize,
+    shape: &[usize],
+    dtype: DType,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) -> Result<Computed> {
+    let w = n.max(1);
+    produce_in(
+        line_piece(n),
+        outer * n,
+        shape,
+        dtype,
+        |s, piece: &mut [T]| {
+            for (k, line) in piece.chunks_mut(w).enumerate() {
+                f(s / w + k, line);
+            }
+        },
+    )
+}
+
 /// A kernel's loop over one piece of its output, for [`produce_wide`]: `run(start, piece)`
 /// writes elements `start..start + piece.len()`. Each implementation marks `run`
 /// `#[inline(always)]`, so that it is compiled into the AVX2 copy as well as the portable
@@ -152,7 +183,7 @@ pub(crate) fn produce_wide<T: Finish, K: PieceKernel<T>>(
 }
 
 #[inline(always)]
-fn run_wide<T, K: PieceKernel<T>>(kernel: &K, start: usize, piece: &mut [T]) {
+pub(crate) fn run_wide<T, K: PieceKernel<T>>(kernel: &K, start: usize, piece: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]

@@ -1,7 +1,7 @@
 //! The layer-norm, embedding-gradient and dropout kernels on the host.
 
 use super::*;
-use crate::ops::{produce_in, PAR_MIN, PIECE};
+use crate::ops::{line_piece, produce_in, produce_lines, PAR_MIN};
 
 /// Per-row mean and 1/√(var + eps) of `x` split in rows of `d`, accumulated in f64 (two
 /// passes, biased variance) and converted once to T. Rows run in parallel when there are
@@ -20,11 +20,6 @@ pub(super) fn row_stats<T: Real>(x: &[T], d: usize, eps: f64) -> (Vec<T>, Vec<T>
     }
 }
 
-/// Pieces of whole rows of `d`, about [`PIECE`] values each.
-fn row_piece(d: usize) -> usize {
-    d.max(1) * (PIECE / d.max(1)).max(1)
-}
-
 pub(super) fn layer_norm_fwd<T: Finish>(
     x: &[T],
     w: Option<&[T]>,
@@ -34,28 +29,19 @@ pub(super) fn layer_norm_fwd<T: Finish>(
     shape: &[usize],
     dtype: crate::DType,
 ) -> Result<Computed> {
-    produce_in(
-        row_piece(d),
-        x.len(),
-        shape,
-        dtype,
-        |start, out: &mut [T]| {
-            let rows = x[start..start + out.len()].chunks(d);
-            let stats = mean[start / d..].iter().zip(&rstd[start / d..]);
-            for ((o, r), (&m, &s)) in out.chunks_mut(d).zip(rows).zip(stats) {
-                for (j, (y, &v)) in o.iter_mut().zip(r).enumerate() {
-                    let mut v = (v - m) * s;
-                    if let Some(w) = w {
-                        v = v * w[j];
-                    }
-                    if let Some(b) = b {
-                        v = v + b[j];
-                    }
-                    *y = v;
-                }
+    produce_lines(mean.len(), d, shape, dtype, |l, y: &mut [T]| {
+        let (r, m, s) = (&x[l * d..(l + 1) * d], mean[l], rstd[l]);
+        for (j, (y, &v)) in y.iter_mut().zip(r).enumerate() {
+            let mut v = (v - m) * s;
+            if let Some(w) = w {
+                v = v * w[j];
             }
-        },
-    )
+            if let Some(b) = b {
+                v = v + b[j];
+            }
+            *y = v;
+        }
+    })
 }
 
 /// Gradients of layer norm: input (always), weight and bias (when present). The input's
@@ -74,7 +60,7 @@ pub(super) fn layer_norm_bwd<T: Finish>(
 ) -> Result<Vec<Option<crate::engine::Grad>>> {
     use rayon::prelude::*;
     let gx = produce_in(
-        row_piece(d),
+        line_piece(d),
         x.len(),
         shape,
         dtype,

@@ -73,47 +73,24 @@ pub(super) fn argmax_lines<T: Real>(x: &[T], outer: usize, n: usize, inner: usiz
     idx
 }
 
-/// Produces an output of `outer` contiguous lines of `n` values: `f(line, out)` writes one
-/// line. Groups of whole lines are the pieces of [`crate::ops::produce_in`] (over rayon's
-/// threads, each rounded while in cache); every line is computed alone.
-fn produce_lines<T: Finish>(
-    outer: usize,
-    n: usize,
-    shape: &[usize],
-    dtype: crate::DType,
-    f: impl Fn(usize, &mut [T]) + Sync + Send,
-) -> Result<Computed> {
-    // A line of no values still makes a whole number of lines per piece.
-    let w = n.max(1);
-    let per = (crate::ops::PIECE / w).max(1) * w;
-    crate::ops::produce_in(per, outer * n, shape, dtype, |s, piece: &mut [T]| {
-        for (k, line) in piece.chunks_mut(w).enumerate() {
-            f(s / w + k, line);
-        }
-    })
+/// `y = exp(x − m)`, apart from the line's sum so that the loop vectorizes, in the AVX2
+/// copy where the CPU has it (the values are the same either way).
+fn exp_shifted<T: Real>(x: &[T], m: T, y: &mut [T]) {
+    crate::ops::run_wide(&ExpShifted { x, m }, 0, y)
 }
 
-/// `y = exp(x − m)`, in code compiled for AVX2 where the CPU has it (the values are the
-/// same either way), apart from the line's sum so that the loop vectorizes.
-fn exp_shifted<T: Real>(x: &[T], m: T, y: &mut [T]) {
+struct ExpShifted<'a, T> {
+    x: &'a [T],
+    m: T,
+}
+
+impl<T: Real> crate::ops::PieceKernel<T> for ExpShifted<'_, T> {
     #[inline(always)]
-    fn body<T: Real>(x: &[T], m: T, y: &mut [T]) {
-        for (yi, &xi) in y.iter_mut().zip(x) {
-            *yi = (xi - m).exp_op();
+    fn run(&self, s: usize, y: &mut [T]) {
+        for (yi, &xi) in y.iter_mut().zip(&self.x[s..]) {
+            *yi = (xi - self.m).exp_op();
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        fn avx2<T: Real>(x: &[T], m: T, y: &mut [T]) {
-            body(x, m, y)
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU was just checked to have AVX2.
-            return unsafe { avx2(x, m, y) };
-        }
-    }
-    body(x, m, y)
 }
 
 pub(super) fn softmax_fwd<T: Finish>(
@@ -124,7 +101,7 @@ pub(super) fn softmax_fwd<T: Finish>(
     dtype: crate::DType,
 ) -> Result<Computed> {
     if inner == 1 {
-        return produce_lines(outer, n, shape, dtype, |l, y| {
+        return crate::ops::produce_lines(outer, n, shape, dtype, |l, y| {
             let x = &x[l * n..(l + 1) * n];
             let m = x
                 .iter()
@@ -182,7 +159,7 @@ pub(super) fn softmax_bwd<T: Finish>(
     dtype: crate::DType,
 ) -> Result<Computed> {
     if inner == 1 {
-        return produce_lines(outer, n, shape, dtype, |l, gx| {
+        return crate::ops::produce_lines(outer, n, shape, dtype, |l, gx| {
             let (y, g) = (&y[l * n..(l + 1) * n], &g[l * n..(l + 1) * n]);
             if log {
                 let s = T::of(g.iter().map(|v| v.f64()).sum::<f64>());

@@ -198,17 +198,6 @@ fn place_parts(
     strides: &[usize],
     op: &str,
 ) -> Result<Storage> {
-    fn all<'a, T>(
-        parts: &[(&'a Storage, &[usize], usize)],
-        pick: impl Fn(&'a Storage) -> Option<&'a [T]>,
-        op: &str,
-    ) -> Result<Vec<&'a [T]>> {
-        parts
-            .iter()
-            .map(|(s, _, _)| pick(s))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| Error::shape(op, "inputs have different storage kinds (int and float)"))
-    }
     fn fill<T: Copy + Default>(
         data: &[&[T]],
         parts: &[(&Storage, &[usize], usize)],
@@ -221,52 +210,29 @@ fn place_parts(
         }
         Arc::new(out)
     }
+    // Every part's data as the first part's kind, or an error naming the op.
+    macro_rules! fill_as {
+        ($kind:ident) => {{
+            let data = parts
+                .iter()
+                .map(|(s, _, _)| match s {
+                    Storage::$kind(v) => Some(&v[..]),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    Error::shape(op, "inputs have different storage kinds (int and float)")
+                })?;
+            Storage::$kind(fill(&data, parts, n, strides))
+        }};
+    }
     let Some((first, _, _)) = parts.first() else {
         return Err(Error::shape(op, "nothing to place"));
     };
     Ok(match first {
-        Storage::F32(_) => {
-            let d = all(
-                parts,
-                |s| {
-                    if let Storage::F32(v) = s {
-                        Some(&v[..])
-                    } else {
-                        None
-                    }
-                },
-                op,
-            )?;
-            Storage::F32(fill(&d, parts, n, strides))
-        }
-        Storage::F64(_) => {
-            let d = all(
-                parts,
-                |s| {
-                    if let Storage::F64(v) = s {
-                        Some(&v[..])
-                    } else {
-                        None
-                    }
-                },
-                op,
-            )?;
-            Storage::F64(fill(&d, parts, n, strides))
-        }
-        Storage::I64(_) => {
-            let d = all(
-                parts,
-                |s| {
-                    if let Storage::I64(v) = s {
-                        Some(&v[..])
-                    } else {
-                        None
-                    }
-                },
-                op,
-            )?;
-            Storage::I64(fill(&d, parts, n, strides))
-        }
+        Storage::F32(_) => fill_as!(F32),
+        Storage::F64(_) => fill_as!(F64),
+        Storage::I64(_) => fill_as!(I64),
         Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
     })
 }
