@@ -24,6 +24,10 @@ pub struct Grad {
     /// The device arena slot where a device kernel counts that rounding (then `rounding`
     /// is zero until the step's arena read resolves it).
     pub slot: Option<u32>,
+    /// The output holds the values of the op's first input (for a backward op, of the
+    /// output gradient), only moved: a transpose's or permute's copy. Probes take its
+    /// statistics from that input's.
+    pub permuted: bool,
 }
 
 /// Computes the gradients of an op's inputs from the gradient of its output.
@@ -40,6 +44,10 @@ pub struct Computed {
     /// The device arena slot where the op's kernel counts its rounding (then `rounding` is
     /// zero until the step's one arena read resolves it); None on the host.
     pub slot: Option<u32>,
+    /// The output holds the values of the op's first input (for a backward op, of the
+    /// output gradient), only moved: a transpose's or permute's copy. Probes take its
+    /// statistics from that input's.
+    pub permuted: bool,
 }
 
 impl Computed {
@@ -50,6 +58,7 @@ impl Computed {
             rounding,
             masked_neg_inf: 0,
             slot: None,
+            permuted: false,
         }
     }
 
@@ -60,6 +69,7 @@ impl Computed {
             rounding: RoundCounts::default(),
             masked_neg_inf: 0,
             slot: Some(slot),
+            permuted: false,
         }
     }
 }
@@ -422,6 +432,7 @@ impl Engine {
                 masked_neg_inf: out.masked_neg_inf,
                 additive_mask: self.making_mask
                     || inputs.iter().any(|t| self.masks.contains(&t.id())),
+                permuted: out.permuted,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);
@@ -487,6 +498,7 @@ impl Engine {
             wrt: None,
             masked_neg_inf: 0,
             additive_mask: false,
+            permuted: false,
         };
         for o in &mut self.observers {
             o.on_op(&ev);
@@ -539,6 +551,7 @@ impl Engine {
                     tensor,
                     rounding,
                     slot,
+                    permuted,
                 }) = r
                 else {
                     continue;
@@ -551,6 +564,7 @@ impl Engine {
                 }
                 let mut comp = Computed {
                     slot,
+                    permuted,
                     ..Computed::new(tensor, rounding)
                 };
                 self.apply_injection(node.op, &node.module, Phase::Backward, &mut comp)?;
@@ -575,6 +589,7 @@ impl Engine {
                         wrt: node.wrt.get(i).copied(),
                         masked_neg_inf: 0,
                         additive_mask: false,
+                        permuted: comp.permuted,
                     };
                     for o in &mut self.observers {
                         o.on_op(&ev);
@@ -628,6 +643,7 @@ impl Engine {
                 wrt: None,
                 masked_neg_inf: 0,
                 additive_mask: false,
+                permuted: false,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);

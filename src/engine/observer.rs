@@ -36,6 +36,8 @@ pub struct OpEvent<'a> {
     pub masked_neg_inf: u64,
     /// The op makes or applies an additive attention mask ([`super::Engine::mark_mask`]).
     pub additive_mask: bool,
+    /// The output holds the values of `inputs[0]`, only moved (a transpose's copy).
+    pub permuted: bool,
 }
 
 /// Something that watches ops: statistics, origin tracking, live views.

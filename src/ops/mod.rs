@@ -293,6 +293,7 @@ pub(crate) fn grad(c: Computed) -> Option<Grad> {
         tensor: c.tensor,
         rounding: c.rounding,
         slot: c.slot,
+        permuted: c.permuted,
     })
 }
 

@@ -1,4 +1,6 @@
 //! Numerical probes: what every op's output looks like, computed from the raw bits.
+mod background;
+mod f32_scan;
 pub mod params;
 pub mod stats;
 

@@ -1,6 +1,7 @@
 //! The standard probe: statistics of every op's output, and the origin of the first Inf and
 //! the first NaN with the chain of ops between them.
 
+use super::background;
 use super::stats::TensorStats;
 use crate::device::cuda::arena::SlotStats;
 use crate::dtype::DType;
@@ -50,23 +51,37 @@ pub struct Recorder {
     preds: Vec<Vec<usize>>,
     first_inf: Option<usize>,
     first_nan: Option<usize>,
-    /// Per op: whether its statistics are known, or pending in a device arena slot.
+    /// Per op: whether its statistics are known, pending in a device arena slot, or being
+    /// computed on the host beside the step.
     handles: Vec<StatsHandle>,
+    /// Statistics of host storages this step, computed or being computed beside the step
+    /// ([`background`]), by job number.
+    jobs: Vec<HostJob>,
+    /// Jobs before this one are all complete.
+    jobs_done: usize,
     /// Ops whose origins have been tracked, in order (a pending op stops the tracking).
     tracked: usize,
     /// Per op: input finiteness as seen when the op ran (for tracking later).
     input_flags: Vec<Finiteness>,
     /// Device probes that could not be queued.
     errors: Vec<String>,
-    /// Statistics computed this step, by the host storage they came from and the dtype
-    /// they were counted for: an op whose output shares that storage (a view, a gradient
-    /// passed through) has the same values, so the same statistics. The storage is held
-    /// weakly, so that a freed storage's address is never taken for a live one.
-    shared: HashMap<(usize, DType), SharedStats>,
+    /// Statistics computed this step, by the host storage they came from: an op whose
+    /// output shares that storage (a view, a gradient passed through, a widening cast) has
+    /// the same values, so the same statistics, recounted for its dtype. The storage is
+    /// held weakly, so that a freed storage's address is never taken for a live one.
+    shared: HashMap<usize, SharedStats>,
 }
 
-/// A storage held weakly, with the statistics computed from it.
-type SharedStats = (Weak<Vec<f32>>, TensorStats);
+/// A storage held weakly, with the job of its statistics.
+type SharedStats = (Weak<Vec<f32>>, usize);
+
+/// One storage's statistics: known, or on their way with the ops (and the dtypes they
+/// count them as) waiting for them.
+struct HostJob {
+    result: Option<TensorStats>,
+    pending: Option<background::Pending>,
+    ops: Vec<(usize, DType)>,
+}
 
 /// Where an op's output statistics come from: computed on the host when the op ran, or
 /// gathered on the device into an arena slot and known after the step's one arena read
@@ -77,6 +92,8 @@ pub enum StatsHandle {
     Ready,
     /// In this slot of the device's statistics arena.
     Pending(u32),
+    /// Being computed on the host by this job.
+    Computing(usize),
 }
 
 impl Recorder {
@@ -85,25 +102,70 @@ impl Recorder {
         Recorder::default()
     }
 
-    /// The op records of the current step, in execution order.
-    pub fn ops(&self) -> &[OpRecord] {
+    /// The op records of the current step, in execution order, with every host statistic
+    /// complete.
+    pub fn ops(&mut self) -> &[OpRecord] {
+        self.settle();
         &self.ops
     }
 
-    /// Takes the op records of the current step.
+    /// Takes the op records of the current step, with every host statistic complete.
     pub fn take_ops(&mut self) -> Vec<OpRecord> {
+        self.settle();
         std::mem::take(&mut self.ops)
     }
 
+    /// Completes every host statistic still being computed (computing here what no worker
+    /// has started) and tracks origins as far as the device's pending ones allow.
+    pub fn settle(&mut self) {
+        for j in self.jobs_done..self.jobs.len() {
+            if let Some(p) = self.jobs[j].pending.take() {
+                self.complete(j, p.take());
+            }
+        }
+        self.jobs_done = self.jobs.len();
+        self.advance();
+    }
+
+    /// Completes the jobs that workers have finished, without waiting.
+    fn poll(&mut self) {
+        for j in self.jobs_done..self.jobs.len() {
+            if let Some(p) = self.jobs[j].pending.take() {
+                match p.poll() {
+                    Ok(st) => self.complete(j, st),
+                    Err(p) => self.jobs[j].pending = Some(p),
+                }
+            }
+        }
+        while self.jobs_done < self.jobs.len() && self.jobs[self.jobs_done].pending.is_none() {
+            self.jobs_done += 1;
+        }
+    }
+
+    /// Puts a finished job's statistics into the records of the ops waiting for it.
+    fn complete(&mut self, j: usize, st: TensorStats) {
+        for &(idx, dtype) in &self.jobs[j].ops {
+            // Ops past a truncation are gone.
+            if let Some(o) = self.ops.get_mut(idx) {
+                o.stats = st.recount_as(dtype);
+                mask_owns_neg_inf(o);
+                self.handles[idx] = StatsHandle::Ready;
+            }
+        }
+        self.jobs[j].result = Some(st);
+    }
+
     /// True when any op of the step produced an Inf or NaN.
-    pub fn saw_nonfinite(&self) -> bool {
+    pub fn saw_nonfinite(&mut self) -> bool {
+        self.settle();
         self.first_inf.is_some()
             || self.first_nan.is_some()
             || self.ops.iter().any(|o| o.stats.nonfinite() > 0)
     }
 
     /// True when a forward op of the step produced an Inf or NaN (intentional masks aside).
-    pub fn forward_nonfinite(&self) -> bool {
+    pub fn forward_nonfinite(&mut self) -> bool {
+        self.settle();
         self.ops.iter().any(|o| {
             o.phase == crate::trace::record::Phase::Forward
                 && (o.stats.nan > 0 || o.stats.pos_inf + o.stats.neg_inf > o.masked_neg_inf)
@@ -111,7 +173,8 @@ impl Recorder {
     }
 
     /// First Inf, first NaN and the chain of ops from the first to the second.
-    pub fn origins(&self) -> Origins {
+    pub fn origins(&mut self) -> Origins {
+        self.settle();
         let r = |i: usize| OpRef::from_op(self.step, &self.ops[i]);
         Origins {
             first_inf: self.first_inf.map(r),
@@ -206,6 +269,7 @@ impl Recorder {
     /// Completes the records of ops whose statistics were gathered on a device, from the
     /// step's one arena read (`slots[i]` is arena slot `i`), and tracks their origins.
     pub fn resolve(&mut self, slots: &[SlotStats]) -> Result<()> {
+        self.settle();
         for (op, h) in self.ops.iter_mut().zip(&mut self.handles) {
             let StatsHandle::Pending(slot) = *h else {
                 continue;
@@ -234,6 +298,7 @@ impl Recorder {
     /// a device queues the optimizer's update before it knows the step is skipped). Their
     /// statistics never took part in origin tracking past the ops kept.
     pub fn truncate(&mut self, n: usize) {
+        self.settle();
         if n >= self.ops.len() {
             return;
         }
@@ -252,7 +317,8 @@ impl Recorder {
     }
 
     /// Ops whose statistics still wait for the device's arena read.
-    pub fn pending(&self) -> usize {
+    pub fn pending(&mut self) -> usize {
+        self.settle();
         self.handles[self.tracked.min(self.handles.len())..]
             .iter()
             .filter(|h| matches!(h, StatsHandle::Pending(_)))
@@ -264,18 +330,67 @@ impl Recorder {
         &self.errors
     }
 
-    /// The statistics of host values held as `dtype`, computed once per storage and dtype
-    /// in a step.
-    fn host_stats(&mut self, v: &Arc<Vec<f32>>, dtype: DType) -> TensorStats {
-        let key = (Arc::as_ptr(v) as usize, dtype);
-        if let Some((w, st)) = self.shared.get(&key) {
-            if w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, v)) {
-                return st.clone();
+    /// The job of the statistics of a storage, if they were computed (or are being) from
+    /// that same live storage this step.
+    fn job_of(&self, v: &Arc<Vec<f32>>) -> Option<usize> {
+        let (w, j) = self.shared.get(&(Arc::as_ptr(v) as usize))?;
+        w.upgrade()
+            .is_some_and(|a| Arc::ptr_eq(&a, v))
+            .then_some(*j)
+    }
+
+    /// Op `idx`'s statistics from job `j`, counted as `dtype`: now, or when the job is done.
+    fn stats_from_job(&mut self, j: usize, idx: usize, dtype: DType) -> (TensorStats, StatsHandle) {
+        match &self.jobs[j].result {
+            Some(st) => (st.recount_as(dtype), StatsHandle::Ready),
+            None => {
+                self.jobs[j].ops.push((idx, dtype));
+                (TensorStats::default(), StatsHandle::Computing(j))
             }
         }
-        let st = TensorStats::compute(dtype, v);
-        self.shared.insert(key, (Arc::downgrade(v), st.clone()));
-        st
+    }
+
+    /// The statistics of op `idx`'s output `v`, held as `dtype`: computed once per storage
+    /// in a step (for another dtype, recounted from the first), taken from its input's
+    /// when the op only moved that input's values (`moved_from`), and computed beside the
+    /// step when a worker can take them.
+    fn host_stats(
+        &mut self,
+        idx: usize,
+        v: &Arc<Vec<f32>>,
+        dtype: DType,
+        moved_from: Option<&Arc<Vec<f32>>>,
+    ) -> (TensorStats, StatsHandle) {
+        if let Some(j) = self.job_of(v) {
+            return self.stats_from_job(j, idx, dtype);
+        }
+        let key = Arc::as_ptr(v) as usize;
+        let source = moved_from.filter(|u| u.len() == v.len());
+        if let Some(j) = source.and_then(|u| self.job_of(u)) {
+            self.shared.insert(key, (Arc::downgrade(v), j));
+            return self.stats_from_job(j, idx, dtype);
+        }
+        let j = self.jobs.len();
+        self.shared.insert(key, (Arc::downgrade(v), j));
+        match background::submit(v, dtype) {
+            Some(p) => {
+                self.jobs.push(HostJob {
+                    result: None,
+                    pending: Some(p),
+                    ops: vec![(idx, dtype)],
+                });
+                (TensorStats::default(), StatsHandle::Computing(j))
+            }
+            None => {
+                let st = TensorStats::compute(dtype, v);
+                self.jobs.push(HostJob {
+                    result: Some(st.clone()),
+                    pending: None,
+                    ops: Vec::new(),
+                });
+                (st, StatsHandle::Ready)
+            }
+        }
     }
 
     fn finiteness(&mut self, t: &Tensor) -> Finiteness {
@@ -293,8 +408,15 @@ impl Observer for Recorder {
 
     fn on_op(&mut self, ev: &OpEvent<'_>) {
         let out = ev.output;
+        let idx = self.ops.len();
         let (stats, handle) = match out.storage() {
-            Storage::F32(v) => (self.host_stats(v, out.dtype()), StatsHandle::Ready),
+            Storage::F32(v) => {
+                let moved_from = match ev.inputs.first().map(|t| t.storage()) {
+                    Some(Storage::F32(u)) if ev.permuted => Some(u),
+                    _ => None,
+                };
+                self.host_stats(idx, v, out.dtype(), moved_from)
+            }
             Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
             Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
             Storage::Cuda(c) => match self.queue_device_probe(c, out.dtype(), ev.slot) {
@@ -318,7 +440,6 @@ impl Observer for Recorder {
                 in_flags.nan |= f.nan;
             }
         }
-        let idx = self.ops.len();
         self.producer.insert(out.id(), idx);
         self.preds.push(preds);
         self.handles.push(handle);
@@ -351,6 +472,7 @@ impl Observer for Recorder {
         if let Some(o) = self.ops.last_mut() {
             mask_owns_neg_inf(o);
         }
+        self.poll();
         self.advance();
     }
 
@@ -372,27 +494,108 @@ fn mask_owns_neg_inf(o: &mut OpRecord) {
 mod tests {
     use super::*;
 
+    /// Tells `r` that op `op` made `out` from `inputs` (only moving `inputs[0]`'s values
+    /// when `op` is "transpose").
+    fn record(r: &mut Recorder, op: &str, inputs: &[&Tensor], out: &Tensor) {
+        r.on_op(&OpEvent {
+            step: 0,
+            micro: 0,
+            index: r.ops.len() as u64,
+            phase: crate::trace::record::Phase::Forward,
+            op,
+            module: "m",
+            inputs,
+            output: out,
+            rounding: Default::default(),
+            slot: None,
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: 0,
+            additive_mask: false,
+            permuted: op == "transpose",
+        });
+    }
+
+    /// Values over 2^-31..2^13 (finite in fp16), with `special` = (index, value) put in.
+    fn values(n: usize, seed: u32, special: Option<(usize, f32)>) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match special {
+                    Some((at, v)) if i == at => v,
+                    _ => {
+                        f32::from_bits(0x3000_0000 + (x % 0x1600_0000))
+                            * if x & 1 == 1 { -1.0 } else { 1.0 }
+                    }
+                }
+            })
+            .collect()
+    }
+
     #[test]
-    fn statistics_are_shared_only_with_a_live_storage_of_the_same_dtype() {
+    fn statistics_from_workers_and_shared_storages_are_the_ones_computed_here() {
         let mut r = Recorder::new();
-        let a = Arc::new(vec![1.0f32, -2.0, 3.0e-6, 0.0]);
-        let sa = r.host_stats(&a, DType::F32);
-        assert_eq!(sa, TensorStats::compute(DType::F32, &a));
-        // The same storage as fp16: counted for that dtype (3e-6 is subnormal there).
-        let sh = r.host_stats(&a, DType::F16);
-        assert_eq!(sh, TensorStats::compute(DType::F16, &a));
-        assert_ne!(sa.subnormal, sh.subnormal);
+        r.begin_step(0);
+        let n = 200_000;
+        let host = |t: &Tensor| t.f32s().unwrap().to_vec();
+        let a = Tensor::from_f32(values(n, 1, None), &[n], DType::F16).unwrap();
+        // The same storage as f32 (a widening cast), as a view, and a tensor with an inf.
+        let b = Tensor::from_storage(a.storage().clone(), &[n], DType::F32).unwrap();
+        let c = Tensor::from_storage(a.storage().clone(), &[2, n / 2], DType::F16).unwrap();
+        let d =
+            Tensor::from_f32(values(n, 2, Some((n / 3, f32::INFINITY))), &[n], DType::F32).unwrap();
+        let e = Tensor::from_f32(values(n, 3, Some((7, f32::NAN))), &[n], DType::F32).unwrap();
+        let small = Tensor::from_f32(vec![1.0, -2.0, 3.0e-6, 0.0], &[4], DType::F16).unwrap();
+        // d's values moved (reversed), and e's moved though e was made in no op of the step.
+        let rev = |t: &Tensor| {
+            let v: Vec<f32> = host(t).into_iter().rev().collect();
+            Tensor::from_f32(v, &[n], DType::F32).unwrap()
+        };
+        let (dt, et) = (rev(&d), rev(&e));
+        record(&mut r, "a", &[], &a);
+        record(&mut r, "to", &[&a], &b);
+        record(&mut r, "view", &[&a], &c);
+        record(&mut r, "d", &[&b], &d);
+        record(&mut r, "transpose", &[&d], &dt);
+        record(&mut r, "small", &[], &small);
+        record(&mut r, "transpose", &[&e], &et);
+        record(&mut r, "e", &[&d], &e);
+        let origins = r.origins();
+        assert_eq!(origins.first_inf.map(|o| o.op), Some("d".to_string()));
+        // The moved copy of e saw e's NaN already in its input: e's op is the origin.
+        assert_eq!(origins.first_nan.map(|o| o.op), Some("e".to_string()));
+        let ops = r.take_ops();
+        let outs = [&a, &b, &c, &d, &dt, &small, &et, &e];
+        for (i, (o, t)) in ops.iter().zip(outs).enumerate() {
+            let mut want = TensorStats::compute(t.dtype(), &host(t));
+            if i == 4 {
+                // The moved copy's statistics are its input's: the same squares, added in
+                // the input's order.
+                assert!((o.stats.sum_sq - want.sum_sq).abs() <= 1e-12 * want.sum_sq);
+                assert_eq!(o.stats.sum_sq, ops[3].stats.sum_sq);
+                want.sum_sq = o.stats.sum_sq;
+            }
+            assert_eq!(o.stats, want, "{i} {}", o.op);
+        }
+        assert_ne!(ops[0].stats.subnormal, ops[1].stats.subnormal);
+    }
+
+    #[test]
+    fn statistics_are_shared_only_with_a_live_storage() {
+        let mut r = Recorder::new();
+        r.begin_step(0);
+        let a = Tensor::from_f32(vec![1.0, -2.0, 3.0e-6, 0.0], &[4], DType::F32).unwrap();
+        record(&mut r, "a", &[], &a);
         // A storage freed and another allocated, at the same address or not: computed anew.
-        let addr = Arc::as_ptr(&a) as usize;
         drop(a);
-        for _ in 0..8 {
-            let b = Arc::new(vec![5.0f32, f32::INFINITY, 7.0, 8.0]);
-            let reused = Arc::as_ptr(&b) as usize == addr;
-            assert_eq!(
-                r.host_stats(&b, DType::F32),
-                TensorStats::compute(DType::F32, &b),
-                "address reused: {reused}"
-            );
+        for i in 0..8 {
+            let b = Tensor::from_f32(vec![5.0, f32::INFINITY, 7.0, 8.0], &[4], DType::F32).unwrap();
+            record(&mut r, "b", &[], &b);
+            let want = TensorStats::compute(DType::F32, b.f32s().unwrap());
+            assert_eq!(r.ops()[i + 1].stats, want);
         }
     }
 }

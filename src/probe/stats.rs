@@ -2,16 +2,17 @@
 //!
 //! Every value is classified by its bit pattern (never by a float compare), so NaN payloads,
 //! signed zeros and subnormals are all counted exactly and nothing is flushed. The pass runs
-//! on every op's output, so it is written for memory-bandwidth speed. The data is cut into
-//! fixed-size chunks; each chunk is scanned while it sits in cache by a branch-free loop
-//! (extremes, sum of squares, exact-tie counts; SIMD, with AVX2 when the CPU has it) and by a
-//! histogram of the exponent field, from which nearly every count follows exactly. A scalar
-//! scan runs only for chunks holding rare values (NaN, inf, subnormals in the storage format,
-//! values in the binade of an overflow threshold). Chunks of large tensors are spread over
-//! rayon's threads. Chunk boundaries depend only on the length and per-chunk results are
-//! merged in chunk order, so the result — including the floating-point `sum_sq` — is
-//! bit-identical whatever the number of threads or the CPU's SIMD width.
+//! on every op's output, so it is written for speed. The data is cut into fixed-size chunks;
+//! each chunk is scanned once for its extremes, sum of squares, exact-tie counts and the
+//! histogram of the exponent field (`f32_scan` for f32 storage; a branch-free loop and a
+//! separate histogram for f64), from which nearly every count follows exactly. A scalar
+//! scan runs only for chunks holding rare values (NaN, inf, subnormals in the storage
+//! format, values in the binade of an overflow threshold). Chunks of large tensors are
+//! spread over rayon's threads. Chunk boundaries depend only on the length and per-chunk
+//! results are merged in chunk order, so the result — including the floating-point
+//! `sum_sq` — is bit-identical whatever the number of threads or the CPU's SIMD width.
 
+use super::f32_scan;
 use crate::dtype::DType;
 pub use crate::trace::stats::{CastCounts, ExpHist, TensorStats};
 use rayon::prelude::*;
@@ -52,26 +53,62 @@ impl TensorStats {
     /// (no f32 value is subnormal in f64). Values need not be representable in `dtype`;
     /// the cast counts are exact for any f32 input.
     pub fn compute(dtype: DType, data: &[f32]) -> Self {
-        let sub_limit = match dtype {
-            DType::F16 => F32_F16_MIN_NORMAL,
-            DType::BF16 | DType::F32 => F32_MIN_NORMAL,
-            DType::F64 | DType::I64 => 0,
+        reduce_chunks(data, |c| chunk_f32(c, sub_limit(dtype)), true)
+    }
+
+    /// [`TensorStats::compute`] on the calling thread alone (the same result).
+    pub(crate) fn compute_here(dtype: DType, data: &[f32]) -> Self {
+        reduce_chunks(data, |c| chunk_f32(c, sub_limit(dtype)), false)
+    }
+
+    /// The statistics of the same f32-stored values counted as `dtype` instead (a widening
+    /// cast shares its input's storage). Only the subnormal count depends on the dtype,
+    /// and it follows from the exponent histogram: the values below the dtype's smallest
+    /// normal, as [`TensorStats::compute`] counts them.
+    pub fn recount_as(&self, dtype: DType) -> Self {
+        let below = |e: i32| {
+            self.exp_hist
+                .iter()
+                .filter(|&(x, _)| x < e)
+                .map(|(_, c)| c)
+                .sum()
         };
-        reduce_chunks(data, |c| chunk_f32(c, sub_limit))
+        TensorStats {
+            subnormal: match dtype {
+                DType::F16 => below(-14),
+                DType::BF16 | DType::F32 => below(-126),
+                DType::F64 | DType::I64 => 0,
+            },
+            ..self.clone()
+        }
     }
 
     /// Statistics of an f64 tensor. Cast counts are for a single correct rounding of the
     /// f64 value to fp16 / bf16.
     pub fn compute_f64(data: &[f64]) -> Self {
-        reduce_chunks(data, chunk_f64)
+        reduce_chunks(data, chunk_f64, true)
     }
 }
 
-/// Splits `data` into fixed chunks, computes each (in parallel for long tensors) and merges
-/// the results in chunk order.
-fn reduce_chunks<T: Sync>(data: &[T], f: impl Fn(&[T]) -> TensorStats + Sync) -> TensorStats {
+/// The dtype's smallest normal as an f32 bit pattern, or 0 when no value counts as
+/// subnormal in it.
+fn sub_limit(dtype: DType) -> u32 {
+    match dtype {
+        DType::F16 => F32_F16_MIN_NORMAL,
+        DType::BF16 | DType::F32 => F32_MIN_NORMAL,
+        DType::F64 | DType::I64 => 0,
+    }
+}
+
+/// Splits `data` into fixed chunks, computes each (in parallel for long tensors when
+/// `parallel`) and merges the results in chunk order.
+fn reduce_chunks<T: Sync>(
+    data: &[T],
+    f: impl Fn(&[T]) -> TensorStats + Sync,
+    parallel: bool,
+) -> TensorStats {
     let mut total = TensorStats::default();
-    if data.len() < PAR_MIN {
+    if data.len() < PAR_MIN || !parallel {
         for c in data.chunks(CHUNK) {
             total.merge(&f(c));
         }
@@ -114,106 +151,128 @@ struct Rare {
     bf16_under: u64,
 }
 
+/// Branch-free pass: lane-wise accumulators the compiler turns into SIMD.
+#[inline(always)]
+fn pass_a_f64_body(data: &[f64]) -> PassA<u64> {
+    const ABS: u64 = u64::MAX >> 1;
+    let mut mx = [0i64; LANES];
+    let mut mn = [ABS as i64; LANES];
+    let mut sq = [0f64; LANES];
+    let mut ta = [0u32; LANES];
+    let mut tb = [0u32; LANES];
+    let mut blocks = data.chunks_exact(LANES);
+    for blk in &mut blocks {
+        let mut xs = [0f64; LANES];
+        xs.copy_from_slice(blk);
+        for l in 0..LANES {
+            let a = xs[l].to_bits() & ABS;
+            // Masks rather than branches, so every lane does the same work.
+            let fin = 0u64.wrapping_sub((a < F64_INF) as u64);
+            let fa = a & fin;
+            mx[l] = mx[l].max(fa as i64);
+            let nzm = 0u64.wrapping_sub((a.wrapping_sub(1) < F64_INF - 1) as u64);
+            mn[l] = mn[l].min(((a & nzm) | (ABS & !nzm)) as i64);
+            ta[l] += (a == F64_F16_FLUSH) as u32;
+            tb[l] += (a == F64_BF16_FLUSH) as u32;
+            let v: f64 = f64::from_bits(fa);
+            sq[l] += v * v;
+        }
+    }
+    // The tail goes through the same per-lane steps, lane l for element l.
+    for (l, &x) in blocks.remainder().iter().enumerate() {
+        let a = x.to_bits() & ABS;
+        let fa = if a < F64_INF { a } else { 0 };
+        mx[l] = mx[l].max(fa as i64);
+        if a != 0 && a < F64_INF {
+            mn[l] = mn[l].min(a as i64);
+        }
+        ta[l] += (a == F64_F16_FLUSH) as u32;
+        tb[l] += (a == F64_BF16_FLUSH) as u32;
+        let v: f64 = f64::from_bits(fa);
+        sq[l] += v * v;
+    }
+    // Lanes combined in a fixed order: the sum depends on the data only.
+    let mut s = 0.0;
+    for v in sq {
+        s += v;
+    }
+    PassA {
+        max: mx.iter().copied().max().unwrap_or(0) as u64,
+        min: mn.iter().copied().min().unwrap_or(ABS as i64) as u64,
+        sq: s,
+        tie_a: ta.iter().map(|&c| u64::from(c)).sum(),
+        tie_b: tb.iter().map(|&c| u64::from(c)).sum(),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pass_a_f64_avx2(data: &[f64]) -> PassA<u64> {
+    pass_a_f64_body(data)
+}
+
+fn pass_a_f64(data: &[f64]) -> PassA<u64> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above. Same operations in the
+        // same order as the portable path, so results are identical.
+        return unsafe { pass_a_f64_avx2(data) };
+    }
+    pass_a_f64_body(data)
+}
+
+/// Pass A and the exponent-field histogram of an f64 chunk.
+fn scan_f64(data: &[f64]) -> (PassA<u64>, Vec<u64>) {
+    const ABS: u64 = u64::MAX >> 1;
+    let pa = pass_a_f64(data);
+    // Four copies so that runs of equal exponents do not serialize on one counter.
+    let mut h = [[0u32; 1 << 11]; 4];
+    let mut quads = data.chunks_exact(4);
+    for q in &mut quads {
+        for (hk, x) in h.iter_mut().zip(q) {
+            hk[((x.to_bits() & ABS) >> 52) as usize] += 1;
+        }
+    }
+    for x in quads.remainder() {
+        h[0][((x.to_bits() & ABS) >> 52) as usize] += 1;
+    }
+    (pa, merge_copies(&h))
+}
+
+/// Pass A and the exponent-field histogram of an f32 chunk, in one pass.
+fn scan_f32(data: &[f32]) -> (PassA<u32>, Vec<u64>) {
+    let s = f32_scan::scan(data, F32_F16_FLUSH);
+    let pa = PassA {
+        max: s.max,
+        min: s.min,
+        sq: s.sq,
+        tie_a: s.tie,
+        // The bf16 flush tie is an f32 subnormal: the rare-value scan counts it.
+        tie_b: 0,
+    };
+    (pa, s.hist.iter().map(|&c| u64::from(c)).collect())
+}
+
 macro_rules! chunk_kernel {
     (
-        $chunk:ident, $pass_a:ident, $pass_a_body:ident, $pass_a_avx2:ident,
-        float = $f:ty, bits = $u:ty, signed = $i:ty, exp_bits = $eb:expr, man_bits = $mb:expr,
+        $chunk:ident, scan = $scan:ident,
+        float = $f:ty, bits = $u:ty, exp_bits = $eb:expr, man_bits = $mb:expr,
         inf = $inf:expr, min_normal = $mn:expr,
         f16_over = $f16o:expr, bf16_over = $bf16o:expr, bf16_flush = $bf16f:expr,
         tie_a = $ta:expr, tie_b = $tb:expr, to_f64 = $to64:expr
     ) => {
-        /// Branch-free pass: lane-wise accumulators the compiler turns into SIMD.
-        #[inline(always)]
-        fn $pass_a_body(data: &[$f]) -> PassA<$u> {
-            const ABS: $u = <$u>::MAX >> 1;
-            let mut mx = [0 as $i; LANES];
-            let mut mn = [ABS as $i; LANES];
-            let mut sq = [0f64; LANES];
-            let mut ta = [0u32; LANES];
-            let mut tb = [0u32; LANES];
-            let mut blocks = data.chunks_exact(LANES);
-            for blk in &mut blocks {
-                let mut xs = [0 as $f; LANES];
-                xs.copy_from_slice(blk);
-                for l in 0..LANES {
-                    let a = xs[l].to_bits() & ABS;
-                    // Masks rather than branches, so every lane does the same work.
-                    let fin = (0 as $u).wrapping_sub((a < $inf) as $u);
-                    let fa = a & fin;
-                    mx[l] = mx[l].max(fa as $i);
-                    let nzm = (0 as $u).wrapping_sub((a.wrapping_sub(1) < $inf - 1) as $u);
-                    mn[l] = mn[l].min(((a & nzm) | (ABS & !nzm)) as $i);
-                    ta[l] += (a == $ta) as u32;
-                    tb[l] += (a == $tb) as u32;
-                    let v: f64 = $to64(fa);
-                    sq[l] += v * v;
-                }
-            }
-            // The tail goes through the same per-lane steps, lane l for element l.
-            for (l, &x) in blocks.remainder().iter().enumerate() {
-                let a = x.to_bits() & ABS;
-                let fa = if a < $inf { a } else { 0 };
-                mx[l] = mx[l].max(fa as $i);
-                if a != 0 && a < $inf {
-                    mn[l] = mn[l].min(a as $i);
-                }
-                ta[l] += (a == $ta) as u32;
-                tb[l] += (a == $tb) as u32;
-                let v: f64 = $to64(fa);
-                sq[l] += v * v;
-            }
-            // Lanes combined in a fixed order: the sum depends on the data only.
-            let mut s = 0.0;
-            for v in sq {
-                s += v;
-            }
-            PassA {
-                max: mx.iter().copied().max().unwrap_or(0) as $u,
-                min: mn.iter().copied().min().unwrap_or(ABS as $i) as $u,
-                sq: s,
-                tie_a: ta.iter().map(|&c| u64::from(c)).sum(),
-                tie_b: tb.iter().map(|&c| u64::from(c)).sum(),
-            }
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2")]
-        unsafe fn $pass_a_avx2(data: &[$f]) -> PassA<$u> {
-            $pass_a_body(data)
-        }
-
-        fn $pass_a(data: &[$f]) -> PassA<$u> {
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU supports AVX2, checked just above. Same operations in the
-                // same order as the portable path, so results are identical.
-                return unsafe { $pass_a_avx2(data) };
-            }
-            $pass_a_body(data)
-        }
-
         /// Statistics of one chunk (at most `u32::MAX` elements). `dtype_sub_max_field`:
         /// normal exponent fields `1..=it` also count as subnormal in the tensor's dtype.
-        fn $chunk(data: &[$f], dtype_sub_max_field: usize, storage_sub_counts: bool) -> TensorStats {
+        fn $chunk(
+            data: &[$f],
+            dtype_sub_max_field: usize,
+            storage_sub_counts: bool,
+        ) -> TensorStats {
             const ABS: $u = <$u>::MAX >> 1;
             const FIELDS: usize = 1 << $eb;
             const BIAS: i32 = (FIELDS as i32 / 2) - 1;
             let field = |a: $u| (a >> $mb) as usize;
-            let pa = $pass_a(data);
-
-            // Histogram of the exponent field; four copies so that runs of equal
-            // exponents do not serialize on one counter.
-            let mut h = [[0u32; FIELDS]; 4];
-            let mut quads = data.chunks_exact(4);
-            for q in &mut quads {
-                for (hk, x) in h.iter_mut().zip(q) {
-                    hk[field(x.to_bits() & ABS)] += 1;
-                }
-            }
-            for x in quads.remainder() {
-                h[0][field(x.to_bits() & ABS)] += 1;
-            }
-            let hist = merge_copies(&h);
+            let (pa, hist) = $scan(data);
             let sum = |r: std::ops::RangeInclusive<usize>| -> u64 { hist[r].iter().sum() };
 
             // Exponent -(BIAS - 1) - man_bits is the smallest subnormal's; dense bins from there.
@@ -260,8 +319,15 @@ macro_rules! chunk_kernel {
                 pos_inf: rare.pos_inf,
                 neg_inf: rare.neg_inf,
                 zeros: hist[0] - rare.subnormal,
-                subnormal: if storage_sub_counts { rare.subnormal } else { 0 }
-                    + if dtype_sub_max_field > 0 { sum(1..=dtype_sub_max_field) } else { 0 },
+                subnormal: if storage_sub_counts {
+                    rare.subnormal
+                } else {
+                    0
+                } + if dtype_sub_max_field > 0 {
+                    sum(1..=dtype_sub_max_field)
+                } else {
+                    0
+                },
                 max_abs: $to64(pa.max),
                 min_abs_nonzero: (pa.min != ABS).then(|| $to64(pa.min)),
                 sum_sq: pa.sq,
@@ -286,12 +352,9 @@ macro_rules! chunk_kernel {
 
 chunk_kernel!(
     chunk_f32_raw,
-    pass_a_f32,
-    pass_a_f32_body,
-    pass_a_f32_avx2,
+    scan = scan_f32,
     float = f32,
     bits = u32,
-    signed = i32,
     exp_bits = 8,
     man_bits = 23,
     inf = F32_INF,
@@ -306,12 +369,9 @@ chunk_kernel!(
 
 chunk_kernel!(
     chunk_f64_raw,
-    pass_a_f64,
-    pass_a_f64_body,
-    pass_a_f64_avx2,
+    scan = scan_f64,
     float = f64,
     bits = u64,
-    signed = i64,
     exp_bits = 11,
     man_bits = 52,
     inf = F64_INF,
@@ -739,6 +799,10 @@ mod tests {
             })
         };
         let one = run(1);
+        // The background workers' serial path gives the same bits too.
+        let here = TensorStats::compute_here(DType::F32, &data);
+        assert_eq!(here, one.0);
+        assert_eq!(here.sum_sq.to_bits(), one.0.sum_sq.to_bits());
         for t in [2, 3, 7] {
             let other = run(t);
             assert_eq!(one, other, "{t} threads");
@@ -754,8 +818,11 @@ mod tests {
         // The SIMD path the CPU picks and the portable one must give the same bits.
         let data = wide_values(100_003, 7);
         let wide: Vec<f64> = data.iter().map(|&x| f64::from(x) * 3.0).collect();
-        let key32 = |p: PassA<u32>| (p.max, p.min, p.sq.to_bits(), p.tie_a, p.tie_b);
-        assert_eq!(key32(pass_a_f32_body(&data)), key32(pass_a_f32(&data)));
+        let key32 = |p: f32_scan::F32Scan| (p.max, p.min, p.sq.to_bits(), p.tie, p.hist);
+        assert_eq!(
+            key32(f32_scan::scan_portable(&data, F32_F16_FLUSH)),
+            key32(f32_scan::scan(&data, F32_F16_FLUSH))
+        );
         let key64 = |p: PassA<u64>| (p.max, p.min, p.sq.to_bits(), p.tie_a, p.tie_b);
         assert_eq!(key64(pass_a_f64_body(&wide)), key64(pass_a_f64(&wide)));
     }
@@ -779,6 +846,22 @@ mod tests {
                 &reference_f32(dtype, &xs),
                 1e-9,
             );
+        }
+    }
+
+    #[test]
+    fn recounting_for_another_dtype_is_computing_for_it() {
+        let data = wide_values(50_000, 11);
+        let all = [DType::F16, DType::BF16, DType::F32, DType::F64, DType::I64];
+        for from in all {
+            let s = TensorStats::compute(from, &data);
+            for to in all {
+                assert_eq!(
+                    s.recount_as(to),
+                    TensorStats::compute(to, &data),
+                    "{from} as {to}"
+                );
+            }
         }
     }
 

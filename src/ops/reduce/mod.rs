@@ -195,6 +195,7 @@ impl Engine {
                 tensor,
                 rounding: RoundCounts::default(),
                 slot: None,
+                permuted: false,
             })])
         });
         let out = Computed::new(out, RoundCounts::default());

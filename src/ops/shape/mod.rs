@@ -345,6 +345,8 @@ impl Engine {
         route: Option<Route>,
     ) -> Result<Tensor> {
         let device = x.storage().is_device();
+        // A bijective route only moves values.
+        let permuted = route.as_ref().is_some_and(|r| r.onto);
         let mut slot = None;
         let out = match &route {
             Some(r) if device => {
@@ -395,6 +397,7 @@ impl Engine {
                     tensor,
                     rounding: RoundCounts::default(),
                     slot,
+                    permuted,
                 })])
             }))
         } else {
@@ -402,6 +405,7 @@ impl Engine {
         };
         let out = Computed {
             slot,
+            permuted,
             ..Computed::new(out, RoundCounts::default())
         };
         self.record(op, &[x], &["self"], out, backward)
@@ -639,6 +643,7 @@ impl Engine {
                             tensor,
                             rounding: RoundCounts::default(),
                             slot,
+                            permuted: false,
                         }))
                     })
                     .collect()
