@@ -57,7 +57,7 @@ impl TensorStats {
     }
 
     /// [`TensorStats::compute`] on the calling thread alone (the same result).
-    pub(crate) fn compute_here(dtype: DType, data: &[f32]) -> Self {
+    pub fn compute_here(dtype: DType, data: &[f32]) -> Self {
         reduce_chunks(data, |c| chunk_f32(c, sub_limit(dtype)), false)
     }
 
