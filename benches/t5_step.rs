@@ -52,10 +52,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn median_ms(t: &mut Trainer, start: u64, reps: u64) -> f64 {
-    median(step_times_ms(t, start, reps))
-}
-
 fn main() {
     amprobe::host_memory::keep_freed_memory();
     let reps = std::env::var("AMPROBE_BENCH_REPS")
@@ -98,27 +94,37 @@ fn main() {
         let mut off = trainer(m, false);
         on.step(0).expect("warm-up");
         off.step(0).expect("warm-up");
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for round in 0..3 {
-            a.push(median_ms(&mut on, 1 + round * reps, reps));
-            b.push(median_ms(&mut off, 1 + round * reps, reps));
+        // Single steps alternated (which goes first alternates too), so that a slow spell
+        // of the machine weighs on both sides of a pair; the ratio is the median of the
+        // pairs' ratios.
+        let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..3 * reps {
+            let s = 1 + i;
+            let (x, y) = if i % 2 == 0 {
+                let x = step_times_ms(&mut on, s, 1)[0];
+                (x, step_times_ms(&mut off, s, 1)[0])
+            } else {
+                let y = step_times_ms(&mut off, s, 1)[0];
+                (step_times_ms(&mut on, s, 1)[0], y)
+            };
+            a.push(x);
+            b.push(y);
+            r.push(x / y);
         }
-        a.sort_by(f64::total_cmp);
-        b.sort_by(f64::total_cmp);
-        rows.push((m, a[1], b[1]));
+        rows.push((m, median(a), median(b), median(r)));
     }
     let fp32_off = rows[0].2;
     println!(
-        "{:<6} {:>12} {:>12} {:>14} {:>16}",
-        "mode", "probed ms", "unprobed ms", "probes on/off", "unprobed / fp32"
+        "{:<6} {:>12} {:>12} {:>22} {:>16}",
+        "mode", "probed ms", "unprobed ms", "probes on/off (pairs)", "unprobed / fp32"
     );
-    for (m, on, off) in &rows {
+    for (m, on, off, ratio) in &rows {
         println!(
-            "{:<6} {:>12.1} {:>12.1} {:>14.3} {:>16.3}",
+            "{:<6} {:>12.1} {:>12.1} {:>22.3} {:>16.3}",
             m.name(),
             on,
             off,
-            on / off,
+            ratio,
             off / fp32_off
         );
     }
