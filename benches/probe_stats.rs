@@ -2,7 +2,7 @@
 //! nanoseconds per value, over value distributions like a step's: activations (normal),
 //! ReLU outputs (half zeros), uniform values and gradient-like values spread over many
 //! binades. One 16K-value chunk stays in cache (one thread); a 4M-value tensor comes from
-//! memory, on rayon's threads and on one thread alone (as the background workers run it).
+//! memory, on rayon's threads and on one thread alone.
 //! Run with `cargo bench --bench probe_stats`.
 
 use amprobe::dtype::DType;

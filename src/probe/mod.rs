@@ -1,5 +1,4 @@
 //! Numerical probes: what every op's output looks like, computed from the raw bits.
-mod background;
 mod f32_scan;
 pub mod params;
 pub mod stats;

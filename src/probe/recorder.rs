@@ -1,7 +1,6 @@
 //! The standard probe: statistics of every op's output, and the origin of the first Inf and
 //! the first NaN with the chain of ops between them.
 
-use super::background;
 use super::stats::TensorStats;
 use crate::device::cuda::arena::SlotStats;
 use crate::dtype::DType;
@@ -51,14 +50,8 @@ pub struct Recorder {
     preds: Vec<Vec<usize>>,
     first_inf: Option<usize>,
     first_nan: Option<usize>,
-    /// Per op: whether its statistics are known, pending in a device arena slot, or being
-    /// computed on the host beside the step.
+    /// Per op: whether its statistics are known, or pending in a device arena slot.
     handles: Vec<StatsHandle>,
-    /// Statistics of host storages this step, computed or being computed beside the step
-    /// ([`background`]), by job number.
-    jobs: Vec<HostJob>,
-    /// Jobs before this one are all complete.
-    jobs_done: usize,
     /// Ops whose origins have been tracked, in order (a pending op stops the tracking).
     tracked: usize,
     /// Per op: input finiteness as seen when the op ran (for tracking later).
@@ -72,16 +65,8 @@ pub struct Recorder {
     shared: HashMap<usize, SharedStats>,
 }
 
-/// A storage held weakly, with the job of its statistics.
-type SharedStats = (Weak<Vec<f32>>, usize);
-
-/// One storage's statistics: known, or on their way with the ops (and the dtypes they
-/// count them as) waiting for them.
-struct HostJob {
-    result: Option<TensorStats>,
-    pending: Option<background::Pending>,
-    ops: Vec<(usize, DType)>,
-}
+/// A storage held weakly, with the statistics computed from it.
+type SharedStats = (Weak<Vec<f32>>, TensorStats);
 
 /// Where an op's output statistics come from: computed on the host when the op ran, or
 /// gathered on the device into an arena slot and known after the step's one arena read
@@ -92,8 +77,6 @@ pub enum StatsHandle {
     Ready,
     /// In this slot of the device's statistics arena.
     Pending(u32),
-    /// Being computed on the host by this job.
-    Computing(usize),
 }
 
 impl Recorder {
@@ -102,70 +85,25 @@ impl Recorder {
         Recorder::default()
     }
 
-    /// The op records of the current step, in execution order, with every host statistic
-    /// complete.
-    pub fn ops(&mut self) -> &[OpRecord] {
-        self.settle();
+    /// The op records of the current step, in execution order.
+    pub fn ops(&self) -> &[OpRecord] {
         &self.ops
     }
 
-    /// Takes the op records of the current step, with every host statistic complete.
+    /// Takes the op records of the current step.
     pub fn take_ops(&mut self) -> Vec<OpRecord> {
-        self.settle();
         std::mem::take(&mut self.ops)
     }
 
-    /// Completes every host statistic still being computed (computing here what no worker
-    /// has started) and tracks origins as far as the device's pending ones allow.
-    pub fn settle(&mut self) {
-        for j in self.jobs_done..self.jobs.len() {
-            if let Some(p) = self.jobs[j].pending.take() {
-                self.complete(j, p.take());
-            }
-        }
-        self.jobs_done = self.jobs.len();
-        self.advance();
-    }
-
-    /// Completes the jobs that workers have finished, without waiting.
-    fn poll(&mut self) {
-        for j in self.jobs_done..self.jobs.len() {
-            if let Some(p) = self.jobs[j].pending.take() {
-                match p.poll() {
-                    Ok(st) => self.complete(j, st),
-                    Err(p) => self.jobs[j].pending = Some(p),
-                }
-            }
-        }
-        while self.jobs_done < self.jobs.len() && self.jobs[self.jobs_done].pending.is_none() {
-            self.jobs_done += 1;
-        }
-    }
-
-    /// Puts a finished job's statistics into the records of the ops waiting for it.
-    fn complete(&mut self, j: usize, st: TensorStats) {
-        for &(idx, dtype) in &self.jobs[j].ops {
-            // Ops past a truncation are gone.
-            if let Some(o) = self.ops.get_mut(idx) {
-                o.stats = st.recount_as(dtype);
-                mask_owns_neg_inf(o);
-                self.handles[idx] = StatsHandle::Ready;
-            }
-        }
-        self.jobs[j].result = Some(st);
-    }
-
     /// True when any op of the step produced an Inf or NaN.
-    pub fn saw_nonfinite(&mut self) -> bool {
-        self.settle();
+    pub fn saw_nonfinite(&self) -> bool {
         self.first_inf.is_some()
             || self.first_nan.is_some()
             || self.ops.iter().any(|o| o.stats.nonfinite() > 0)
     }
 
     /// True when a forward op of the step produced an Inf or NaN (intentional masks aside).
-    pub fn forward_nonfinite(&mut self) -> bool {
-        self.settle();
+    pub fn forward_nonfinite(&self) -> bool {
         self.ops.iter().any(|o| {
             o.phase == crate::trace::record::Phase::Forward
                 && (o.stats.nan > 0 || o.stats.pos_inf + o.stats.neg_inf > o.masked_neg_inf)
@@ -173,8 +111,7 @@ impl Recorder {
     }
 
     /// First Inf, first NaN and the chain of ops from the first to the second.
-    pub fn origins(&mut self) -> Origins {
-        self.settle();
+    pub fn origins(&self) -> Origins {
         let r = |i: usize| OpRef::from_op(self.step, &self.ops[i]);
         Origins {
             first_inf: self.first_inf.map(r),
@@ -269,7 +206,6 @@ impl Recorder {
     /// Completes the records of ops whose statistics were gathered on a device, from the
     /// step's one arena read (`slots[i]` is arena slot `i`), and tracks their origins.
     pub fn resolve(&mut self, slots: &[SlotStats]) -> Result<()> {
-        self.settle();
         for (op, h) in self.ops.iter_mut().zip(&mut self.handles) {
             let StatsHandle::Pending(slot) = *h else {
                 continue;
@@ -298,7 +234,6 @@ impl Recorder {
     /// a device queues the optimizer's update before it knows the step is skipped). Their
     /// statistics never took part in origin tracking past the ops kept.
     pub fn truncate(&mut self, n: usize) {
-        self.settle();
         if n >= self.ops.len() {
             return;
         }
@@ -317,8 +252,7 @@ impl Recorder {
     }
 
     /// Ops whose statistics still wait for the device's arena read.
-    pub fn pending(&mut self) -> usize {
-        self.settle();
+    pub fn pending(&self) -> usize {
         self.handles[self.tracked.min(self.handles.len())..]
             .iter()
             .filter(|h| matches!(h, StatsHandle::Pending(_)))
@@ -330,67 +264,37 @@ impl Recorder {
         &self.errors
     }
 
-    /// The job of the statistics of a storage, if they were computed (or are being) from
-    /// that same live storage this step.
-    fn job_of(&self, v: &Arc<Vec<f32>>) -> Option<usize> {
-        let (w, j) = self.shared.get(&(Arc::as_ptr(v) as usize))?;
+    /// The statistics computed this step from a storage, if it is that same live storage.
+    fn known(&self, v: &Arc<Vec<f32>>) -> Option<&TensorStats> {
+        let (w, st) = self.shared.get(&(Arc::as_ptr(v) as usize))?;
         w.upgrade()
             .is_some_and(|a| Arc::ptr_eq(&a, v))
-            .then_some(*j)
+            .then_some(st)
     }
 
-    /// Op `idx`'s statistics from job `j`, counted as `dtype`: now, or when the job is done.
-    fn stats_from_job(&mut self, j: usize, idx: usize, dtype: DType) -> (TensorStats, StatsHandle) {
-        match &self.jobs[j].result {
-            Some(st) => (st.recount_as(dtype), StatsHandle::Ready),
-            None => {
-                self.jobs[j].ops.push((idx, dtype));
-                (TensorStats::default(), StatsHandle::Computing(j))
-            }
-        }
-    }
-
-    /// The statistics of op `idx`'s output `v`, held as `dtype`: computed once per storage
-    /// in a step (for another dtype, recounted from the first), taken from its input's
-    /// when the op only moved that input's values (`moved_from`), and computed beside the
-    /// step when a worker can take them.
+    /// The statistics of an output `v` held as `dtype`: computed once per storage in a
+    /// step (for another dtype, recounted from the first), and taken from its input's when
+    /// the op only moved that input's values (`moved_from`).
     fn host_stats(
         &mut self,
-        idx: usize,
         v: &Arc<Vec<f32>>,
         dtype: DType,
         moved_from: Option<&Arc<Vec<f32>>>,
-    ) -> (TensorStats, StatsHandle) {
-        if let Some(j) = self.job_of(v) {
-            return self.stats_from_job(j, idx, dtype);
+    ) -> TensorStats {
+        if let Some(st) = self.known(v) {
+            return st.recount_as(dtype);
         }
-        let key = Arc::as_ptr(v) as usize;
-        let source = moved_from.filter(|u| u.len() == v.len());
-        if let Some(j) = source.and_then(|u| self.job_of(u)) {
-            self.shared.insert(key, (Arc::downgrade(v), j));
-            return self.stats_from_job(j, idx, dtype);
-        }
-        let j = self.jobs.len();
-        self.shared.insert(key, (Arc::downgrade(v), j));
-        match background::submit(v, dtype) {
-            Some(p) => {
-                self.jobs.push(HostJob {
-                    result: None,
-                    pending: Some(p),
-                    ops: vec![(idx, dtype)],
-                });
-                (TensorStats::default(), StatsHandle::Computing(j))
-            }
-            None => {
-                let st = TensorStats::compute(dtype, v);
-                self.jobs.push(HostJob {
-                    result: Some(st.clone()),
-                    pending: None,
-                    ops: Vec::new(),
-                });
-                (st, StatsHandle::Ready)
-            }
-        }
+        let source = moved_from
+            .filter(|u| u.len() == v.len())
+            .and_then(|u| self.known(u));
+        let st = match source {
+            Some(st) => st.clone(),
+            None => TensorStats::compute(dtype, v),
+        };
+        let out = st.recount_as(dtype);
+        self.shared
+            .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), st));
+        out
     }
 
     fn finiteness(&mut self, t: &Tensor) -> Finiteness {
@@ -408,14 +312,16 @@ impl Observer for Recorder {
 
     fn on_op(&mut self, ev: &OpEvent<'_>) {
         let out = ev.output;
-        let idx = self.ops.len();
         let (stats, handle) = match out.storage() {
             Storage::F32(v) => {
                 let moved_from = match ev.inputs.first().map(|t| t.storage()) {
                     Some(Storage::F32(u)) if ev.permuted => Some(u),
                     _ => None,
                 };
-                self.host_stats(idx, v, out.dtype(), moved_from)
+                (
+                    self.host_stats(v, out.dtype(), moved_from),
+                    StatsHandle::Ready,
+                )
             }
             Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
             Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
@@ -440,6 +346,7 @@ impl Observer for Recorder {
                 in_flags.nan |= f.nan;
             }
         }
+        let idx = self.ops.len();
         self.producer.insert(out.id(), idx);
         self.preds.push(preds);
         self.handles.push(handle);
@@ -472,7 +379,6 @@ impl Observer for Recorder {
         if let Some(o) = self.ops.last_mut() {
             mask_owns_neg_inf(o);
         }
-        self.poll();
         self.advance();
     }
 

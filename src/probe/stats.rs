@@ -799,7 +799,7 @@ mod tests {
             })
         };
         let one = run(1);
-        // The background workers' serial path gives the same bits too.
+        // The serial path (one thread) gives the same bits too.
         let here = TensorStats::compute_here(DType::F32, &data);
         assert_eq!(here, one.0);
         assert_eq!(here.sum_sq.to_bits(), one.0.sum_sq.to_bits());
