@@ -66,19 +66,20 @@ impl TensorStats {
     /// and it follows from the exponent histogram: the values below the dtype's smallest
     /// normal, as [`TensorStats::compute`] counts them.
     pub fn recount_as(&self, dtype: DType) -> Self {
-        let below = |e: i32| {
-            self.exp_hist
-                .iter()
-                .filter(|&(x, _)| x < e)
-                .map(|(_, c)| c)
-                .sum()
+        let subnormal = match sub_limit(dtype) {
+            0 => 0,
+            // The exponent of the dtype's smallest normal, from its bit pattern.
+            limit => {
+                let e = (limit >> 23) as i32 - 127;
+                self.exp_hist
+                    .iter()
+                    .filter(|&(x, _)| x < e)
+                    .map(|(_, c)| c)
+                    .sum()
+            }
         };
         TensorStats {
-            subnormal: match dtype {
-                DType::F16 => below(-14),
-                DType::BF16 | DType::F32 => below(-126),
-                DType::F64 | DType::I64 => 0,
-            },
+            subnormal,
             ..self.clone()
         }
     }
