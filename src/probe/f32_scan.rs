@@ -3,9 +3,11 @@
 //! the histogram of the exponent field.
 //!
 //! With AVX2 and FMA the pass is one SIMD loop. Its histogram counts *pairs* of exponent
-//! fields in a 2¹⁶-entry table (one increment per two values, which halves the memory
-//! traffic that bounds a histogram's speed) and folds the pairs back into single fields at
-//! the end, visiting only the fields the chunk's extremes allow. The portable loop counts
+//! fields in 2¹⁶-entry tables (one increment per two values: the increments' loads and
+//! stores bound a histogram's speed) and folds the pairs back into single fields at the
+//! end, 16 fields at a time over only the fields the chunk's extremes allow. Alternate
+//! pairs go to two tables, so that a pair repeated at once (zeros, a narrow range) does
+//! not wait on the store of the one before. The portable loop counts
 //! one field at a time. Both add the squares in the same 16 lanes with a fused
 //! multiply-add, element `i` into lane `i % 16`, and combine the lanes in order, so
 //! the two give the same bits.
@@ -121,11 +123,13 @@ mod avx2 {
     /// counting loads read stores that have left the store buffer (a narrow load from a
     /// wide store still in flight stalls).
     const DELAY: usize = 8;
+    /// Entries of each of the two pair tables.
+    const TABLE: usize = 1 << 16;
 
     thread_local! {
-        /// Pair counts, indexed by `field(x[2i]) | field(x[2i+1]) << 8`; all zero between
-        /// scans.
-        static PAIRS: RefCell<Vec<u16>> = RefCell::new(vec![0; 1 << 16]);
+        /// Two tables of pair counts, each indexed by `field(a) | field(b) << 8` for two
+        /// values `a`, `b` of a block; all zero between scans.
+        static PAIRS: RefCell<Vec<u16>> = RefCell::new(vec![0; 2 * TABLE]);
     }
 
     /// The SIMD scan; `None` only if this thread's pair table is already in use.
@@ -158,7 +162,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn blocks_avx2(data: &[f32], tie: u32, acc: &mut Acc, table: &mut [u16]) -> bool {
         debug_assert!(data.len() % BLOCK == 0 && data.len() <= SEGMENT);
-        debug_assert_eq!(table.len(), 1 << 16);
+        debug_assert_eq!(table.len(), 2 * TABLE);
         let abs = _mm256_set1_epi32(ABS as i32);
         let minus_one = _mm256_set1_epi32(-1);
         let mut mx = _mm256_set1_epi32(acc.max as i32);
@@ -167,15 +171,20 @@ mod avx2 {
         for (k, s) in sq.iter_mut().enumerate() {
             *s = _mm256_loadu_pd(acc.sq.as_ptr().add(4 * k));
         }
-        let mut ring = [0u16; DELAY * BLOCK / 2];
+        // Keys four to a word, read back a word at a time (a load per key would add to the
+        // memory operations that bound the loop); alternate keys go to the two tables.
+        let mut ring = [0u64; DELAY * BLOCK / 8];
         let ring_p = ring.as_mut_ptr();
         let tab = table.as_mut_ptr();
         let count = |slot: usize| {
-            for i in 0..BLOCK / 2 {
-                // SAFETY: slot < DELAY, so the index is inside the ring; every u16 indexes
-                // the 2¹⁶-entry table.
-                let key = *ring_p.add(slot * BLOCK / 2 + i) as usize;
-                *tab.add(key) += 1;
+            for i in 0..BLOCK / 8 {
+                // SAFETY: slot < DELAY, so the index is inside the ring; a u16 key plus
+                // `TABLE` indexes the second table.
+                let w = *ring_p.add(slot * BLOCK / 8 + i);
+                *tab.add((w & 0xffff) as usize) += 1;
+                *tab.add(TABLE + (w >> 16 & 0xffff) as usize) += 1;
+                *tab.add((w >> 32 & 0xffff) as usize) += 1;
+                *tab.add(TABLE + (w >> 48) as usize) += 1;
             }
         };
         let n = data.len() / BLOCK;
@@ -200,7 +209,7 @@ mod avx2 {
                 _mm256_packus_epi32(fields[0], fields[1]),
                 _mm256_packus_epi32(fields[2], fields[3]),
             );
-            _mm256_storeu_si256(ring_p.add(b % DELAY * BLOCK / 2) as *mut __m256i, bytes);
+            _mm256_storeu_si256(ring_p.add(b % DELAY * BLOCK / 8) as *mut __m256i, bytes);
             // Block b + 1 - DELAY; in the first DELAY - 1 blocks, a slot not yet written,
             // whose zeros are taken back below (no branch in the loop).
             count((b + 1) % DELAY);
@@ -208,7 +217,9 @@ mod avx2 {
         for b in n.saturating_sub(DELAY - 1)..n {
             count(b % DELAY);
         }
-        table[0] -= (n.min(DELAY - 1) * BLOCK / 2) as u16;
+        let dummies = (n.min(DELAY - 1) * BLOCK / 4) as u16;
+        table[0] -= dummies;
+        table[TABLE] -= dummies;
 
         let mut m = [0u32; 8];
         _mm256_storeu_si256(m.as_mut_ptr() as *mut __m256i, mx);
@@ -234,28 +245,58 @@ mod avx2 {
         true
     }
 
-    /// Folds the pair counts into `hist` and zeroes the table again. Every field of the
-    /// values counted is 0 (zeros, subnormals), 255 (inf, NaN) or between the fields of
-    /// `min_m1 + 1` (the smallest nonzero `|x|`) and `max` (the largest), so only those rows
-    /// and columns are read.
-    fn unpair(hist: &mut [u32; 256], table: &mut [u16], min_m1: u32, max: u32) {
-        let mut fields: Vec<usize> = vec![0];
+    /// Folds the pair counts of both tables into `hist` and zeroes them again. Every field
+    /// of the values counted is 0 (zeros, subnormals), 255 (inf, NaN) or between the fields
+    /// of `min_m1 + 1` (the smallest nonzero `|x|`) and `max` (the largest), so only those
+    /// rows and columns are read: the range 16 columns at a time (the entries around it
+    /// are zero), then columns 0 and 255 (zero by then if the range took them).
+    #[target_feature(enable = "avx2")]
+    unsafe fn unpair(hist: &mut [u32; 256], table: &mut [u16], min_m1: u32, max: u32) {
+        let mut rows: Vec<usize> = vec![0];
+        let mut cols = 0..0;
         if min_m1 != u32::MAX {
             let lo = ((min_m1 + 1) >> 23).max(1) as usize;
             let hi = ((max >> 23) as usize).min(254);
-            fields.extend(lo..=hi);
+            rows.extend(lo..=hi);
+            cols = lo & !15..(hi | 15) + 1;
         }
-        fields.push(255);
-        for &hi in &fields {
-            let row = &mut table[hi << 8..(hi + 1) << 8];
-            let mut row_sum = 0u32;
-            for &lo in &fields {
-                let c = u32::from(row[lo]);
-                row[lo] = 0;
-                hist[lo] += c;
-                row_sum += c;
+        rows.push(255);
+        let zero = _mm256_setzero_si256();
+        let h = hist.as_mut_ptr();
+        for &r in &rows {
+            let (pa, pb) = (
+                table.as_mut_ptr().add(r << 8),
+                table.as_mut_ptr().add(TABLE + (r << 8)),
+            );
+            let mut sum = zero;
+            for c in cols.clone().step_by(16) {
+                // SAFETY: c + 16 <= 256 within row r of each 2¹⁶-entry table; a key's
+                // count is at most 2¹⁵ over both tables, so the u16 sum does not wrap.
+                let v = _mm256_add_epi16(
+                    _mm256_loadu_si256(pa.add(c) as *const __m256i),
+                    _mm256_loadu_si256(pb.add(c) as *const __m256i),
+                );
+                _mm256_storeu_si256(pa.add(c) as *mut __m256i, zero);
+                _mm256_storeu_si256(pb.add(c) as *mut __m256i, zero);
+                let lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v));
+                let hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1));
+                let hp = h.add(c) as *mut __m256i;
+                _mm256_storeu_si256(hp, _mm256_add_epi32(_mm256_loadu_si256(hp), lo));
+                let hp = h.add(c + 8) as *mut __m256i;
+                _mm256_storeu_si256(hp, _mm256_add_epi32(_mm256_loadu_si256(hp), hi));
+                sum = _mm256_add_epi32(sum, _mm256_add_epi32(lo, hi));
             }
-            hist[hi] += row_sum;
+            let mut lanes = [0u32; 8];
+            _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+            let mut row_sum: u32 = lanes.iter().sum();
+            for c in [0, 255] {
+                let v = u32::from(*pa.add(c)) + u32::from(*pb.add(c));
+                *pa.add(c) = 0;
+                *pb.add(c) = 0;
+                hist[c] += v;
+                row_sum += v;
+            }
+            hist[r] += row_sum;
         }
     }
 }
@@ -319,6 +360,31 @@ mod tests {
             assert_eq!((a.max, a.min, a.tie), (max, min, tie), "n = {n}");
             assert_eq!(a.hist.to_vec(), hist, "n = {n}");
         }
+    }
+
+    #[test]
+    fn narrow_ranges_at_every_field_offset() {
+        // Fields lo..lo+5 with zeros, for every lo: the fold's 16-field steps start and end
+        // inside, at and across the range, and columns 0 and 255 lie in or out of them.
+        for lo in 1u32..=249 {
+            let data: Vec<f32> = (0..3000u32)
+                .map(|i| match i % 7 {
+                    0 => 0.0,
+                    k => f32::from_bits((lo + (i * 31 + k) % 6) << 23 | (i * 2_654_435_761) >> 9),
+                })
+                .collect();
+            let a = scan(&data, 0x3300_0000);
+            assert_eq!(a, scan_portable(&data, 0x3300_0000), "lo = {lo}");
+            let (max, min, tie, hist) = reference(&data, 0x3300_0000);
+            assert_eq!(
+                (a.max, a.min, a.tie, a.hist.to_vec()),
+                (max, min, tie, hist),
+                "lo = {lo}"
+            );
+        }
+        // The tables were left zeroed by every fold.
+        let data = values(10_000, 5);
+        assert_eq!(scan(&data, 0), scan_portable(&data, 0));
     }
 
     #[test]
