@@ -42,7 +42,10 @@ first round only). There are --rounds rounds (default 5); within a round the amp
 PyTorch children alternate, and the order rotates from one round to the next (with
 --models, the models' amprobe and PyTorch children join the same two lists, after the T5
 encoder's). The time shown is the median of all the timed steps of a configuration,
-pooled over its rounds.
+pooled over its rounds. The probes on / off ratio is paired instead: in each round, the
+probed child's median over the unprobed child's of the same round, and the median of
+those ratios over the rounds, so that a slow spell of the machine weighs on both sides of
+a ratio rather than on one configuration's pool.
 Both sides use --threads threads (default 2; RAYON_NUM_THREADS for amprobe,
 torch.set_num_threads for PyTorch). Progress goes to stderr, the tables to stdout. The
 defaults take about 3 to 5 minutes on an idle 2-core machine; each (model, mode) of
@@ -392,8 +395,14 @@ def main():
     def steps(key):
         return len(times.get(key, ()))
 
+    def paired(on_key, off_key):
+        # Median over the rounds of the two children's ratio within a round.
+        on_v, off_v = child_medians.get(on_key, []), child_medians.get(off_key, [])
+        return statistics.median(a / b for a, b in zip(on_v, off_v))
+
     a_off = {m: med(("amprobe", m, "off")) for m, _ in AMPROBE_MODES}
     a_on = {m: med(("amprobe", m, "on")) for m, _ in AMPROBE_MODES}
+    a_probe = {m: paired(("amprobe", m, "on"), ("amprobe", m, "off")) for m, _ in AMPROBE_MODES}
 
     out = []
     out.append("| | |")
@@ -425,7 +434,7 @@ def main():
         out.append(row("PyTorch baseline", f"`import torch, transformers` alone peaks at {fmt_mib(import_kib)} MiB"))
     out.append("")
 
-    head = ["configuration", "amprobe probes off ms", "amprobe probes on ms", "probes on / off",
+    head = ["configuration", "amprobe probes off ms", "amprobe probes on ms", "probes on / off (paired)",
             "amprobe peak RSS MiB (off / on)"]
     if have_torch:
         head += ["PyTorch ms", "PyTorch peak RSS MiB", "amprobe off / PyTorch"]
@@ -437,7 +446,7 @@ def main():
         cells = [label]
         if mode:
             off, on = a_off[mode], a_on[mode]
-            cells += [fmt_ms(off), fmt_ms(on), f"{on / off:.3f}",
+            cells += [fmt_ms(off), fmt_ms(on), f"{a_probe[mode]:.3f}",
                       f"{fmt_mib(rss.get(('amprobe', mode, 'off')))} / {fmt_mib(rss.get(('amprobe', mode, 'on')))}"]
         else:
             cells += ["–", "–", "–", "–"]
@@ -465,7 +474,7 @@ def main():
         goal(f"amprobe {m} probes off / amprobe fp32 probes off (time)", a_off[m] / a_off["fp32"], GOAL_SPEED,
              (("amprobe", m, "off"), a32))
     for m, _ in AMPROBE_MODES:
-        goal(f"amprobe {m} probes on / probes off (time)", a_on[m] / a_off[m], GOAL_PROBES,
+        goal(f"amprobe {m} probes on / probes off (time, paired)", a_probe[m], GOAL_PROBES,
              (("amprobe", m, "on"), ("amprobe", m, "off")))
     if have_torch:
         for p in ("off", "on"):
@@ -481,7 +490,7 @@ def main():
         out.append("Hugging Face models (amprobe: benches/hf_step.rs; PyTorch: scripts/bench_hf_torch.py; "
                    "the T5-mini encoder is the table above):")
         out.append("")
-        head = ["model", "mode", "amprobe probes off ms", "amprobe probes on ms", "probes on / off",
+        head = ["model", "mode", "amprobe probes off ms", "amprobe probes on ms", "probes on / off (paired)",
                 "amprobe peak RSS MiB (off / on)", "PyTorch ms", "PyTorch peak RSS MiB", "amprobe off / PyTorch"]
         out.append(row(*head))
         out.append("|" + "---|" * len(head))
@@ -489,7 +498,8 @@ def main():
             for mode in hf_modes:
                 off, on = med(("hf-amprobe", m, mode, "off")), med(("hf-amprobe", m, mode, "on"))
                 tm = med(("hf-torch", m, mode))  # None where PyTorch did not run
-                out.append(row(HF_MODELS[m], HF_MODES[mode], fmt_ms(off), fmt_ms(on), f"{on / off:.3f}",
+                pr = paired(("hf-amprobe", m, mode, "on"), ("hf-amprobe", m, mode, "off"))
+                out.append(row(HF_MODELS[m], HF_MODES[mode], fmt_ms(off), fmt_ms(on), f"{pr:.3f}",
                                f"{fmt_mib(rss.get(('hf-amprobe', m, mode, 'off')))} / "
                                f"{fmt_mib(rss.get(('hf-amprobe', m, mode, 'on')))}",
                                fmt_ms(tm), fmt_mib(rss.get(("hf-torch", m, mode))),
