@@ -63,6 +63,10 @@ pub struct Recorder {
     /// the same values, so the same statistics, recounted for its dtype. The storage is
     /// held weakly, so that a freed storage's address is never taken for a live one.
     shared: HashMap<usize, SharedStats>,
+    /// The output storage of this step's first cast of a tensor to a dtype: casting the
+    /// same tensor (the same values) to the same dtype again gives the same values (a
+    /// query, key and value projection each cast one input).
+    casts: HashMap<(TensorId, DType), Weak<Vec<f32>>>,
 }
 
 /// A storage held weakly, with the statistics computed from it.
@@ -273,18 +277,19 @@ impl Recorder {
     }
 
     /// The statistics of an output `v` held as `dtype`: computed once per storage in a
-    /// step (for another dtype, recounted from the first), and taken from its input's when
-    /// the op only moved that input's values (`moved_from`).
+    /// step (for another dtype, recounted from the first), and taken from another storage's
+    /// when the output holds its values (`same_as`: the input a copy only moved, or an
+    /// earlier cast of the same tensor).
     fn host_stats(
         &mut self,
         v: &Arc<Vec<f32>>,
         dtype: DType,
-        moved_from: Option<&Arc<Vec<f32>>>,
+        same_as: Option<&Arc<Vec<f32>>>,
     ) -> TensorStats {
         if let Some(st) = self.known(v) {
             return st.recount_as(dtype);
         }
-        let source = moved_from
+        let source = same_as
             .filter(|u| u.len() == v.len())
             .and_then(|u| self.known(u));
         let st = match source {
@@ -315,13 +320,21 @@ impl Observer for Recorder {
         let (stats, handle) = match out.storage() {
             Storage::F32(v) => {
                 let moved_from = match ev.inputs.first().map(|t| t.storage()) {
-                    Some(Storage::F32(u)) if ev.permuted => Some(u),
+                    Some(Storage::F32(u)) if ev.permuted => Some(u.clone()),
                     _ => None,
                 };
-                (
-                    self.host_stats(v, out.dtype(), moved_from),
-                    StatsHandle::Ready,
-                )
+                let cast_of = match ev.inputs {
+                    [t] if ev.op == "to" => Some((t.id(), out.dtype())),
+                    _ => None,
+                };
+                let earlier = cast_of
+                    .and_then(|k| self.casts.get(&k))
+                    .and_then(Weak::upgrade);
+                let stats = self.host_stats(v, out.dtype(), moved_from.or(earlier).as_ref());
+                if let Some(k) = cast_of {
+                    self.casts.entry(k).or_insert_with(|| Arc::downgrade(v));
+                }
+                (stats, StatsHandle::Ready)
             }
             Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
             Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
@@ -487,6 +500,37 @@ mod tests {
             assert_eq!(o.stats, want, "{i} {}", o.op);
         }
         assert_ne!(ops[0].stats.subnormal, ops[1].stats.subnormal);
+    }
+
+    #[test]
+    fn a_tensor_cast_again_to_a_dtype_has_the_first_casts_statistics() {
+        let mut r = Recorder::new();
+        r.begin_step(0);
+        let n = 100_000;
+        let x = Tensor::from_f32(values(n, 4, None), &[n], DType::F32).unwrap();
+        let cast = |t: &Tensor, d: DType| {
+            let mut v = t.f32s().unwrap().to_vec();
+            crate::dtype::round_slice(d, &mut v);
+            Tensor::from_f32(v, &[n], d).unwrap()
+        };
+        // x to fp16 three times (the casts of a query, key and value projection), to bf16
+        // once, and another tensor with x's values to fp16.
+        let y = Tensor::from_f32(x.f32s().unwrap().to_vec(), &[n], DType::F32).unwrap();
+        let outs = [
+            cast(&x, DType::F16),
+            cast(&x, DType::F16),
+            cast(&x, DType::BF16),
+            cast(&x, DType::F16),
+            cast(&y, DType::F16),
+        ];
+        let ins = [&x, &x, &x, &x, &y];
+        for (i, o) in ins.iter().zip(&outs) {
+            record(&mut r, "to", &[i], o);
+        }
+        for (o, t) in r.ops().iter().zip(&outs) {
+            assert_eq!(o.stats, TensorStats::compute(t.dtype(), t.f32s().unwrap()));
+        }
+        assert_ne!(r.ops()[0].stats, r.ops()[2].stats);
     }
 
     #[test]
