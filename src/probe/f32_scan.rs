@@ -252,18 +252,22 @@ mod avx2 {
     /// are zero), then columns 0 and 255 (zero by then if the range took them).
     #[target_feature(enable = "avx2")]
     unsafe fn unpair(hist: &mut [u32; 256], table: &mut [u16], min_m1: u32, max: u32) {
-        let mut rows: Vec<usize> = vec![0];
-        let mut cols = 0..0;
-        if min_m1 != u32::MAX {
-            let lo = ((min_m1 + 1) >> 23).max(1) as usize;
-            let hi = ((max >> 23) as usize).min(254);
-            rows.extend(lo..=hi);
-            cols = lo & !15..(hi | 15) + 1;
-        }
-        rows.push(255);
+        // The fields between the extremes (none when every value is zero).
+        let (lo, hi) = match min_m1 {
+            u32::MAX => (1, 0),
+            _ => (
+                ((min_m1 + 1) >> 23).max(1) as usize,
+                ((max >> 23) as usize).min(254),
+            ),
+        };
+        let cols = if lo <= hi {
+            lo & !15..(hi | 15) + 1
+        } else {
+            0..0
+        };
         let zero = _mm256_setzero_si256();
         let h = hist.as_mut_ptr();
-        for &r in &rows {
+        for r in std::iter::once(0).chain(lo..=hi).chain([255]) {
             let (pa, pb) = (
                 table.as_mut_ptr().add(r << 8),
                 table.as_mut_ptr().add(TABLE + (r << 8)),
