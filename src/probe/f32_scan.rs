@@ -310,12 +310,10 @@ mod tests {
     use super::*;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed;
+        let mut next = super::super::xorshift(seed);
         (0..n)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = next();
                 match i % 61 {
                     0 => f32::NAN,
                     1 => -f32::INFINITY,

@@ -5,3 +5,14 @@ pub mod stats;
 
 pub use stats::{CastCounts, ExpHist, TensorStats};
 pub mod recorder;
+
+/// The xorshift64 (13, 7, 17) sequence from `seed`, for the probes' test data.
+#[cfg(test)]
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}

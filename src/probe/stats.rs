@@ -759,12 +759,10 @@ mod tests {
 
     /// Deterministic pseudo-random values over a wide exponent range, with specials.
     fn wide_values(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed;
+        let mut next = super::super::xorshift(seed);
         (0..n)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = next();
                 match i % 97 {
                     0 => f32::NAN,
                     1 => 0.0,
