@@ -1,7 +1,7 @@
 //! The standard probe: statistics of every op's output, and the origin of the first Inf and
 //! the first NaN with the chain of ops between them.
 
-use super::stats::TensorStats;
+use super::stats::{Deferred, TensorStats};
 use crate::device::cuda::arena::SlotStats;
 use crate::dtype::DType;
 use crate::engine::observer::{Observer, OpEvent};
@@ -67,10 +67,32 @@ pub struct Recorder {
     /// same tensor (the same values) to the same dtype again gives the same values (a
     /// query, key and value projection each cast one input).
     casts: HashMap<(TensorId, DType), Weak<Vec<f32>>>,
+    /// Whether host outputs are scanned by background jobs ([`Recorder::in_background`]).
+    background: bool,
+    /// This step's background scans, by the job number their ops' handles hold.
+    jobs: Vec<Job>,
 }
 
-/// A storage held weakly, with the statistics computed from it.
-type SharedStats = (Weak<Vec<f32>>, TensorStats);
+/// Host outputs shorter than this are scanned at once even in the background mode: their
+/// scan costs less than handing it over.
+const BACKGROUND_MIN: usize = 16 * 1024;
+
+/// A storage held weakly, with its statistics.
+type SharedStats = (Weak<Vec<f32>>, Known);
+
+/// The statistics of a host storage: computed, or in background job `n`.
+#[derive(Debug, Clone)]
+enum Known {
+    Ready(TensorStats),
+    Job(u32),
+}
+
+/// A background scan: running, or done.
+#[derive(Debug)]
+enum Job {
+    Running(Deferred),
+    Done(TensorStats),
+}
 
 /// Where an op's output statistics come from: computed on the host when the op ran, or
 /// gathered on the device into an arena slot and known after the step's one arena read
@@ -81,12 +103,50 @@ pub enum StatsHandle {
     Ready,
     /// In this slot of the device's statistics arena.
     Pending(u32),
+    /// Being computed on the host by background job `job` ([`Recorder::in_background`]);
+    /// the op's statistics are that job's, counted as `dtype`.
+    Host {
+        /// The job.
+        job: u32,
+        /// The op's output dtype.
+        dtype: DType,
+    },
 }
 
 impl Recorder {
     /// An empty recorder.
     pub fn new() -> Recorder {
         Recorder::default()
+    }
+
+    /// This recorder, scanning long host outputs in jobs on rayon's threads instead of
+    /// before the op returns, so that the scans fill the time those threads would wait.
+    /// The statistics are the same, bit for bit; an op's record is complete, and the
+    /// step's origins known, once [`Recorder::resolve_host`] has run.
+    pub fn in_background(mut self) -> Recorder {
+        self.background = true;
+        self
+    }
+
+    /// Waits for the background scans of this step, completes their ops' records and
+    /// tracks their origins. Nothing to do when none is running.
+    pub fn resolve_host(&mut self) {
+        for job in &mut self.jobs {
+            if let Job::Running(d) = job {
+                *job = Job::Done(d.wait());
+            }
+        }
+        for (op, h) in self.ops.iter_mut().zip(&mut self.handles) {
+            let StatsHandle::Host { job, dtype } = *h else {
+                continue;
+            };
+            if let Some(Job::Done(st)) = self.jobs.get(job as usize) {
+                op.stats = st.recount_as(dtype);
+                mask_owns_neg_inf(op);
+                *h = StatsHandle::Ready;
+            }
+        }
+        self.advance();
     }
 
     /// The op records of the current step, in execution order.
@@ -268,38 +328,50 @@ impl Recorder {
         &self.errors
     }
 
-    /// The statistics computed this step from a storage, if it is that same live storage.
-    fn known(&self, v: &Arc<Vec<f32>>) -> Option<&TensorStats> {
-        let (w, st) = self.shared.get(&(Arc::as_ptr(v) as usize))?;
-        w.upgrade()
-            .is_some_and(|a| Arc::ptr_eq(&a, v))
-            .then_some(st)
+    /// The statistics computed this step from a storage, if it is that same live storage
+    /// (those of a finished background job as computed).
+    fn known(&self, v: &Arc<Vec<f32>>) -> Option<Known> {
+        let (w, k) = self.shared.get(&(Arc::as_ptr(v) as usize))?;
+        if !w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, v)) {
+            return None;
+        }
+        Some(match k {
+            Known::Job(n) => match self.jobs.get(*n as usize) {
+                Some(Job::Done(st)) => Known::Ready(st.clone()),
+                _ => Known::Job(*n),
+            },
+            k => k.clone(),
+        })
     }
 
-    /// The statistics of an output `v` held as `dtype`: computed once per storage in a
-    /// step (for another dtype, recounted from the first), and taken from another storage's
-    /// when the output holds its values (`same_as`: the input a copy only moved, or an
-    /// earlier cast of the same tensor).
+    /// The statistics of an output `v`: computed once per storage in a step (an op's
+    /// record recounts them for its dtype), and taken from another storage's when the
+    /// output holds its values (`same_as`: the input a copy only moved, or an earlier cast
+    /// of the same tensor). In the background mode a long storage's are a job's.
     fn host_stats(
         &mut self,
         v: &Arc<Vec<f32>>,
         dtype: DType,
         same_as: Option<&Arc<Vec<f32>>>,
-    ) -> TensorStats {
-        if let Some(st) = self.known(v) {
-            return st.recount_as(dtype);
+    ) -> Known {
+        if let Some(k) = self.known(v) {
+            return k;
         }
         let source = same_as
             .filter(|u| u.len() == v.len())
             .and_then(|u| self.known(u));
-        let st = match source {
-            Some(st) => st.clone(),
-            None => TensorStats::compute(dtype, v),
+        let k = match source {
+            Some(k) => k,
+            None if self.background && v.len() >= BACKGROUND_MIN => {
+                self.jobs
+                    .push(Job::Running(TensorStats::spawn(dtype, v.clone())));
+                Known::Job((self.jobs.len() - 1) as u32)
+            }
+            None => Known::Ready(TensorStats::compute(dtype, v)),
         };
-        let out = st.recount_as(dtype);
         self.shared
-            .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), st));
-        out
+            .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), k.clone()));
+        k
     }
 
     fn finiteness(&mut self, t: &Tensor) -> Finiteness {
@@ -311,6 +383,7 @@ impl Observer for Recorder {
     fn begin_step(&mut self, step: u64) {
         *self = Recorder {
             step,
+            background: self.background,
             ..Recorder::default()
         };
     }
@@ -330,11 +403,20 @@ impl Observer for Recorder {
                 let earlier = cast_of
                     .and_then(|k| self.casts.get(&k))
                     .and_then(Weak::upgrade);
-                let stats = self.host_stats(v, out.dtype(), moved_from.or(earlier).as_ref());
+                let known = self.host_stats(v, out.dtype(), moved_from.or(earlier).as_ref());
                 if let Some(k) = cast_of {
                     self.casts.entry(k).or_insert_with(|| Arc::downgrade(v));
                 }
-                (stats, StatsHandle::Ready)
+                match known {
+                    Known::Ready(st) => (st.recount_as(out.dtype()), StatsHandle::Ready),
+                    Known::Job(job) => (
+                        TensorStats::default(),
+                        StatsHandle::Host {
+                            job,
+                            dtype: out.dtype(),
+                        },
+                    ),
+                }
             }
             Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
             Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
@@ -456,7 +538,18 @@ mod tests {
 
     #[test]
     fn statistics_from_workers_and_shared_storages_are_the_ones_computed_here() {
-        let mut r = Recorder::new();
+        statistics_are_the_ones_computed_here(Recorder::new());
+    }
+
+    #[test]
+    fn statistics_from_background_jobs_are_the_ones_computed_here() {
+        statistics_are_the_ones_computed_here(Recorder::new().in_background());
+    }
+
+    /// Records ops whose outputs share storages, move values and hold an Inf and a NaN,
+    /// and checks each op's statistics and the origins against statistics computed here.
+    fn statistics_are_the_ones_computed_here(mut r: Recorder) {
+        let background = r.background;
         r.begin_step(0);
         let n = 200_000;
         let host = |t: &Tensor| t.f32s().unwrap().to_vec();
@@ -482,6 +575,14 @@ mod tests {
         record(&mut r, "small", &[], &small);
         record(&mut r, "transpose", &[&e], &et);
         record(&mut r, "e", &[&d], &e);
+        if background {
+            // Long outputs wait for their jobs (the small one does not); the origins are
+            // known once they are done.
+            assert_eq!(r.ops()[0].stats.numel, 0);
+            assert_eq!(r.ops()[5].stats.numel, 4);
+            assert_eq!(r.origins().first_inf, None);
+            r.resolve_host();
+        }
         let origins = r.origins();
         assert_eq!(origins.first_inf.map(|o| o.op), Some("d".to_string()));
         // The moved copy of e saw e's NaN already in its input: e's op is the origin.

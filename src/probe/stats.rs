@@ -16,11 +16,15 @@ use super::f32_scan;
 use crate::dtype::DType;
 pub use crate::trace::stats::{CastCounts, ExpHist, TensorStats};
 use rayon::prelude::*;
+use std::sync::{Arc, OnceLock};
 
 /// Elements per chunk: the unit of parallel work and of the deterministic merge.
 const CHUNK: usize = 16 * 1024;
 /// Tensors at least this long are scanned in parallel.
 const PAR_MIN: usize = 64 * 1024;
+/// Elements per background job of [`TensorStats::spawn`] (whole chunks): short, so that a
+/// thread that takes one while an op's parallel loop waits for it is not held long.
+const JOB: usize = 2 * CHUNK;
 /// Accumulator lanes of the counting loop (one AVX2 register of u32).
 const LANES: usize = 8;
 
@@ -84,10 +88,65 @@ impl TensorStats {
         }
     }
 
+    /// [`TensorStats::compute`] as jobs on rayon's threads, which take them when they have
+    /// nothing else to do (or while they wait inside a parallel loop); [`Deferred::wait`]
+    /// gives the same result, bit for bit: the chunks are the same and are merged in the
+    /// same order. The jobs hold `data` until they have run.
+    pub fn spawn(dtype: DType, data: Arc<Vec<f32>>) -> Deferred {
+        let limit = sub_limit(dtype);
+        let parts = (0..data.len())
+            .step_by(JOB)
+            .map(|start| {
+                let part = Arc::new(OnceLock::new());
+                let (data, done) = (data.clone(), part.clone());
+                rayon::spawn(move || {
+                    let end = (start + JOB).min(data.len());
+                    let chunks = data[start..end]
+                        .chunks(CHUNK)
+                        .map(|c| chunk_f32(c, limit))
+                        .collect();
+                    // The only writer of this cell.
+                    let _ = done.set(chunks);
+                });
+                part
+            })
+            .collect();
+        Deferred { parts }
+    }
+
     /// Statistics of an f64 tensor. Cast counts are for a single correct rounding of the
     /// f64 value to fp16 / bf16.
     pub fn compute_f64(data: &[f64]) -> Self {
         reduce_chunks(data, chunk_f64, true)
+    }
+}
+
+/// Statistics being computed by [`TensorStats::spawn`]'s jobs.
+#[derive(Debug)]
+pub struct Deferred {
+    /// Per job, in data order, the statistics of each of its chunks once it has run.
+    parts: Vec<Arc<OnceLock<Vec<TensorStats>>>>,
+}
+
+impl Deferred {
+    /// The statistics, once every job has run; meanwhile the calling thread runs pending
+    /// rayon jobs (these or others) or yields.
+    pub fn wait(&self) -> TensorStats {
+        let mut total = TensorStats::default();
+        for part in &self.parts {
+            let chunks = loop {
+                if let Some(c) = part.get() {
+                    break c;
+                }
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::thread::yield_now();
+                }
+            };
+            for c in chunks {
+                total.merge(c);
+            }
+        }
+        total
     }
 }
 
@@ -641,6 +700,28 @@ mod tests {
                 let mut g = got.clone();
                 g.sum_sq = want.sum_sq;
                 prop_assert_eq!(g, want);
+            }
+        }
+    }
+
+    #[test]
+    fn background_jobs_give_the_statistics_computed_here() {
+        let mut next = crate::probe::xorshift(0x2545_f491_4f6c_dd1d);
+        // Both signs, exponents from the subnormals up to 2^0.
+        let mut data: Vec<f32> = (0..5 * JOB + CHUNK + 3)
+            .map(|_| f32::from_bits((next() >> 32) as u32 & 0xbfff_ffff))
+            .collect();
+        data[5] = 0.0;
+        data[JOB + 17] = f32::NAN;
+        data[3 * JOB - 1] = f32::NEG_INFINITY;
+        let data = Arc::new(data);
+        for n in [0, 1, CHUNK - 1, CHUNK, JOB + 5, data.len()] {
+            let part = Arc::new(data[..n].to_vec());
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                let want = TensorStats::compute(dtype, &part);
+                let got = TensorStats::spawn(dtype, part.clone()).wait();
+                assert_eq!(got, want, "{n} values as {dtype:?}");
+                assert_eq!(got.sum_sq.to_bits(), want.sum_sq.to_bits());
             }
         }
     }

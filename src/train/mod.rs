@@ -252,7 +252,13 @@ impl Trainer {
             }));
         }
         if cfg.probes {
-            engine.add_observer(Box::new(Recorder::new()));
+            // On the host, the statistics of long outputs are gathered by jobs that rayon's
+            // threads take while they would wait; the step resolves them before its record.
+            let recorder = match device {
+                None => Recorder::new().in_background(),
+                Some(_) => Recorder::new(),
+            };
+            engine.add_observer(Box::new(recorder));
         }
         let n = params.params.len();
         Ok(Trainer {
@@ -633,6 +639,7 @@ impl Trainer {
         let sampling = self.cfg.sampling;
         let (origins, ops, op_count) = match self.recorder() {
             Some(r) => {
+                r.resolve_host();
                 let keep = (sampling.first && step == 0)
                     || (sampling.every > 0 && step % sampling.every == 0)
                     || (sampling.nonfinite && r.saw_nonfinite());
