@@ -300,7 +300,7 @@ fn scan_f64(data: &[f64]) -> (PassA<u64>, Vec<u64>) {
 }
 
 /// Pass A and the exponent-field histogram of an f32 chunk, in one pass.
-fn scan_f32(data: &[f32]) -> (PassA<u32>, Vec<u64>) {
+fn scan_f32(data: &[f32]) -> (PassA<u32>, [u64; 256]) {
     let s = f32_scan::scan(data, F32_F16_FLUSH);
     let pa = PassA {
         max: s.max,
@@ -310,7 +310,7 @@ fn scan_f32(data: &[f32]) -> (PassA<u32>, Vec<u64>) {
         // The bf16 flush tie is an f32 subnormal: the rare-value scan counts it.
         tie_b: 0,
     };
-    (pa, s.hist.iter().map(|&c| u64::from(c)).collect())
+    (pa, s.hist.map(u64::from))
 }
 
 macro_rules! chunk_kernel {
@@ -337,7 +337,8 @@ macro_rules! chunk_kernel {
 
             // Exponent -(BIAS - 1) - man_bits is the smallest subnormal's; dense bins from there.
             let lo = 1 - BIAS - $mb;
-            let mut bins = vec![0u64; (FIELDS - 2) + $mb];
+            // On the stack: a chunk's statistics cost no allocation but their histogram's.
+            let mut bins = [0u64; (1 << $eb) - 2 + $mb];
             for e in 1..FIELDS - 1 {
                 bins[e - 1 + $mb] = hist[e];
             }
