@@ -3,8 +3,9 @@
 //! MLP 1024, 4 layers (the full T5: 4 + 4), 4 heads of 64 (LLaMA: 2 key/value heads),
 //! vocab 512, batch 8, seq 128, each model's own loss on labels = the ids, SGD; fp32 and
 //! emulated fp16 and bf16 autocast, probes off and on, median of `AMPROBE_BENCH_REPS`
-//! steps (default 5) after one warm-up step. `scripts/bench_hf_torch.py` runs PyTorch on
-//! the same workloads.
+//! steps (default 5) after one warm-up step. The table pairs single probed and unprobed
+//! steps taken in turn and gives the probe ratio as the median of the pairs' ratios.
+//! `scripts/bench_hf_torch.py` runs PyTorch on the same workloads.
 //!
 //! ```text
 //! cargo bench --bench hf_step                              # every configuration, a table
@@ -110,8 +111,33 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn median_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> f64 {
-    median(step_times_ms(model, precision, probes, reps).1)
+/// Probed and unprobed medians, and the median of the ratios of single steps taken in
+/// turn (which goes first alternates too), so that a slow spell of the machine weighs on
+/// both sides of a pair.
+fn paired_ms(model: &str, precision: Precision, reps: u64) -> (f64, f64, f64) {
+    let mut on = trainer(model, precision, true);
+    let mut off = trainer(model, precision, false);
+    on.step(0).expect("warm-up step");
+    off.step(0).expect("warm-up step");
+    let time = |t: &mut Trainer, s: u64| {
+        let t0 = Instant::now();
+        t.step(s).expect("step");
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    for s in 1..=reps {
+        let (x, y) = if s % 2 == 1 {
+            let x = time(&mut on, s);
+            (x, time(&mut off, s))
+        } else {
+            let y = time(&mut off, s);
+            (time(&mut on, s), y)
+        };
+        a.push(x);
+        b.push(y);
+        r.push(x / y);
+    }
+    (median(b), median(a), median(r))
 }
 
 fn main() {
@@ -153,16 +179,12 @@ fn main() {
         }
         return;
     }
-    println!("model  mode  probes off ms  probes on ms  on/off");
+    println!("model  mode  probes off ms  probes on ms  on/off (pairs)");
     for model in MODELS {
         for mode in ["fp32", "fp16", "bf16"] {
             let p = Precision::parse(mode).expect("mode");
-            let off = median_ms(model, p, false, reps);
-            let on = median_ms(model, p, true, reps);
-            println!(
-                "{model:<6} {mode:<5} {off:>13.1} {on:>13.1} {:>7.2}",
-                on / off
-            );
+            let (off, on, ratio) = paired_ms(model, p, reps);
+            println!("{model:<6} {mode:<5} {off:>13.1} {on:>13.1} {ratio:>15.3}");
         }
     }
 }
