@@ -30,6 +30,9 @@ use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::path::Path;
 use std::time::Instant;
 
+mod pairs;
+use pairs::{median, paired_ms, step_ms};
+
 const GPT2: &str = r#"{"model_type": "gpt2", "vocab_size": 512, "n_positions": 128,
     "n_embd": 256, "n_layer": 4, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
     "attn_pdrop": 0.0}"#;
@@ -96,48 +99,8 @@ fn step_times_ms(model: &str, precision: Precision, probes: bool, reps: u64) -> 
     let t0 = Instant::now();
     t.step(0).expect("warm-up step");
     let warmup_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let times = (1..=reps)
-        .map(|s| {
-            let t0 = Instant::now();
-            t.step(s).expect("step");
-            t0.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
+    let times = (1..=reps).map(|s| step_ms(&mut t, s)).collect();
     (warmup_ms, times)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Probed and unprobed medians, and the median of the ratios of single steps taken in
-/// turn (which goes first alternates too), so that a slow spell of the machine weighs on
-/// both sides of a pair.
-fn paired_ms(model: &str, precision: Precision, reps: u64) -> (f64, f64, f64) {
-    let mut on = trainer(model, precision, true);
-    let mut off = trainer(model, precision, false);
-    on.step(0).expect("warm-up step");
-    off.step(0).expect("warm-up step");
-    let time = |t: &mut Trainer, s: u64| {
-        let t0 = Instant::now();
-        t.step(s).expect("step");
-        t0.elapsed().as_secs_f64() * 1e3
-    };
-    let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
-    for s in 1..=reps {
-        let (x, y) = if s % 2 == 1 {
-            let x = time(&mut on, s);
-            (x, time(&mut off, s))
-        } else {
-            let y = time(&mut off, s);
-            (time(&mut on, s), y)
-        };
-        a.push(x);
-        b.push(y);
-        r.push(x / y);
-    }
-    (median(b), median(a), median(r))
 }
 
 fn main() {
@@ -183,7 +146,11 @@ fn main() {
     for model in MODELS {
         for mode in ["fp32", "fp16", "bf16"] {
             let p = Precision::parse(mode).expect("mode");
-            let (off, on, ratio) = paired_ms(model, p, reps);
+            let mut on = trainer(model, p, true);
+            let mut off = trainer(model, p, false);
+            on.step(0).expect("warm-up step");
+            off.step(0).expect("warm-up step");
+            let (on, off, ratio) = paired_ms(&mut on, &mut off, reps);
             println!("{model:<6} {mode:<5} {off:>13.1} {on:>13.1} {ratio:>15.3}");
         }
     }

@@ -14,6 +14,9 @@ use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::time::Instant;
 
+mod pairs;
+use pairs::{median, paired_ms, step_ms};
+
 fn trainer(precision: Precision, probes: bool) -> Trainer {
     let cfg = T5Config::relu(256, 1024, (4, 64), 4, 512);
     let model = T5Encoder::new(cfg);
@@ -38,18 +41,7 @@ fn trainer(precision: Precision, probes: bool) -> Trainer {
 
 /// Wall time of each of `reps` steps, in milliseconds, in step order.
 fn step_times_ms(t: &mut Trainer, start: u64, reps: u64) -> Vec<f64> {
-    (0..reps)
-        .map(|s| {
-            let t0 = Instant::now();
-            t.step(start + s).expect("step");
-            t0.elapsed().as_secs_f64() * 1e3
-        })
-        .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    (0..reps).map(|s| step_ms(t, start + s)).collect()
 }
 
 fn main() {
@@ -94,24 +86,8 @@ fn main() {
         let mut off = trainer(m, false);
         on.step(0).expect("warm-up");
         off.step(0).expect("warm-up");
-        // Single steps alternated (which goes first alternates too), so that a slow spell
-        // of the machine weighs on both sides of a pair; the ratio is the median of the
-        // pairs' ratios.
-        let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..3 * reps {
-            let s = 1 + i;
-            let (x, y) = if i % 2 == 0 {
-                let x = step_times_ms(&mut on, s, 1)[0];
-                (x, step_times_ms(&mut off, s, 1)[0])
-            } else {
-                let y = step_times_ms(&mut off, s, 1)[0];
-                (step_times_ms(&mut on, s, 1)[0], y)
-            };
-            a.push(x);
-            b.push(y);
-            r.push(x / y);
-        }
-        rows.push((m, median(a), median(b), median(r)));
+        let (probed, unprobed, ratio) = paired_ms(&mut on, &mut off, 3 * reps);
+        rows.push((m, probed, unprobed, ratio));
     }
     let fp32_off = rows[0].2;
     println!(
