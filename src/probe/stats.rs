@@ -16,7 +16,7 @@ use super::f32_scan;
 use crate::dtype::DType;
 pub use crate::trace::stats::{CastCounts, ExpHist, TensorStats};
 use rayon::prelude::*;
-use std::sync::{Arc, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
 
 /// Elements per chunk: the unit of parallel work and of the deterministic merge.
 const CHUNK: usize = 16 * 1024;
@@ -88,18 +88,19 @@ impl TensorStats {
         }
     }
 
-    /// [`TensorStats::compute`] as jobs on rayon's threads, which take them when they have
-    /// nothing else to do (or while they wait inside a parallel loop); [`Deferred::wait`]
+    /// [`TensorStats::compute`] as jobs on rayon's global pool, which its threads take when
+    /// they find no other work (or while they wait inside a parallel loop); [`Deferred::wait`]
     /// gives the same result, bit for bit: the chunks are the same and are merged in the
     /// same order. The jobs hold `data` until they have run.
     pub fn spawn(dtype: DType, data: Arc<Vec<f32>>) -> Deferred {
         let limit = sub_limit(dtype);
+        let mut jobs: Vec<Job> = Vec::with_capacity(data.len().div_ceil(JOB));
         let parts = (0..data.len())
             .step_by(JOB)
             .map(|start| {
                 let part = Arc::new(OnceLock::new());
                 let (data, done) = (data.clone(), part.clone());
-                rayon::spawn(move || {
+                jobs.push(Box::new(move || {
                     let end = (start + JOB).min(data.len());
                     let chunks = data[start..end]
                         .chunks(CHUNK)
@@ -107,10 +108,11 @@ impl TensorStats {
                         .collect();
                     // The only writer of this cell.
                     let _ = done.set(chunks);
-                });
+                }));
                 part
             })
             .collect();
+        submit(jobs);
         Deferred { parts }
     }
 
@@ -119,6 +121,43 @@ impl TensorStats {
     pub fn compute_f64(data: &[f64]) -> Self {
         reduce_chunks(data, chunk_f64, true)
     }
+}
+
+/// One background job of [`TensorStats::spawn`].
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Hands background jobs to rayon's global pool through its queue for work from outside
+/// the pool.
+///
+/// A job spawned on one of the pool's threads goes to that thread's own deque, and the other
+/// thread steals the oldest entry of a deque first: every pending statistics job would come
+/// before the other half of the op that is running, which would wait for them. The pool's
+/// threads turn to the outside queue only when they find nothing to steal, so jobs put there
+/// run in time that no op wants. Only a thread outside the pool can put them there; from
+/// inside it, a thread of its own that does nothing else passes them on.
+fn submit(jobs: Vec<Job>) {
+    static RELAY: OnceLock<Option<mpsc::Sender<Vec<Job>>>> = OnceLock::new();
+    if rayon::current_thread_index().is_none() {
+        return jobs.into_iter().for_each(rayon::spawn);
+    }
+    let relay = RELAY.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Vec<Job>>();
+        std::thread::Builder::new()
+            .name("amprobe-stats-relay".into())
+            .spawn(move || rx.into_iter().flatten().for_each(rayon::spawn))
+            .ok()
+            .map(|_| tx)
+    });
+    // Without the relay (its thread could not start), the pool's own deque: the same
+    // results, sooner than op work wants them.
+    let unsent = match relay {
+        Some(tx) => match tx.send(jobs) {
+            Ok(()) => return,
+            Err(mpsc::SendError(jobs)) => jobs,
+        },
+        None => jobs,
+    };
+    unsent.into_iter().for_each(rayon::spawn);
 }
 
 /// Statistics being computed by [`TensorStats::spawn`]'s jobs.
@@ -720,9 +759,18 @@ mod tests {
             let part = Arc::new(data[..n].to_vec());
             for dtype in [DType::F16, DType::BF16, DType::F32] {
                 let want = TensorStats::compute(dtype, &part);
-                let got = TensorStats::spawn(dtype, part.clone()).wait();
-                assert_eq!(got, want, "{n} values as {dtype:?}");
-                assert_eq!(got.sum_sq.to_bits(), want.sum_sq.to_bits());
+                // From outside the pool the jobs enter its outside queue directly; from one
+                // of its threads, through the relay.
+                let outside = TensorStats::spawn(dtype, part.clone()).wait();
+                assert!(rayon::current_thread_index().is_none());
+                let inside = rayon::scope(|_| {
+                    assert!(rayon::current_thread_index().is_some());
+                    TensorStats::spawn(dtype, part.clone()).wait()
+                });
+                for got in [outside, inside] {
+                    assert_eq!(got, want, "{n} values as {dtype:?}");
+                    assert_eq!(got.sum_sq.to_bits(), want.sum_sq.to_bits());
+                }
             }
         }
     }
