@@ -4,9 +4,18 @@
 //! Run with `cargo bench --bench t5_step`; `scripts/bench_t5_torch.py` measures PyTorch
 //! on the same workload, and `scripts/bench-cpu.py` prints both side by side.
 //!
+//! By default all six configurations step in the same rounds (three times
+//! `AMPROBE_BENCH_REPS`, default 5, after one warm-up step each): a probed and an unprobed
+//! step back to back, mode after mode, the starting mode moving on each round. The table
+//! gives each ratio as the median of the ratios within a round: probes on / off, and each
+//! mode's unprobed step against fp32's.
+//!
 //! `AMPROBE_BENCH_ONLY=fp32:off` (mode fp32|fp16|bf16, probes on|off) runs one
 //! configuration alone; with `AMPROBE_BENCH_JSON=1` as well it also prints one JSON line
 //! (`{"side":"amprobe","config":"fp32:off",...,"times_ms":[...]}`) for `bench-cpu.py`.
+//! `AMPROBE_BENCH_ONLY=rounds` takes `AMPROBE_BENCH_REPS` of the default's rounds and,
+//! with `AMPROBE_BENCH_JSON=1`, prints them as one JSON line (`"config":"rounds"`,
+//! `"modes"`, and per mode `"probed_ms"` and `"unprobed_ms"`, step times in round order).
 
 use amprobe::amp::mode::Precision;
 use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
@@ -15,7 +24,9 @@ use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::time::Instant;
 
 mod pairs;
-use pairs::{median, paired_ms, step_ms};
+use pairs::{median, rounds, step_ms};
+
+const MODES: [Precision; 3] = [Precision::Fp32, Precision::Fp16, Precision::Bf16];
 
 fn trainer(precision: Precision, probes: bool) -> Trainer {
     let cfg = T5Config::relu(256, 1024, (4, 64), 4, 512);
@@ -44,6 +55,24 @@ fn step_times_ms(t: &mut Trainer, start: u64, reps: u64) -> Vec<f64> {
     (0..reps).map(|s| step_ms(t, start + s)).collect()
 }
 
+/// The three modes, each probed and unprobed, stepped in the same `rounds` rounds (see
+/// `pairs::rounds`), so that both the probe ratio and each mode's time against fp32 are
+/// medians of ratios of steps taken seconds apart, not of separate stretches of a busy
+/// machine: (probed, unprobed) step times in milliseconds per mode of `MODES`.
+fn interleaved(n: u64) -> Vec<(Vec<f64>, Vec<f64>)> {
+    let mut trainers: Vec<(Trainer, Trainer)> = MODES
+        .iter()
+        .map(|&m| (trainer(m, true), trainer(m, false)))
+        .collect();
+    for (on, off) in &mut trainers {
+        on.step(0).expect("warm-up");
+        off.step(0).expect("warm-up");
+    }
+    let mut pairs: Vec<(&mut Trainer, &mut Trainer)> =
+        trainers.iter_mut().map(|(on, off)| (on, off)).collect();
+    rounds(&mut pairs, n)
+}
+
 fn main() {
     amprobe::host_memory::keep_freed_memory();
     let reps = std::env::var("AMPROBE_BENCH_REPS")
@@ -53,7 +82,28 @@ fn main() {
         .max(1);
     // AMPROBE_BENCH_ONLY=fp32:off (or fp16:on, ...) runs one configuration alone, for a
     // profiler; it prints its median and nothing else, unless AMPROBE_BENCH_JSON is set
-    // (and not 0), which adds one JSON line with every step's time.
+    // (and not 0), which adds one JSON line with every step's time. AMPROBE_BENCH_ONLY=rounds
+    // does the same for the interleaved rounds of all six.
+    let json = std::env::var("AMPROBE_BENCH_JSON").is_ok_and(|v| !v.is_empty() && v != "0");
+    if std::env::var("AMPROBE_BENCH_ONLY").is_ok_and(|v| v == "rounds") {
+        let times = interleaved(reps);
+        let (probed, unprobed): (Vec<_>, Vec<_>) = times.into_iter().unzip();
+        let all: Vec<f64> = probed.iter().chain(&unprobed).flatten().copied().collect();
+        println!("rounds: {reps} in one process");
+        if json {
+            let line = serde_json::json!({
+                "side": "amprobe",
+                "config": "rounds",
+                "modes": MODES.iter().map(|m| m.name()).collect::<Vec<_>>(),
+                "reps": reps,
+                "probed_ms": probed,
+                "unprobed_ms": unprobed,
+                "times_ms": all,
+            });
+            println!("{line}");
+        }
+        return;
+    }
     if let Ok(only) = std::env::var("AMPROBE_BENCH_ONLY") {
         let (mode, probes) = only.split_once(':').unwrap_or((&only, "off"));
         let m = Precision::parse(mode).expect("AMPROBE_BENCH_ONLY: a precision mode");
@@ -64,7 +114,7 @@ fn main() {
         let times = step_times_ms(&mut t, 1, reps);
         let med = median(times.clone());
         println!("{only}: {med:.1} ms");
-        if std::env::var("AMPROBE_BENCH_JSON").is_ok_and(|v| !v.is_empty() && v != "0") {
+        if json {
             let line = serde_json::json!({
                 "side": "amprobe",
                 "config": only,
@@ -79,31 +129,25 @@ fn main() {
         }
         return;
     }
-    let modes = [Precision::Fp32, Precision::Fp16, Precision::Bf16];
-    let mut rows = Vec::new();
-    for &m in &modes {
-        let mut on = trainer(m, true);
-        let mut off = trainer(m, false);
-        on.step(0).expect("warm-up");
-        off.step(0).expect("warm-up");
-        let (probed, unprobed, ratio) = paired_ms(&mut on, &mut off, 3 * reps);
-        rows.push((m, probed, unprobed, ratio));
-    }
-    let fp32_off = rows[0].2;
+    let times = interleaved(3 * reps);
+    let fp32_off = &times[0].1;
     println!(
-        "{:<6} {:>12} {:>12} {:>22} {:>16}",
-        "mode", "probed ms", "unprobed ms", "probes on/off (pairs)", "unprobed / fp32"
+        "{:<6} {:>12} {:>12} {:>22} {:>22}",
+        "mode", "probed ms", "unprobed ms", "probes on/off (pairs)", "unprobed / fp32 (pairs)"
     );
-    for (m, on, off, ratio) in &rows {
+    for (m, (on, off)) in MODES.iter().zip(&times) {
+        let ratio = median(on.iter().zip(off).map(|(x, y)| x / y).collect());
+        let vs_fp32 = median(off.iter().zip(fp32_off).map(|(x, y)| x / y).collect());
         println!(
-            "{:<6} {:>12.1} {:>12.1} {:>22.3} {:>16.3}",
+            "{:<6} {:>12.1} {:>12.1} {:>22.3} {:>22.3}",
             m.name(),
-            on,
-            off,
+            median(on.clone()),
+            median(off.clone()),
             ratio,
-            off / fp32_off
+            vs_fp32
         );
     }
+    let fp32_off = median(fp32_off.clone());
     let gflop = 22.0;
     println!(
         "fp32 unprobed: {:.1} GFLOP/s (about {gflop} GFLOP per step)",

@@ -13,6 +13,8 @@ in the same cargo call), then runs every configuration in a child process of its
 
   amprobe  (benches/t5_step.rs, AMPROBE_BENCH_ONLY=MODE:on|off AMPROBE_BENCH_JSON=1):
            fp32, fp16 autocast, bf16 autocast, each with probes on and off;
+           and (AMPROBE_BENCH_ONLY=rounds) all six of those in one process, stepping in
+           --reps interleaved rounds (below);
   PyTorch  (scripts/bench_t5_torch.py CONFIG --json, run with the python running this
            script): fp32, bf16 autocast, fp16 autocast, fp32 + per-module forward hooks,
            fp32 + autograd anomaly mode.
@@ -46,6 +48,16 @@ pooled over its rounds. The probes on / off ratio is paired instead: in each rou
 probed child's median over the unprobed child's of the same round, and the median of
 those ratios over the rounds, so that a slow spell of the machine weighs on both sides of
 a ratio rather than on one configuration's pool.
+
+Children run seconds to minutes apart, and on a shared machine whose speed swings by a
+quarter within minutes that still leaves a ratio of two children several points off. So
+each round also runs one child that holds all six amprobe configurations and steps them
+in turn (benches/t5_step.rs with AMPROBE_BENCH_ONLY=rounds): per interleaved round a
+probed and an unprobed step back to back for each mode, the starting mode moving on each
+round. Over all those rounds of all the children, the median of probed / unprobed per
+mode, and of each mode's unprobed step over the fp32 one of the same round, are the
+"steps paired in one process" figures; the goal lines for the probe ratio and for fp16
+and bf16 against fp32 use them, and the table shows both kinds.
 Both sides use --threads threads (default 2; RAYON_NUM_THREADS for amprobe,
 torch.set_num_threads for PyTorch). Progress goes to stderr, the tables to stdout. The
 defaults take about 3 to 5 minutes on an idle 2-core machine; each (model, mode) of
@@ -69,8 +81,8 @@ scale, the peak of a child that only imports torch and transformers.
 
 The goal lines (marked from the measured numbers) are those of the "CPU step speed"
 issue: amprobe fp32 probes-off / PyTorch fp32 <= 1.2; amprobe fp16 and bf16 probes-off /
-amprobe fp32 probes-off <= 1.2; probes on / off per mode <= 1.10; amprobe / PyTorch peak
-RSS for the fp32 step <= 1.5.
+amprobe fp32 probes-off <= 1.2 (steps paired in one process); probes on / off per mode
+<= 1.10 (steps paired in one process); amprobe / PyTorch peak RSS for the fp32 step <= 1.5.
 
 With --models a second table, "Hugging Face models", follows, one row per (model, mode):
 amprobe probes-off ms, probes-on ms, on / off, amprobe peak RSS (off / on), PyTorch ms,
@@ -115,6 +127,8 @@ TORCH_CONFIGS = [
 HF_MODELS = {"gpt2": "GPT-2-mini", "llama": "LLaMA-mini", "bert": "BERT-mini", "t5": "T5-mini (full)"}
 HF_MODES = {"fp32": "fp32", "fp16": "fp16 autocast", "bf16": "bf16 autocast"}
 HF_TORCH_SCRIPT = os.path.join(ROOT, "scripts", "bench_hf_torch.py")
+# The key of the child that steps all six amprobe configurations in interleaved rounds.
+ROUNDS = ("amprobe", "rounds")
 GOAL_SPEED = 1.2
 GOAL_PROBES = 1.10
 GOAL_RSS = 1.5
@@ -198,6 +212,21 @@ def run_child(argv, env, label):
                 return res, kib, wall
     raise BenchError(f"{label}: `{shlex.join(argv)}` printed no JSON result line; its output was:\n"
                      + ((stdout[-2000:] + stderr[-2000:]).strip() or "(nothing)"))
+
+
+def rounds_of(res, label):
+    """The interleaved rounds of an AMPROBE_BENCH_ONLY=rounds child's JSON line: a list, per
+    round, of {mode: (probed ms, unprobed ms)}."""
+    try:
+        modes, probed, unprobed = res["modes"], res["probed_ms"], res["unprobed_ms"]
+        n = len(probed[0])
+        ok = len(modes) == len(probed) == len(unprobed) and all(len(v) == n for v in probed + unprobed)
+    except (KeyError, TypeError, IndexError):
+        ok = False
+    if not ok or set(modes) != {m for m, _ in AMPROBE_MODES}:
+        raise BenchError(f"{label}: its JSON line needs \"modes\" ({', '.join(m for m, _ in AMPROBE_MODES)}) and "
+                         f"\"probed_ms\" and \"unprobed_ms\", one list of equal length per mode; it was {res}")
+    return [{m: (probed[i][k], unprobed[i][k]) for i, m in enumerate(modes)} for k in range(n)]
 
 
 def torch_probe(env):
@@ -333,6 +362,10 @@ def main():
                    AMPROBE_BENCH_REPS=str(args.reps))
         return (("amprobe", mode, probes), f"amprobe {mode} probes {probes}", [exe], env)
 
+    def amprobe_rounds_job():
+        env = dict(base_env, AMPROBE_BENCH_ONLY="rounds", AMPROBE_BENCH_JSON="1", AMPROBE_BENCH_REPS=str(args.reps))
+        return (ROUNDS, "amprobe all six, interleaved", [exe], env)
+
     def torch_job(name, reps):
         argv = [sys.executable, TORCH_SCRIPT, name, "--json", "--reps", str(reps), "--threads", str(args.threads)]
         return (("torch", name), f"PyTorch {name}", argv, base_env)
@@ -347,7 +380,7 @@ def main():
                 "--threads", str(args.threads)]
         return (("hf-torch", model, mode), f"PyTorch {model} {mode}", argv, base_env)
 
-    a_jobs = [amprobe_job(m, p) for m, _ in AMPROBE_MODES for p in ("off", "on")]
+    a_jobs = [amprobe_job(m, p) for m, _ in AMPROBE_MODES for p in ("off", "on")] + [amprobe_rounds_job()]
     t_jobs = [torch_job(n, args.reps) for n, _, _ in TORCH_CONFIGS if n != "fp16"] if have_torch else []
     # The Hugging Face models join the same two lists, so they alternate and rotate with the T5 encoder's.
     a_jobs += [hf_amprobe_job(m, mode, p) for m in hf_models for mode in hf_modes for p in ("off", "on")]
@@ -360,6 +393,7 @@ def main():
     child_medians = {}  # key -> each child's own median
     labels = {}
     rss = {}  # key -> largest peak RSS (KiB)
+    interleaved = []  # per interleaved round: {mode: (probed ms, unprobed ms)}
     busy_start = cpu_busy_s()
     t_start = time.perf_counter()
     for r in range(args.rounds):
@@ -375,11 +409,13 @@ def main():
                 jobs += [hf_torch_job(m, "fp16", args.torch_fp16_reps) for m in hf_models]
         for key, label, argv, env in jobs:
             res, kib, wall = run_child(argv, env, label)
+            if key == ROUNDS:
+                interleaved += rounds_of(res, label)
             times.setdefault(key, []).extend(res["times_ms"])
             child_medians.setdefault(key, []).append(statistics.median(res["times_ms"]))
             labels[key] = label
             rss[key] = max(rss.get(key, 0), kib)
-            log(f"round {r + 1}/{args.rounds}: {label:<28} median {res['median_ms']:8.1f} ms  "
+            log(f"round {r + 1}/{args.rounds}: {label:<28} median {statistics.median(res['times_ms']):8.1f} ms  "
                 f"peak RSS {kib / 1024:6.0f} MiB  ({wall:.1f} s)")
     elapsed = time.perf_counter() - t_start
     busy_end = cpu_busy_s()
@@ -403,6 +439,9 @@ def main():
     a_off = {m: med(("amprobe", m, "off")) for m, _ in AMPROBE_MODES}
     a_on = {m: med(("amprobe", m, "on")) for m, _ in AMPROBE_MODES}
     a_probe = {m: paired(("amprobe", m, "on"), ("amprobe", m, "off")) for m, _ in AMPROBE_MODES}
+    # The same two kinds of ratio from the steps paired in one process.
+    i_probe = {m: statistics.median(r[m][0] / r[m][1] for r in interleaved) for m, _ in AMPROBE_MODES}
+    i_vs32 = {m: statistics.median(r[m][1] / r["fp32"][1] for r in interleaved) for m, _ in AMPROBE_MODES}
 
     out = []
     out.append("| | |")
@@ -429,12 +468,16 @@ def main():
         fp16_note = f"; PyTorch fp16{also}: 1 child x {args.torch_fp16_reps} steps"
     out.append(row("timing", f"median of {args.rounds} child process(es) x {args.reps} steps per configuration, "
                              f"after one warm-up step each{fp16_note}; {elapsed / 60:.1f} min in all"))
+    out.append(row("steps paired in one process", f"{len(interleaved)} interleaved rounds ({args.rounds} "
+                                                  f"child(ren) x {args.reps}), a probed and an unprobed step of "
+                                                  f"each mode per round"))
     out.append(row("peak RSS", "ru_maxrss of each configuration's own process (os.wait4), largest over its runs"))
     if have_torch:
         out.append(row("PyTorch baseline", f"`import torch, transformers` alone peaks at {fmt_mib(import_kib)} MiB"))
     out.append("")
 
-    head = ["configuration", "amprobe probes off ms", "amprobe probes on ms", "probes on / off (paired)",
+    head = ["configuration", "amprobe probes off ms", "amprobe probes on ms", "probes on / off (paired children)",
+            "probes on / off (steps paired in one process)", "amprobe off / fp32 off (steps paired in one process)",
             "amprobe peak RSS MiB (off / on)"]
     if have_torch:
         head += ["PyTorch ms", "PyTorch peak RSS MiB", "amprobe off / PyTorch"]
@@ -446,10 +489,10 @@ def main():
         cells = [label]
         if mode:
             off, on = a_off[mode], a_on[mode]
-            cells += [fmt_ms(off), fmt_ms(on), f"{a_probe[mode]:.3f}",
-                      f"{fmt_mib(rss.get(('amprobe', mode, 'off')))} / {fmt_mib(rss.get(('amprobe', mode, 'on')))}"]
+            cells += [fmt_ms(off), fmt_ms(on), f"{a_probe[mode]:.3f}", f"{i_probe[mode]:.3f}",
+                      f"{i_vs32[mode]:.3f}", f"{fmt_mib(rss.get(('amprobe', mode, 'off')))} / {fmt_mib(rss.get(('amprobe', mode, 'on')))}"]
         else:
-            cells += ["–", "–", "–", "–"]
+            cells += ["–"] * 6
         if have_torch:
             tm = med(("torch", torch_name))
             cells += [fmt_ms(tm), fmt_mib(rss.get(("torch", torch_name))),
@@ -460,7 +503,8 @@ def main():
     out.append(row("goal", "measured", "target", "met"))
     out.append("|---|---|---|---|")
 
-    noisy_keys = {k for k, v in child_medians.items() if len(v) > 1 and max(v) > NOISY * min(v)}
+    # (The interleaved child's median mixes six configurations; it says nothing of noise.)
+    noisy_keys = {k for k, v in child_medians.items() if k != ROUNDS and len(v) > 1 and max(v) > NOISY * min(v)}
 
     def goal(name, value, limit, keys=()):
         # A time goal whose configurations ran noisily gets "(noisy)" after its mark.
@@ -471,11 +515,10 @@ def main():
     if have_torch:
         goal("amprobe fp32 probes off / PyTorch fp32 (time)", a_off["fp32"] / med(t32), GOAL_SPEED, (a32, t32))
     for m in ("fp16", "bf16"):
-        goal(f"amprobe {m} probes off / amprobe fp32 probes off (time)", a_off[m] / a_off["fp32"], GOAL_SPEED,
-             (("amprobe", m, "off"), a32))
+        goal(f"amprobe {m} probes off / amprobe fp32 probes off (time, steps paired in one process)", i_vs32[m],
+             GOAL_SPEED)
     for m, _ in AMPROBE_MODES:
-        goal(f"amprobe {m} probes on / probes off (time, paired)", a_probe[m], GOAL_PROBES,
-             (("amprobe", m, "on"), ("amprobe", m, "off")))
+        goal(f"amprobe {m} probes on / probes off (time, steps paired in one process)", i_probe[m], GOAL_PROBES)
     if have_torch:
         for p in ("off", "on"):
             goal(f"amprobe fp32 probes {p} / PyTorch fp32 (peak RSS)", rss[("amprobe", "fp32", p)] / rss[t32],

@@ -20,19 +20,41 @@ pub fn step_ms(t: &mut Trainer, s: u64) -> f64 {
 /// alternates too), so that a slow spell of the machine weighs on both sides of a pair:
 /// the probed and unprobed medians in milliseconds and the median of the pairs' ratios.
 /// Both trainers have taken their warm-up step.
+#[allow(dead_code)] // t5_step pairs through `rounds`
 pub fn paired_ms(on: &mut Trainer, off: &mut Trainer, pairs: u64) -> (f64, f64, f64) {
-    let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
-    for s in 1..=pairs {
-        let (x, y) = if s % 2 == 1 {
-            let x = step_ms(on, s);
-            (x, step_ms(off, s))
-        } else {
-            let y = step_ms(off, s);
-            (step_ms(on, s), y)
-        };
-        a.push(x);
-        b.push(y);
-        r.push(x / y);
+    let mut ts = [(on, off)];
+    let times = rounds(&mut ts, pairs);
+    let (a, b) = &times[0];
+    let r = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    (median(a.clone()), median(b.clone()), median(r))
+}
+
+/// `rounds` rounds of single steps, from step 1, of every (probed, unprobed) pair of
+/// trainers: in each round every pair takes its two steps back to back (which goes first
+/// alternates from round to round), and the pair that starts the round moves on by one,
+/// so that a slow spell of the machine weighs on all of them alike. The step times in
+/// milliseconds, (probed, unprobed) per pair, in round order; every trainer has taken
+/// its warm-up step.
+pub fn rounds(
+    pairs: &mut [(&mut Trainer, &mut Trainer)],
+    rounds: u64,
+) -> Vec<(Vec<f64>, Vec<f64>)> {
+    let n = pairs.len();
+    let mut times = vec![(Vec::new(), Vec::new()); n];
+    for s in 1..=rounds {
+        for k in 0..n {
+            let i = (k + s as usize - 1) % n;
+            let (on, off) = &mut pairs[i];
+            let (x, y) = if s % 2 == 1 {
+                let x = step_ms(on, s);
+                (x, step_ms(off, s))
+            } else {
+                let y = step_ms(off, s);
+                (step_ms(on, s), y)
+            };
+            times[i].0.push(x);
+            times[i].1.push(y);
+        }
     }
-    (median(a), median(b), median(r))
+    times
 }
