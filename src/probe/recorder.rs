@@ -71,6 +71,8 @@ pub struct Recorder {
     background: bool,
     /// This step's background scans, by the job number their ops' handles hold.
     jobs: Vec<Job>,
+    /// Whether an op's statistics wait for a background scan ([`Recorder::resolve_host`]).
+    host_pending: bool,
 }
 
 /// Host outputs shorter than this are scanned at once even in the background mode: their
@@ -121,8 +123,10 @@ impl Recorder {
 
     /// This recorder, scanning long host outputs in jobs on rayon's threads instead of
     /// before the op returns, so that the scans fill the time those threads would wait.
-    /// The statistics are the same, bit for bit; an op's record is complete, and the
-    /// step's origins known, once [`Recorder::resolve_host`] has run.
+    /// The statistics are the same, bit for bit: every reader of the step's records and
+    /// origins ([`Recorder::ops`], [`Recorder::take_ops`], [`Recorder::origins`],
+    /// [`Recorder::saw_nonfinite`], [`Recorder::forward_nonfinite`]) first waits for the
+    /// jobs ([`Recorder::resolve_host`]).
     pub fn in_background(mut self) -> Recorder {
         self.background = true;
         self
@@ -131,6 +135,10 @@ impl Recorder {
     /// Waits for the background scans of this step, completes their ops' records and
     /// tracks their origins. Nothing to do when none is running.
     pub fn resolve_host(&mut self) {
+        if !self.host_pending {
+            return;
+        }
+        self.host_pending = false;
         for job in &mut self.jobs {
             if let Job::Running(d) = job {
                 *job = Job::Done(d.wait());
@@ -149,25 +157,35 @@ impl Recorder {
         self.advance();
     }
 
-    /// The op records of the current step, in execution order.
-    pub fn ops(&self) -> &[OpRecord] {
+    /// The op records of the current step, in execution order (once the step's background
+    /// scans are done: this waits for them).
+    pub fn ops(&mut self) -> &[OpRecord] {
+        self.resolve_host();
         &self.ops
     }
 
-    /// Takes the op records of the current step.
+    /// How many ops the current step has recorded so far (without waiting for anything).
+    pub fn op_count(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Takes the op records of the current step (once its background scans are done).
     pub fn take_ops(&mut self) -> Vec<OpRecord> {
+        self.resolve_host();
         std::mem::take(&mut self.ops)
     }
 
     /// True when any op of the step produced an Inf or NaN.
-    pub fn saw_nonfinite(&self) -> bool {
+    pub fn saw_nonfinite(&mut self) -> bool {
+        self.resolve_host();
         self.first_inf.is_some()
             || self.first_nan.is_some()
             || self.ops.iter().any(|o| o.stats.nonfinite() > 0)
     }
 
     /// True when a forward op of the step produced an Inf or NaN (intentional masks aside).
-    pub fn forward_nonfinite(&self) -> bool {
+    pub fn forward_nonfinite(&mut self) -> bool {
+        self.resolve_host();
         self.ops.iter().any(|o| {
             o.phase == crate::trace::record::Phase::Forward
                 && (o.stats.nan > 0 || o.stats.pos_inf + o.stats.neg_inf > o.masked_neg_inf)
@@ -175,7 +193,8 @@ impl Recorder {
     }
 
     /// First Inf, first NaN and the chain of ops from the first to the second.
-    pub fn origins(&self) -> Origins {
+    pub fn origins(&mut self) -> Origins {
+        self.resolve_host();
         let r = |i: usize| OpRef::from_op(self.step, &self.ops[i]);
         Origins {
             first_inf: self.first_inf.map(r),
@@ -409,13 +428,14 @@ impl Observer for Recorder {
                 }
                 match known {
                     Known::Ready(st) => (st.recount_as(out.dtype()), StatsHandle::Ready),
-                    Known::Job(job) => (
-                        TensorStats::default(),
-                        StatsHandle::Host {
+                    Known::Job(job) => {
+                        self.host_pending = true;
+                        let handle = StatsHandle::Host {
                             job,
                             dtype: out.dtype(),
-                        },
-                    ),
+                        };
+                        (TensorStats::default(), handle)
+                    }
                 }
             }
             Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
@@ -576,12 +596,11 @@ mod tests {
         record(&mut r, "transpose", &[&e], &et);
         record(&mut r, "e", &[&d], &e);
         if background {
-            // Long outputs wait for their jobs (the small one does not); the origins are
-            // known once they are done.
-            assert_eq!(r.ops()[0].stats.numel, 0);
-            assert_eq!(r.ops()[5].stats.numel, 4);
-            assert_eq!(r.origins().first_inf, None);
-            r.resolve_host();
+            // Long outputs wait for their jobs (the small one does not), and their origins
+            // are not tracked yet; reading the origins waits for the jobs.
+            assert!(matches!(r.handles[0], StatsHandle::Host { .. }));
+            assert_eq!(r.handles[5], StatsHandle::Ready);
+            assert_eq!((r.first_inf, r.tracked), (None, 0));
         }
         let origins = r.origins();
         assert_eq!(origins.first_inf.map(|o| o.op), Some("d".to_string()));
@@ -628,10 +647,11 @@ mod tests {
         for (i, o) in ins.iter().zip(&outs) {
             record(&mut r, "to", &[i], o);
         }
-        for (o, t) in r.ops().iter().zip(&outs) {
+        let ops = r.ops();
+        for (o, t) in ops.iter().zip(&outs) {
             assert_eq!(o.stats, TensorStats::compute(t.dtype(), t.f32s().unwrap()));
         }
-        assert_ne!(r.ops()[0].stats, r.ops()[2].stats);
+        assert_ne!(ops[0].stats, ops[2].stats);
     }
 
     #[test]

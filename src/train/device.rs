@@ -248,7 +248,7 @@ impl Trainer {
         scale: f32,
     ) -> Result<()> {
         flush(&*self.dev()?)?;
-        ds.ops_before_update = self.recorder().map(|r| r.ops().len());
+        ds.ops_before_update = self.recorder().map(|r| r.op_count());
         let lr = self.optimizer.lr_f64();
         // Every parameter with a gradient gets its record's two slots, all taken before the
         // first update launches (a slot taken later could move the arena).

@@ -639,7 +639,6 @@ impl Trainer {
         let sampling = self.cfg.sampling;
         let (origins, ops, op_count) = match self.recorder() {
             Some(r) => {
-                r.resolve_host();
                 let keep = (sampling.first && step == 0)
                     || (sampling.every > 0 && step % sampling.every == 0)
                     || (sampling.nonfinite && r.saw_nonfinite());
