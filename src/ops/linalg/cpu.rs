@@ -32,19 +32,36 @@ fn gemm_batched<'a, T: Real>(
     b: impl Fn(usize) -> Mat<'a, T> + Sync,
 ) -> Vec<T> {
     use rayon::prelude::*;
-    if batch > 1 && m * n * k < 1 << 21 {
-        let parts: Vec<Vec<T>> = (0..batch)
-            .into_par_iter()
-            .map(|i| gemm_par(m, n, k, a(i), b(i), false))
-            .collect();
-        parts.concat()
-    } else {
-        let mut y = Vec::with_capacity(batch * m * n);
-        for i in 0..batch {
-            y.extend(gemm(m, n, k, a(i), b(i)));
+    let size = m * n;
+    let mut y: Vec<T> = uninit_output(batch * size);
+    if size > 0 {
+        let out = &mut y.spare_capacity_mut()[..batch * size];
+        // Each product is written straight into its place in the output.
+        if batch > 1 && m * n * k < 1 << 21 {
+            out.par_chunks_mut(size)
+                .enumerate()
+                .for_each(|(i, c)| gemm_into(m, n, k, a(i), b(i), false, c));
+        } else {
+            for (i, c) in out.chunks_mut(size).enumerate() {
+                gemm_into(m, n, k, a(i), b(i), m * n * k >= 1 << 18, c);
+            }
         }
-        y
     }
+    // SAFETY: every product wrote all of its `size` elements (see `gemm_into`), and the
+    // products tile the first `batch * size` elements.
+    unsafe { y.set_len(batch * size) };
+    y
+}
+
+/// An empty Vec with room for `len` elements; in debug builds the room holds NaN, so that
+/// an element a product failed to write shows up.
+fn uninit_output<T: Real>(len: usize) -> Vec<T> {
+    let mut c: Vec<T> = Vec::with_capacity(len);
+    if cfg!(debug_assertions) {
+        c.resize(len, T::nan());
+        c.clear();
+    }
+    c
 }
 
 fn gemm_par<T: Real>(
@@ -55,16 +72,40 @@ fn gemm_par<T: Real>(
     b: Mat<'_, T>,
     parallel: bool,
 ) -> Vec<T> {
-    if m == 0 || n == 0 || k == 0 {
-        return vec![T::zero(); m * n];
+    let mut c = uninit_output(m * n);
+    gemm_into(
+        m,
+        n,
+        k,
+        a,
+        b,
+        parallel,
+        &mut c.spare_capacity_mut()[..m * n],
+    );
+    // SAFETY: `gemm_into` wrote all m*n elements.
+    unsafe { c.set_len(m * n) };
+    c
+}
+
+/// C = A·B written over `c` (row-major, exactly m*n elements), every element of which it
+/// writes: the product is written over memory that is not zeroed first (gemm with
+/// `read_dst` false writes every element and reads none it has not written).
+fn gemm_into<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    parallel: bool,
+    c: &mut [std::mem::MaybeUninit<T>],
+) {
+    assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
+    if m == 0 || n == 0 {
+        return;
     }
-    // The product is written over memory that is not zeroed first (gemm with `read_dst`
-    // false writes every element and reads none it has not written).
-    let mut c: Vec<T> = Vec::with_capacity(m * n);
-    if cfg!(debug_assertions) {
-        // In debug builds an element gemm failed to write shows up as NaN.
-        c.resize(m * n, T::nan());
-        c.clear();
+    if k == 0 {
+        c.fill(std::mem::MaybeUninit::new(T::zero()));
+        return;
     }
     let par = if parallel {
         gemm::Parallelism::Rayon(0)
@@ -74,14 +115,14 @@ fn gemm_par<T: Real>(
     debug_assert!(a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs);
     debug_assert!(b.data.len() > (k - 1) * b.rs + (n - 1) * b.cs);
     // SAFETY: the asserts above hold for every caller in this module: operands are sized
-    // from the same shapes that set m, n, k and the strides; c has room for m*n elements,
-    // which gemm writes (dst is not read), so they are initialized when the length is set.
+    // from the same shapes that set m, n, k and the strides; c has exactly m*n elements,
+    // which gemm writes (dst is not read).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c.as_mut_ptr() as *mut T,
             1,
             n as isize,
             false,
@@ -98,9 +139,7 @@ fn gemm_par<T: Real>(
             false,
             par,
         );
-        c.set_len(m * n);
     }
-    c
 }
 
 fn row<T>(data: &[T], cols: usize) -> Mat<'_, T> {
