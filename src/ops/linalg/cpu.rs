@@ -18,7 +18,7 @@ pub(crate) struct Mat<'a, T> {
 
 /// C = A·B for A [m, k] and B [k, n] (strided), accumulated in T, as a new row-major Vec.
 pub(crate) fn gemm<T: Real>(m: usize, n: usize, k: usize, a: Mat<'_, T>, b: Mat<'_, T>) -> Vec<T> {
-    gemm_par(m, n, k, a, b, m * n * k >= 1 << 18)
+    gemm_batched(1, m, n, k, |_| a, |_| b)
 }
 
 /// Batched C_i = A_i·B_i into one row-major Vec: small products run one per thread, large
@@ -61,29 +61,6 @@ fn uninit_output<T: Real>(len: usize) -> Vec<T> {
         c.resize(len, T::nan());
         c.clear();
     }
-    c
-}
-
-fn gemm_par<T: Real>(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat<'_, T>,
-    b: Mat<'_, T>,
-    parallel: bool,
-) -> Vec<T> {
-    let mut c = uninit_output(m * n);
-    gemm_into(
-        m,
-        n,
-        k,
-        a,
-        b,
-        parallel,
-        &mut c.spare_capacity_mut()[..m * n],
-    );
-    // SAFETY: `gemm_into` wrote all m*n elements.
-    unsafe { c.set_len(m * n) };
     c
 }
 
