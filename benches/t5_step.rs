@@ -24,7 +24,7 @@ use amprobe::train::{Synthetic, TrainConfig, Trainer};
 use std::time::Instant;
 
 mod pairs;
-use pairs::{median, rounds, step_ms};
+use pairs::{median, median_ratio, rounds, step_ms};
 
 const MODES: [Precision; 3] = [Precision::Fp32, Precision::Fp16, Precision::Bf16];
 
@@ -136,8 +136,7 @@ fn main() {
         "mode", "probed ms", "unprobed ms", "probes on/off (pairs)", "unprobed / fp32 (pairs)"
     );
     for (m, (on, off)) in MODES.iter().zip(&times) {
-        let ratio = median(on.iter().zip(off).map(|(x, y)| x / y).collect());
-        let vs_fp32 = median(off.iter().zip(fp32_off).map(|(x, y)| x / y).collect());
+        let (ratio, vs_fp32) = (median_ratio(on, off), median_ratio(off, fp32_off));
         println!(
             "{:<6} {:>12.1} {:>12.1} {:>22.3} {:>22.3}",
             m.name(),

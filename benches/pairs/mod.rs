@@ -9,6 +9,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The median of the ratios `a[i] / b[i]` of steps taken side by side.
+pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    median(a.iter().zip(b).map(|(x, y)| x / y).collect())
+}
+
 /// Wall time of step `s` of `t`, in milliseconds.
 pub fn step_ms(t: &mut Trainer, s: u64) -> f64 {
     let t0 = Instant::now();
@@ -25,8 +30,7 @@ pub fn paired_ms(on: &mut Trainer, off: &mut Trainer, pairs: u64) -> (f64, f64, 
     let mut ts = [(on, off)];
     let times = rounds(&mut ts, pairs);
     let (a, b) = &times[0];
-    let r = a.iter().zip(b).map(|(x, y)| x / y).collect();
-    (median(a.clone()), median(b.clone()), median(r))
+    (median(a.clone()), median(b.clone()), median_ratio(a, b))
 }
 
 /// `rounds` rounds of single steps, from step 1, of every (probed, unprobed) pair of
