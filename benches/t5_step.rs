@@ -8,11 +8,13 @@
 //! `AMPROBE_BENCH_REPS`, default 5, after one warm-up step each): a probed and an unprobed
 //! step back to back, mode after mode, the starting mode moving on each round. The table
 //! gives each ratio as the median of the ratios within a round: probes on / off, and each
-//! mode's unprobed step against fp32's.
+//! mode's unprobed step against fp32's. Its last column is how many values the probes
+//! computed statistics from in the probed step of each mode (the probes' work in a step).
 //!
 //! `AMPROBE_BENCH_ONLY=fp32:off` (mode fp32|fp16|bf16, probes on|off) runs one
 //! configuration alone; with `AMPROBE_BENCH_JSON=1` as well it also prints one JSON line
-//! (`{"side":"amprobe","config":"fp32:off",...,"times_ms":[...]}`) for `bench-cpu.py`.
+//! (`{"side":"amprobe","config":"fp32:off",...,"times_ms":[...]}`, with
+//! `"values_scanned_per_step"`) for `bench-cpu.py`.
 //! `AMPROBE_BENCH_ONLY=rounds` takes `AMPROBE_BENCH_REPS` of the default's rounds and,
 //! with `AMPROBE_BENCH_JSON=1`, prints them as one JSON line (`"config":"rounds"`,
 //! `"modes"`, and per mode `"probed_ms"` and `"unprobed_ms"`, step times in round order).
@@ -55,11 +57,15 @@ fn step_times_ms(t: &mut Trainer, start: u64, reps: u64) -> Vec<f64> {
     (0..reps).map(|s| step_ms(t, start + s)).collect()
 }
 
+/// Step times in milliseconds of a mode's probed and unprobed trainer.
+type StepTimes = (Vec<f64>, Vec<f64>);
+
 /// The three modes, each probed and unprobed, stepped in the same `rounds` rounds (see
 /// `pairs::rounds`), so that both the probe ratio and each mode's time against fp32 are
 /// medians of ratios of steps taken seconds apart, not of separate stretches of a busy
-/// machine: (probed, unprobed) step times in milliseconds per mode of `MODES`.
-fn interleaved(n: u64) -> Vec<(Vec<f64>, Vec<f64>)> {
+/// machine: (probed, unprobed) step times in milliseconds per mode of `MODES`, and how
+/// many values the probed step of each mode scanned in its last step.
+fn interleaved(n: u64) -> (Vec<StepTimes>, Vec<u64>) {
     let mut trainers: Vec<(Trainer, Trainer)> = MODES
         .iter()
         .map(|&m| (trainer(m, true), trainer(m, false)))
@@ -70,7 +76,12 @@ fn interleaved(n: u64) -> Vec<(Vec<f64>, Vec<f64>)> {
     }
     let mut pairs: Vec<(&mut Trainer, &mut Trainer)> =
         trainers.iter_mut().map(|(on, off)| (on, off)).collect();
-    rounds(&mut pairs, n)
+    let times = rounds(&mut pairs, n);
+    let scanned = trainers
+        .iter_mut()
+        .map(|(on, _)| on.scanned_values())
+        .collect();
+    (times, scanned)
 }
 
 fn main() {
@@ -86,7 +97,7 @@ fn main() {
     // does the same for the interleaved rounds of all six.
     let json = std::env::var("AMPROBE_BENCH_JSON").is_ok_and(|v| !v.is_empty() && v != "0");
     if std::env::var("AMPROBE_BENCH_ONLY").is_ok_and(|v| v == "rounds") {
-        let times = interleaved(reps);
+        let (times, _) = interleaved(reps);
         let (probed, unprobed): (Vec<_>, Vec<_>) = times.into_iter().unzip();
         let all: Vec<f64> = probed.iter().chain(&unprobed).flatten().copied().collect();
         println!("rounds: {reps} in one process");
@@ -114,6 +125,7 @@ fn main() {
         let times = step_times_ms(&mut t, 1, reps);
         let med = median(times.clone());
         println!("{only}: {med:.1} ms");
+        let scanned = t.scanned_values();
         if json {
             let line = serde_json::json!({
                 "side": "amprobe",
@@ -124,26 +136,33 @@ fn main() {
                 "warmup_ms": warmup_ms,
                 "median_ms": med,
                 "times_ms": times,
+                "values_scanned_per_step": scanned,
             });
             println!("{line}");
         }
         return;
     }
-    let times = interleaved(3 * reps);
+    let (times, scanned) = interleaved(3 * reps);
     let fp32_off = &times[0].1;
     println!(
-        "{:<6} {:>12} {:>12} {:>22} {:>22}",
-        "mode", "probed ms", "unprobed ms", "probes on/off (pairs)", "unprobed / fp32 (pairs)"
+        "{:<6} {:>12} {:>12} {:>22} {:>22} {:>16}",
+        "mode",
+        "probed ms",
+        "unprobed ms",
+        "probes on/off (pairs)",
+        "unprobed / fp32 (pairs)",
+        "M values scanned"
     );
-    for (m, (on, off)) in MODES.iter().zip(&times) {
+    for ((m, (on, off)), n) in MODES.iter().zip(&times).zip(scanned) {
         let (ratio, vs_fp32) = (median_ratio(on, off), median_ratio(off, fp32_off));
         println!(
-            "{:<6} {:>12.1} {:>12.1} {:>22.3} {:>22.3}",
+            "{:<6} {:>12.1} {:>12.1} {:>22.3} {:>22.3} {:>16.1}",
             m.name(),
             median(on.clone()),
             median(off.clone()),
             ratio,
-            vs_fp32
+            vs_fp32,
+            n as f64 / 1e6
         );
     }
     let fp32_off = median(fp32_off.clone());

@@ -73,6 +73,8 @@ pub struct Recorder {
     jobs: Vec<Job>,
     /// Whether an op's statistics wait for a background scan ([`Recorder::resolve_host`]).
     host_pending: bool,
+    /// Values whose statistics this step computed on the host ([`Recorder::scanned_values`]).
+    scanned: u64,
 }
 
 /// Host outputs shorter than this are scanned at once even in the background mode: their
@@ -342,6 +344,14 @@ impl Recorder {
             .count()
     }
 
+    /// How many values this step's host statistics were computed from: each storage once,
+    /// so an output that shares a storage already scanned (a view, a widening cast), a
+    /// moved copy of one and a repeated cast of the same tensor add nothing. The probes'
+    /// work in a step, whether the scans have finished or not.
+    pub fn scanned_values(&self) -> u64 {
+        self.scanned
+    }
+
     /// Probe failures on a device (an op whose statistics could not be queued).
     pub fn errors(&self) -> &[String] {
         &self.errors
@@ -382,11 +392,15 @@ impl Recorder {
         let k = match source {
             Some(k) => k,
             None if self.background && v.len() >= BACKGROUND_MIN => {
+                self.scanned += v.len() as u64;
                 self.jobs
                     .push(Job::Running(TensorStats::spawn(dtype, v.clone())));
                 Known::Job((self.jobs.len() - 1) as u32)
             }
-            None => Known::Ready(TensorStats::compute(dtype, v)),
+            None => {
+                self.scanned += v.len() as u64;
+                Known::Ready(TensorStats::compute(dtype, v))
+            }
         };
         self.shared
             .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), k.clone()));
@@ -438,7 +452,10 @@ impl Observer for Recorder {
                     }
                 }
             }
-            Storage::F64(v) => (TensorStats::compute_f64(v), StatsHandle::Ready),
+            Storage::F64(v) => {
+                self.scanned += v.len() as u64;
+                (TensorStats::compute_f64(v), StatsHandle::Ready)
+            }
             Storage::I64(_) => (TensorStats::default(), StatsHandle::Ready),
             Storage::Cuda(c) => match self.queue_device_probe(c, out.dtype(), ev.slot) {
                 Ok(slot) => (TensorStats::default(), StatsHandle::Pending(slot)),
@@ -602,6 +619,9 @@ mod tests {
             assert_eq!(r.handles[5], StatsHandle::Ready);
             assert_eq!((r.first_inf, r.tracked), (None, 0));
         }
+        // a, d, small, e's moved copy (e was scanned by no op before it) and e: b and c
+        // share a's storage, and d's moved copy takes d's statistics.
+        assert_eq!(r.scanned_values(), 4 * n as u64 + 4);
         let origins = r.origins();
         assert_eq!(origins.first_inf.map(|o| o.op), Some("d".to_string()));
         // The moved copy of e saw e's NaN already in its input: e's op is the origin.
@@ -647,6 +667,8 @@ mod tests {
         for (i, o) in ins.iter().zip(&outs) {
             record(&mut r, "to", &[i], o);
         }
+        // x to fp16 and to bf16, and y to fp16: the repeats of x's fp16 cast scan nothing.
+        assert_eq!(r.scanned_values(), 3 * n as u64);
         let ops = r.ops();
         for (o, t) in ops.iter().zip(&outs) {
             assert_eq!(o.stats, TensorStats::compute(t.dtype(), t.f32s().unwrap()));

@@ -364,6 +364,13 @@ impl Trainer {
         self.engine.add_injection(inj);
     }
 
+    /// How many values the probes computed statistics from in the last step
+    /// ([`Recorder::scanned_values`]); 0 without probes. Device outputs are not counted:
+    /// their statistics come from the device's kernels.
+    pub fn scanned_values(&mut self) -> u64 {
+        self.recorder().map_or(0, |r| r.scanned_values())
+    }
+
     fn recorder(&mut self) -> Option<&mut Recorder> {
         self.engine
             .observers_mut()
