@@ -372,7 +372,9 @@ mod tests {
             let data: Vec<f32> = (0..3000u32)
                 .map(|i| match i % 7 {
                     0 => 0.0,
-                    k => f32::from_bits((lo + (i * 31 + k) % 6) << 23 | (i * 2_654_435_761) >> 9),
+                    k => f32::from_bits(
+                        (lo + (i * 31 + k) % 6) << 23 | i.wrapping_mul(2_654_435_761) >> 9,
+                    ),
                 })
                 .collect();
             let a = scan(&data, 0x3300_0000);
