@@ -19,6 +19,15 @@ pub(super) fn lse<T: Real>(row: &[T]) -> T {
     lse_in(row)
 }
 
+/// The largest value of a row, or its last NaN (-inf for an empty row).
+#[inline(always)]
+fn row_max<T: Real>(row: &[T]) -> T {
+    row.iter().fold(
+        T::neg_infinity(),
+        |a, &b| if b > a || b.is_nan() { b } else { a },
+    )
+}
+
 /// Exponentials [`lse_in`] computes at a time, before adding them in order.
 const LSE_BLOCK: usize = 64;
 
@@ -27,10 +36,7 @@ const LSE_BLOCK: usize = 64;
 /// order as adding each as it is computed.
 #[inline(always)]
 fn lse_in<T: Real>(row: &[T]) -> T {
-    let m = row.iter().fold(
-        T::neg_infinity(),
-        |a, &b| if b > a || b.is_nan() { b } else { a },
-    );
+    let m = row_max(row);
     if !m.is_finite() {
         return m;
     }
@@ -205,10 +211,7 @@ mod tests {
 
     /// The log-sum-exp of a row as one loop: each exponential added as it is computed.
     fn one_loop<T: Real>(row: &[T]) -> T {
-        let m = row.iter().fold(
-            T::neg_infinity(),
-            |a, &b| if b > a || b.is_nan() { b } else { a },
-        );
+        let m = super::row_max(row);
         if !m.is_finite() {
             return m;
         }
