@@ -391,15 +391,15 @@ impl Recorder {
             .and_then(|u| self.known(u));
         let k = match source {
             Some(k) => k,
-            None if self.background && v.len() >= BACKGROUND_MIN => {
-                self.scanned += v.len() as u64;
-                self.jobs
-                    .push(Job::Running(TensorStats::spawn(dtype, v.clone())));
-                Known::Job((self.jobs.len() - 1) as u32)
-            }
             None => {
                 self.scanned += v.len() as u64;
-                Known::Ready(TensorStats::compute(dtype, v))
+                if self.background && v.len() >= BACKGROUND_MIN {
+                    self.jobs
+                        .push(Job::Running(TensorStats::spawn(dtype, v.clone())));
+                    Known::Job((self.jobs.len() - 1) as u32)
+                } else {
+                    Known::Ready(TensorStats::compute(dtype, v))
+                }
             }
         };
         self.shared
