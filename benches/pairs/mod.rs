@@ -25,39 +25,31 @@ pub fn step_ms(t: &mut Trainer, s: u64) -> f64 {
 /// alternates too), so that a slow spell of the machine weighs on both sides of a pair:
 /// the probed and unprobed medians in milliseconds and the median of the pairs' ratios.
 /// Both trainers have taken their warm-up step.
-#[allow(dead_code)] // t5_step pairs through `rounds`
+#[allow(dead_code)] // t5_step steps its trainers through `rounds`
 pub fn paired_ms(on: &mut Trainer, off: &mut Trainer, pairs: u64) -> (f64, f64, f64) {
-    let mut ts = [(on, off)];
+    let mut ts = [vec![on, off]];
     let times = rounds(&mut ts, pairs);
-    let (a, b) = &times[0];
+    let (a, b) = (&times[0][0], &times[0][1]);
     (median(a.clone()), median(b.clone()), median_ratio(a, b))
 }
 
-/// `rounds` rounds of single steps, from step 1, of every (probed, unprobed) pair of
-/// trainers: in each round every pair takes its two steps back to back (which goes first
-/// alternates from round to round), and the pair that starts the round moves on by one,
-/// so that a slow spell of the machine weighs on all of them alike. The step times in
-/// milliseconds, (probed, unprobed) per pair, in round order; every trainer has taken
-/// its warm-up step.
-pub fn rounds(
-    pairs: &mut [(&mut Trainer, &mut Trainer)],
-    rounds: u64,
-) -> Vec<(Vec<f64>, Vec<f64>)> {
-    let n = pairs.len();
-    let mut times = vec![(Vec::new(), Vec::new()); n];
+/// `rounds` rounds of single steps, from step 1, of every group of trainers: in each
+/// round every group takes one step of each of its trainers back to back (which goes
+/// first moves on from round to round, so a pair alternates), and the group that starts
+/// the round moves on by one, so that a slow spell of the machine weighs on all of them
+/// alike. The step times in milliseconds, per group and trainer, in round order; every
+/// trainer has taken its warm-up step.
+pub fn rounds(groups: &mut [Vec<&mut Trainer>], rounds: u64) -> Vec<Vec<Vec<f64>>> {
+    let n = groups.len();
+    let mut times: Vec<Vec<Vec<f64>>> = groups.iter().map(|g| vec![Vec::new(); g.len()]).collect();
     for s in 1..=rounds {
         for k in 0..n {
             let i = (k + s as usize - 1) % n;
-            let (on, off) = &mut pairs[i];
-            let (x, y) = if s % 2 == 1 {
-                let x = step_ms(on, s);
-                (x, step_ms(off, s))
-            } else {
-                let y = step_ms(off, s);
-                (step_ms(on, s), y)
-            };
-            times[i].0.push(x);
-            times[i].1.push(y);
+            let m = groups[i].len();
+            for t in 0..m {
+                let j = (t + s as usize - 1) % m;
+                times[i][j].push(step_ms(groups[i][j], s));
+            }
         }
     }
     times

@@ -1,5 +1,6 @@
 //! Numerical probes: what every op's output looks like, computed from the raw bits.
 mod f32_scan;
+pub mod nonfinite;
 pub mod params;
 pub mod stats;
 

@@ -1,13 +1,14 @@
 //! The standard probe: statistics of every op's output, and the origin of the first Inf and
 //! the first NaN with the chain of ops between them.
 
+use super::nonfinite::{self, NonFinite};
 use super::stats::{Deferred, TensorStats};
 use crate::device::cuda::arena::SlotStats;
 use crate::dtype::DType;
 use crate::engine::observer::{Observer, OpEvent};
 use crate::error::{Error, Result};
 use crate::tensor::{CudaStorage, Storage, Tensor, TensorId};
-use crate::trace::record::{OpRecord, OpRef, Origins, TensorMeta};
+use crate::trace::record::{OpRecord, OpRef, Origins, Phase, TensorMeta};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
@@ -75,6 +76,16 @@ pub struct Recorder {
     host_pending: bool,
     /// Values whose statistics this step computed on the host ([`Recorder::scanned_values`]).
     scanned: u64,
+    /// Whether this step's forward and backward host outputs are only checked for
+    /// non-finite values ([`Recorder::check_only`]).
+    check_only: bool,
+    /// Non-finite counts made this step in that mode, by host storage (as `shared`).
+    counted: HashMap<usize, (Weak<Vec<f32>>, NonFinite)>,
+    /// Values this step only checked for non-finite values ([`Recorder::checked_values`]).
+    checked: u64,
+    /// In the check-only mode, each optimizer-phase op's output (by op) and dtype, held
+    /// until the step ends for [`Recorder::complete_from`] to compute its statistics.
+    held: Vec<(usize, Arc<Vec<f32>>, DType)>,
 }
 
 /// Host outputs shorter than this are scanned at once even in the background mode: their
@@ -132,6 +143,86 @@ impl Recorder {
     pub fn in_background(mut self) -> Recorder {
         self.background = true;
         self
+    }
+
+    /// For the current step only (the next [`Observer::begin_step`] ends it): host
+    /// outputs are only checked for non-finite values, and their records hold those exact
+    /// counts (`nan`, `pos_inf`, `neg_inf`, and `numel`) with every other statistic left
+    /// at zero. Origins, the chain between them and [`Recorder::saw_nonfinite`] depend on
+    /// nothing else, so they are the same as with full statistics. For a step whose
+    /// records are not kept: a step that keeps them completes them
+    /// ([`Recorder::complete_from`]), the forward and backward ops' from a run of the
+    /// same step with full statistics, the optimizer phase's from their outputs, which
+    /// are held until the step ends (the optimizer's state, which they depend on, is not
+    /// the run's).
+    pub fn check_only(&mut self) {
+        self.check_only = true;
+    }
+
+    /// Whether the current step's forward and backward outputs are only checked
+    /// ([`Recorder::check_only`]).
+    pub fn is_check_only(&self) -> bool {
+        self.check_only
+    }
+
+    /// Completes the statistics of a step recorded in the check-only mode
+    /// ([`Recorder::check_only`]): each forward and backward op takes the statistics of
+    /// the op at its position among those of `full`, the op records of the same step
+    /// recorded with full statistics, and each optimizer-phase op's are computed from its
+    /// held output. The op in `full` must be the same op — phase, index, name, module,
+    /// output dtype and shape — with the same non-finite counts, or the records are left
+    /// as they were and the error says where the two runs part.
+    pub fn complete_from(&mut self, full: &[OpRecord]) -> Result<()> {
+        self.resolve_host();
+        let checked = |o: &OpRecord| o.phase != Phase::Optimizer;
+        let mine: Vec<usize> = (0..self.ops.len())
+            .filter(|&i| checked(&self.ops[i]))
+            .collect();
+        let theirs: Vec<&OpRecord> = full.iter().filter(|o| checked(o)).collect();
+        if mine.len() != theirs.len() {
+            return Err(Error::Invalid(format!(
+                "step {}: the re-run with full statistics has {} forward and backward ops, \
+                 the step had {}",
+                self.step,
+                theirs.len(),
+                mine.len()
+            )));
+        }
+        for (&i, f) in mine.iter().zip(&theirs) {
+            let o = &self.ops[i];
+            let same_op = (o.phase, o.index, &o.op, &o.module, &o.output)
+                == (f.phase, f.index, &f.op, &f.module, &f.output);
+            let same_counts = (o.stats.nan, o.stats.pos_inf, o.stats.neg_inf)
+                == (f.stats.nan, f.stats.pos_inf, f.stats.neg_inf);
+            if !same_op || !same_counts {
+                return Err(Error::Invalid(format!(
+                    "step {}: op {} ({} {}, {} NaN, {} +inf, {} -inf) is op {} ({} {}, {} NaN, \
+                     {} +inf, {} -inf) in the re-run with full statistics",
+                    self.step,
+                    o.index,
+                    o.op,
+                    o.module,
+                    o.stats.nan,
+                    o.stats.pos_inf,
+                    o.stats.neg_inf,
+                    f.index,
+                    f.op,
+                    f.module,
+                    f.stats.nan,
+                    f.stats.pos_inf,
+                    f.stats.neg_inf
+                )));
+            }
+        }
+        for (&i, f) in mine.iter().zip(theirs) {
+            self.ops[i].stats = f.stats.clone();
+        }
+        for (i, v, dtype) in std::mem::take(&mut self.held) {
+            self.scanned += v.len() as u64;
+            self.ops[i].stats = TensorStats::compute(dtype, &v);
+        }
+        self.check_only = false;
+        Ok(())
     }
 
     /// Waits for the background scans of this step, completes their ops' records and
@@ -352,6 +443,12 @@ impl Recorder {
         self.scanned
     }
 
+    /// How many values this step only checked for non-finite values
+    /// ([`Recorder::check_only`]), each storage once as [`Recorder::scanned_values`] counts.
+    pub fn checked_values(&self) -> u64 {
+        self.checked
+    }
+
     /// Probe failures on a device (an op whose statistics could not be queued).
     pub fn errors(&self) -> &[String] {
         &self.errors
@@ -407,6 +504,30 @@ impl Recorder {
         k
     }
 
+    /// The non-finite counts of an output `v` in the check-only mode: once per storage in
+    /// a step, and taken from `same_as`'s when the output holds its values.
+    fn host_counts(&mut self, v: &Arc<Vec<f32>>, same_as: Option<&Arc<Vec<f32>>>) -> NonFinite {
+        let known = |u: &Arc<Vec<f32>>| {
+            let (w, n) = self.counted.get(&(Arc::as_ptr(u) as usize))?;
+            w.upgrade()
+                .is_some_and(|a| Arc::ptr_eq(&a, u))
+                .then_some(*n)
+        };
+        if let Some(n) = known(v) {
+            return n;
+        }
+        let n = match same_as.filter(|u| u.len() == v.len()).and_then(known) {
+            Some(n) => n,
+            None => {
+                self.checked += v.len() as u64;
+                nonfinite::count(v)
+            }
+        };
+        self.counted
+            .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), n));
+        n
+    }
+
     fn finiteness(&mut self, t: &Tensor) -> Finiteness {
         *self.tensors.entry(t.id()).or_insert_with(|| scan(t))
     }
@@ -436,19 +557,34 @@ impl Observer for Recorder {
                 let earlier = cast_of
                     .and_then(|k| self.casts.get(&k))
                     .and_then(Weak::upgrade);
-                let known = self.host_stats(v, out.dtype(), moved_from.or(earlier).as_ref());
+                let same_as = moved_from.or(earlier);
                 if let Some(k) = cast_of {
                     self.casts.entry(k).or_insert_with(|| Arc::downgrade(v));
                 }
-                match known {
-                    Known::Ready(st) => (st.recount_as(out.dtype()), StatsHandle::Ready),
-                    Known::Job(job) => {
-                        self.host_pending = true;
-                        let handle = StatsHandle::Host {
-                            job,
-                            dtype: out.dtype(),
-                        };
-                        (TensorStats::default(), handle)
+                if self.check_only {
+                    if ev.phase == Phase::Optimizer {
+                        self.held.push((self.ops.len(), v.clone(), out.dtype()));
+                    }
+                    let n = self.host_counts(v, same_as.as_ref());
+                    let stats = TensorStats {
+                        numel: v.len() as u64,
+                        nan: n.nan,
+                        pos_inf: n.pos_inf,
+                        neg_inf: n.neg_inf,
+                        ..TensorStats::default()
+                    };
+                    (stats, StatsHandle::Ready)
+                } else {
+                    match self.host_stats(v, out.dtype(), same_as.as_ref()) {
+                        Known::Ready(st) => (st.recount_as(out.dtype()), StatsHandle::Ready),
+                        Known::Job(job) => {
+                            self.host_pending = true;
+                            let handle = StatsHandle::Host {
+                                job,
+                                dtype: out.dtype(),
+                            };
+                            (TensorStats::default(), handle)
+                        }
                     }
                 }
             }
@@ -535,7 +671,17 @@ mod tests {
     /// Tells `r` that op `op` made `out` from `inputs` (only moving `inputs[0]`'s values
     /// when `op` is "transpose").
     fn record(r: &mut Recorder, op: &str, inputs: &[&Tensor], out: &Tensor) {
-        r.on_op(&OpEvent {
+        r.on_op(&event(r, op, inputs, out));
+    }
+
+    /// The forward event [`record`] tells.
+    fn event<'a>(
+        r: &Recorder,
+        op: &'a str,
+        inputs: &'a [&'a Tensor],
+        out: &'a Tensor,
+    ) -> OpEvent<'a> {
+        OpEvent {
             step: 0,
             micro: 0,
             index: r.ops.len() as u64,
@@ -551,7 +697,7 @@ mod tests {
             masked_neg_inf: 0,
             additive_mask: false,
             permuted: op == "transpose",
-        });
+        }
     }
 
     /// Values over 2^-31..2^13 (finite in fp16), with `special` = (index, value) put in.
@@ -674,6 +820,66 @@ mod tests {
             assert_eq!(o.stats, TensorStats::compute(t.dtype(), t.f32s().unwrap()));
         }
         assert_ne!(ops[0].stats, ops[2].stats);
+    }
+
+    #[test]
+    fn a_checked_step_counts_non_finite_values_and_completes_from_full_records() {
+        let n = 100_000;
+        let t = |special, dtype| Tensor::from_f32(values(n, 5, special), &[n], dtype).unwrap();
+        let a = t(None, DType::F16);
+        let b = t(Some((n - 1, f32::NEG_INFINITY)), DType::F32);
+        let c = t(Some((3, f32::NAN)), DType::F32);
+        let run = |r: &mut Recorder| {
+            record(r, "a", &[], &a);
+            record(r, "b", &[&a], &b);
+            record(r, "view", &[&b], &b);
+            record(r, "c", &[&b], &c);
+            // An optimizer-phase op, of a storage checked before.
+            r.on_op(&OpEvent {
+                phase: crate::trace::record::Phase::Optimizer,
+                ..event(r, "unscale", &[], &b)
+            });
+        };
+        let mut full = Recorder::new().in_background();
+        full.begin_step(0);
+        run(&mut full);
+        let mut r = Recorder::new().in_background();
+        r.begin_step(0);
+        r.check_only();
+        run(&mut r);
+        assert!(r.is_check_only());
+        // a, b and c once each (the view and the optimizer op share b's storage).
+        assert_eq!((r.checked_values(), r.scanned_values()), (3 * n as u64, 0));
+        assert_eq!(r.origins(), full.origins());
+        assert!(r.saw_nonfinite());
+        let want = full.take_ops();
+        for (o, f) in r.ops().iter().zip(&want) {
+            let counts =
+                |o: &OpRecord| (o.stats.numel, o.stats.nan, o.stats.pos_inf, o.stats.neg_inf);
+            assert_eq!(counts(o), counts(f), "{}", o.op);
+            assert_eq!(o.stats.max_abs, 0.0);
+        }
+        // Records of another step are refused, and nothing changes.
+        let mut other = want.clone();
+        other[2].stats.neg_inf = 0;
+        let err = r.complete_from(&other).unwrap_err().to_string();
+        assert!(
+            err.contains("op 2 (view m, 0 NaN, 0 +inf, 1 -inf)"),
+            "{err}"
+        );
+        assert!(r.complete_from(&want[..3]).is_err());
+        assert_eq!(r.ops()[0].stats.max_abs, 0.0);
+        // The optimizer-phase op's statistics come from its output, not from the records
+        // given, whose optimizer phase may differ.
+        let mut given = want.clone();
+        given[4].stats = TensorStats::default();
+        r.complete_from(&given).unwrap();
+        assert!(!r.is_check_only());
+        assert_eq!(r.ops(), &want[..]);
+        assert_eq!(r.scanned_values(), n as u64);
+        // The mode ends with the step.
+        r.begin_step(1);
+        assert!(!r.is_check_only());
     }
 
     #[test]

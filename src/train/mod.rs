@@ -132,6 +132,10 @@ pub struct Trainer {
     told: Told,
     /// The device side when the step runs on a CUDA device.
     device: Option<device::DeviceSide>,
+    /// Every host step gets full op statistics ([`Trainer::set_full_statistics`]).
+    full_statistics: bool,
+    /// The last step kept its records for a non-finite value.
+    last_kept_nonfinite: bool,
 }
 
 /// Scale states already told in a step's events (each is told once per run).
@@ -275,7 +279,24 @@ impl Trainer {
             injections: Vec::new(),
             told: Told::default(),
             device,
+            full_statistics: false,
+            last_kept_nonfinite: false,
         })
+    }
+
+    /// Whether every host step computes the full statistics of every op (true), or only
+    /// a step that keeps its op records by the sampling's schedule does (false, the
+    /// default). In a step the schedule does not keep, forward and backward outputs are
+    /// then only checked for non-finite values, which is all its record holds of them
+    /// (origins, the op count); if the step turns out to keep its records for a
+    /// non-finite value, their statistics come from a re-run of the step with full
+    /// statistics ([`Trainer::replay`]), checked op by op against the step. So records,
+    /// origins and every result are the same either way; only the cost differs. A step
+    /// right after one kept for a non-finite value computes them at once, since such
+    /// steps come in runs (a falling loss scale). Steps on a device always gather full
+    /// statistics there.
+    pub fn set_full_statistics(&mut self, on: bool) {
+        self.full_statistics = on;
     }
 
     /// The configuration.
@@ -371,6 +392,18 @@ impl Trainer {
         self.recorder().map_or(0, |r| r.scanned_values())
     }
 
+    /// How many values the probes only checked for non-finite values in the last step
+    /// ([`Recorder::checked_values`], [`Trainer::set_full_statistics`]); 0 without probes.
+    pub fn checked_values(&mut self) -> u64 {
+        self.recorder().map_or(0, |r| r.checked_values())
+    }
+
+    /// Whether the sampling keeps every op record of `step` by its schedule.
+    fn scheduled(&self, step: u64) -> bool {
+        let s = self.cfg.sampling;
+        (s.first && step == 0) || (s.every > 0 && step % s.every == 0)
+    }
+
     fn recorder(&mut self) -> Option<&mut Recorder> {
         self.engine
             .observers_mut()
@@ -416,6 +449,15 @@ impl Trainer {
     /// Starts a step: the scale it begins with and what a replay needs.
     fn begin(&mut self, step: u64) -> StepState {
         self.engine.begin_step(step);
+        let check_only = self.device.is_none()
+            && !self.full_statistics
+            && !self.last_kept_nonfinite
+            && !self.scheduled(step);
+        if check_only {
+            if let Some(r) = self.recorder() {
+                r.check_only();
+            }
+        }
         self.outputs.clear();
         let scale_before = self.scaler.scale();
         StepState {
@@ -643,12 +685,16 @@ impl Trainer {
             None => None,
         };
         let step = st.step;
-        let sampling = self.cfg.sampling;
+        let scheduled = self.scheduled(step);
+        let kept_nonfinite =
+            self.cfg.sampling.nonfinite && self.recorder().is_some_and(|r| r.saw_nonfinite());
+        self.last_kept_nonfinite = kept_nonfinite;
+        if kept_nonfinite && self.recorder().is_some_and(|r| r.is_check_only()) {
+            self.complete_statistics()?;
+        }
         let (origins, ops, op_count) = match self.recorder() {
             Some(r) => {
-                let keep = (sampling.first && step == 0)
-                    || (sampling.every > 0 && step % sampling.every == 0)
-                    || (sampling.nonfinite && r.saw_nonfinite());
+                let keep = scheduled || kept_nonfinite;
                 let origins = r.origins();
                 let count = r.ops().len() as u64;
                 (origins, if keep { Some(r.take_ops()) } else { None }, count)
@@ -678,6 +724,16 @@ impl Trainer {
             wall_ms: st.t0.elapsed().as_secs_f64() * 1e3,
             skip_cause: None,
         })
+    }
+
+    /// The full statistics of a step recorded in the check-only mode, from a re-run of
+    /// it (the same weights, scale, batches and injections) with full statistics.
+    fn complete_statistics(&mut self) -> Result<()> {
+        let full = self.replay(&Variant::default())?.record.ops;
+        match self.recorder() {
+            Some(r) => r.complete_from(full.as_deref().unwrap_or_default()),
+            None => Ok(()),
+        }
     }
 
     fn param_names(&self) -> Vec<String> {
