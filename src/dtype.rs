@@ -213,40 +213,58 @@ const CHUNK: usize = 1024;
 /// and counts the values that overflowed or underflowed in doing so. Long slices are
 /// rounded in parallel pieces; the counts are integers, so the result is the same.
 pub fn round_slice(dtype: DType, data: &mut [f32]) -> RoundCounts {
+    round_slice_with::<false>(dtype, data).0
+}
+
+/// [`round_slice`], and whether every value is finite once rounded: checked in the same
+/// pass (fp16, bf16), or right after each piece is rounded, while it is in cache (other
+/// dtypes), so that the check costs next to nothing beside the rounding.
+pub fn round_slice_checked(dtype: DType, data: &mut [f32]) -> (RoundCounts, bool) {
+    let (counts, max) = round_slice_with::<true>(dtype, data);
+    (counts, max < F32_INF_BITS)
+}
+
+/// |x| bit pattern of an f32 infinity; a larger one is a NaN.
+const F32_INF_BITS: u32 = 0x7f80_0000;
+
+/// [`round_slice`], with the largest `|x|` bit pattern of the rounded values when `MAX`
+/// (0 otherwise).
+fn round_slice_with<const MAX: bool>(dtype: DType, data: &mut [f32]) -> (RoundCounts, u32) {
     use rayon::prelude::*;
     /// Slices at least this long are split over rayon's threads.
     const PAR_MIN: usize = 64 * 1024;
     if data.len() < PAR_MIN {
-        return round_piece(dtype, data);
+        return round_piece::<MAX>(dtype, data);
     }
     data.par_chunks_mut(PAR_MIN / 4)
-        .map(|piece| round_piece(dtype, piece))
-        .reduce(RoundCounts::default, |a, b| RoundCounts {
-            overflow: a.overflow + b.overflow,
-            underflow: a.underflow + b.underflow,
+        .map(|piece| round_piece::<MAX>(dtype, piece))
+        .reduce(Default::default, |(mut a, x), (b, y)| {
+            a.add(b);
+            (a, x.max(y))
         })
 }
 
-/// [`round_slice`] on one thread, in code compiled for AVX2 where the CPU has it (the
-/// counting loops then run eight lanes wide; the values are the same either way).
-fn round_piece(dtype: DType, data: &mut [f32]) -> RoundCounts {
+/// [`round_slice_with`] on one thread, in code compiled for AVX2 where the CPU has it
+/// (the counting loops then run eight lanes wide; the values are the same either way).
+fn round_piece<const MAX: bool>(dtype: DType, data: &mut [f32]) -> (RoundCounts, u32) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        fn avx2(dtype: DType, data: &mut [f32]) -> RoundCounts {
-            round_piece_body(dtype, data)
+        fn avx2<const MAX: bool>(dtype: DType, data: &mut [f32]) -> (RoundCounts, u32) {
+            round_piece_body::<MAX>(dtype, data)
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU was just checked to have AVX2.
-            return unsafe { avx2(dtype, data) };
+            return unsafe { avx2::<MAX>(dtype, data) };
         }
     }
-    round_piece_body(dtype, data)
+    round_piece_body::<MAX>(dtype, data)
 }
 
 #[inline(always)]
-fn round_piece_body(dtype: DType, data: &mut [f32]) -> RoundCounts {
+fn round_piece_body<const MAX: bool>(dtype: DType, data: &mut [f32]) -> (RoundCounts, u32) {
     let mut counts = RoundCounts::default();
+    let mut max = 0;
     match dtype {
         DType::F16 => {
             let mut tmp = [f16::ZERO; CHUNK];
@@ -255,7 +273,7 @@ fn round_piece_body(dtype: DType, data: &mut [f32]) -> RoundCounts {
                 let n = chunk.len();
                 tmp[..n].convert_from_f32_slice(chunk);
                 tmp[..n].convert_to_f32_slice(&mut back[..n]);
-                store_counting(chunk, &back[..n], &mut counts);
+                store_counting::<MAX>(chunk, &back[..n], &mut counts, &mut max);
             }
         }
         DType::BF16 => {
@@ -265,30 +283,78 @@ fn round_piece_body(dtype: DType, data: &mut [f32]) -> RoundCounts {
                 for (o, &x) in back[..n].iter_mut().zip(chunk.iter()) {
                     *o = round_bf16(x);
                 }
-                store_counting(chunk, &back[..n], &mut counts);
+                store_counting::<MAX>(chunk, &back[..n], &mut counts, &mut max);
             }
         }
+        _ if MAX => max = max_abs_bits_body(data),
         _ => {}
     }
-    counts
+    (counts, max)
+}
+
+/// The largest `|x|` bit pattern of `data` (0 for no values): below
+/// `0x7f80_0000` exactly when every value is finite.
+pub fn max_abs_bits(data: &[f32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2(data: &[f32]) -> u32 {
+            max_abs_bits_body(data)
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU was just checked to have AVX2.
+            return unsafe { avx2(data) };
+        }
+    }
+    max_abs_bits_body(data)
+}
+
+/// Lane-wise maxima the compiler turns into SIMD (eight lanes of `vpmaxud` with AVX2),
+/// combined at the end.
+#[inline(always)]
+fn max_abs_bits_body(data: &[f32]) -> u32 {
+    const LANES: usize = 32;
+    let mut m = [0u32; LANES];
+    let mut blocks = data.chunks_exact(LANES);
+    for b in &mut blocks {
+        for l in 0..LANES {
+            m[l] = m[l].max(b[l].to_bits() & 0x7fff_ffff);
+        }
+    }
+    let tail = blocks
+        .remainder()
+        .iter()
+        .fold(0, |a, x| a.max(x.to_bits() & 0x7fff_ffff));
+    m.iter().copied().fold(tail, u32::max)
 }
 
 /// Writes the rounded values `after` over `before` (at most [`CHUNK`] of them), counting
-/// the finite values that became infinite and the nonzero ones that became zero.
+/// the finite values that became infinite and the nonzero ones that became zero, and,
+/// when `MAX`, raising `max` to the largest `|x|` bit pattern written.
 #[inline(always)]
-fn store_counting(before: &mut [f32], after: &[f32], counts: &mut RoundCounts) {
+fn store_counting<const MAX: bool>(
+    before: &mut [f32],
+    after: &[f32],
+    counts: &mut RoundCounts,
+    max: &mut u32,
+) {
     // u32 lanes: a chunk holds at most 1024 values.
     let mut over = 0u32;
     let mut under = 0u32;
+    let mut m = 0u32;
     for (a, &b) in before.iter_mut().zip(after) {
         let ab = a.to_bits() & 0x7fff_ffff;
         let bb = b.to_bits() & 0x7fff_ffff;
         over += ((ab < 0x7f80_0000) & (bb == 0x7f80_0000)) as u32;
         under += ((ab != 0) & (bb == 0)) as u32;
+        if MAX {
+            m = m.max(bb);
+        }
         *a = b;
     }
     counts.overflow += u64::from(over);
     counts.underflow += u64::from(under);
+    *max = (*max).max(m);
 }
 
 /// Rounds an f64 to f32 with round-to-odd, so that a following round-to-nearest-even to a
@@ -347,7 +413,7 @@ mod tests {
         for dt in [DType::F16, DType::BF16] {
             let (mut par, mut one) = (v.clone(), v.clone());
             let a = round_slice(dt, &mut par);
-            let b = round_piece(dt, &mut one);
+            let b = round_piece::<false>(dt, &mut one).0;
             assert_eq!(a, b, "{dt}");
             assert!(b.overflow > 0 || dt == DType::BF16);
             assert!(par
@@ -367,9 +433,10 @@ mod tests {
             .collect();
         for dtype in [DType::F16, DType::BF16, DType::F32] {
             let (mut a, mut b) = (data.clone(), data.clone());
-            let ca = round_piece(dtype, &mut a);
-            let cb = round_piece_body(dtype, &mut b);
+            let ca = round_piece::<false>(dtype, &mut a);
+            let cb = round_piece_body::<false>(dtype, &mut b);
             assert_eq!(ca, cb, "{dtype}");
+            let ca = ca.0;
             assert!(
                 a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
                 "{dtype}"
@@ -378,6 +445,40 @@ mod tests {
                 assert!(ca.overflow > 0 && ca.underflow > 0);
             }
         }
+    }
+
+    /// The checked rounding rounds and counts as the plain one does, and its verdict and
+    /// the largest absolute pattern are those of the rounded values, whether they were
+    /// non-finite before (every 997th pattern), became so (fp16 overflow) or are finite.
+    #[test]
+    fn checked_rounding_says_whether_every_rounded_value_is_finite() {
+        let every: Vec<f32> = (0..=u32::MAX / 997)
+            .map(|i| f32::from_bits(i * 997))
+            .collect();
+        let finite: Vec<f32> = every.iter().copied().filter(|x| x.is_finite()).collect();
+        let small: Vec<f32> = finite.iter().map(|x| x.clamp(-6.0e4, 6.0e4)).collect();
+        for dtype in [DType::F16, DType::BF16, DType::F32] {
+            for data in [&every, &finite, &small] {
+                for n in [data.len(), 1000, 33] {
+                    let (mut a, mut b) = (data[..n].to_vec(), data[..n].to_vec());
+                    let counts = round_slice(dtype, &mut a);
+                    let (checked, all_finite) = round_slice_checked(dtype, &mut b);
+                    assert_eq!(counts, checked, "{dtype}");
+                    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+                    assert_eq!(all_finite, b.iter().all(|x| x.is_finite()), "{dtype} {n}");
+                    let max = b.iter().map(|x| x.to_bits() & 0x7fff_ffff).max().unwrap();
+                    assert_eq!(round_piece::<true>(dtype, &mut b).1, max, "{dtype}");
+                    assert_eq!(max_abs_bits(&b), max);
+                    assert_eq!(max_abs_bits_body(&b), max);
+                }
+            }
+            let (_, ok) = round_slice_checked(dtype, &mut small.clone());
+            assert!(ok, "{dtype}");
+            let (_, ok) = round_slice_checked(dtype, &mut finite.clone());
+            // The largest f32 values overflow fp16 and bf16.
+            assert_eq!(ok, dtype == DType::F32, "{dtype}");
+        }
+        assert_eq!(max_abs_bits(&[]), 0);
     }
 
     #[test]

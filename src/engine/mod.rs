@@ -13,7 +13,42 @@ use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId};
 use crate::trace::record::Phase;
 use observer::{Observer, OpEvent};
+use std::cell::Cell;
 use std::collections::HashMap;
+
+thread_local! {
+    /// Whether host ops on this thread check their outputs as they write them
+    /// ([`finite_checks`]).
+    static FINITE_CHECKS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether host ops running on this thread check, as they write an output, that every
+/// value of it is finite, and say so in [`Computed::finite`]: asked for by a probe that
+/// would otherwise read the output again only to find that out ([`FiniteChecks`]).
+pub fn finite_checks() -> bool {
+    FINITE_CHECKS.with(Cell::get)
+}
+
+/// Turns [`finite_checks`] on or off on this thread until dropped, which puts back the
+/// setting it found.
+pub struct FiniteChecks {
+    was: bool,
+}
+
+impl FiniteChecks {
+    /// Sets the checks on this thread to `on`.
+    pub fn set(on: bool) -> FiniteChecks {
+        FiniteChecks {
+            was: FINITE_CHECKS.with(|c| c.replace(on)),
+        }
+    }
+}
+
+impl Drop for FiniteChecks {
+    fn drop(&mut self) {
+        FINITE_CHECKS.with(|c| c.set(self.was));
+    }
+}
 
 /// A gradient produced by a backward op, with the rounding it suffered.
 pub struct Grad {
@@ -28,6 +63,8 @@ pub struct Grad {
     /// output gradient), only moved: a transpose's or permute's copy. Probes take its
     /// statistics from that input's.
     pub permuted: bool,
+    /// Every value of the gradient is known to be finite ([`Computed::finite`]).
+    pub finite: bool,
 }
 
 /// Computes the gradients of an op's inputs from the gradient of its output.
@@ -48,6 +85,9 @@ pub struct Computed {
     /// output gradient), only moved: a transpose's or permute's copy. Probes take its
     /// statistics from that input's.
     pub permuted: bool,
+    /// Every value of the output is known to be finite: the op checked as it wrote the
+    /// output, where [`finite_checks`] asks it to. False when that is not known.
+    pub finite: bool,
 }
 
 impl Computed {
@@ -59,6 +99,7 @@ impl Computed {
             masked_neg_inf: 0,
             slot: None,
             permuted: false,
+            finite: false,
         }
     }
 
@@ -70,6 +111,7 @@ impl Computed {
             masked_neg_inf: 0,
             slot: Some(slot),
             permuted: false,
+            finite: false,
         }
     }
 }
@@ -433,6 +475,7 @@ impl Engine {
                 additive_mask: self.making_mask
                     || inputs.iter().any(|t| self.masks.contains(&t.id())),
                 permuted: out.permuted,
+                finite: out.finite,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);
@@ -466,6 +509,7 @@ impl Engine {
                 Some(dev) => host.to_device(dev)?,
                 None => host,
             };
+            out.finite = false;
         }
         Ok(())
     }
@@ -499,6 +543,7 @@ impl Engine {
             masked_neg_inf: 0,
             additive_mask: false,
             permuted: false,
+            finite: false,
         };
         for o in &mut self.observers {
             o.on_op(&ev);
@@ -552,6 +597,7 @@ impl Engine {
                     rounding,
                     slot,
                     permuted,
+                    finite,
                 }) = r
                 else {
                     continue;
@@ -565,6 +611,7 @@ impl Engine {
                 let mut comp = Computed {
                     slot,
                     permuted,
+                    finite,
                     ..Computed::new(tensor, rounding)
                 };
                 self.apply_injection(node.op, &node.module, Phase::Backward, &mut comp)?;
@@ -590,6 +637,7 @@ impl Engine {
                         masked_neg_inf: 0,
                         additive_mask: false,
                         permuted: comp.permuted,
+                        finite: comp.finite,
                     };
                     for o in &mut self.observers {
                         o.on_op(&ev);
@@ -644,6 +692,7 @@ impl Engine {
                 masked_neg_inf: 0,
                 additive_mask: false,
                 permuted: false,
+                finite: sum.finite,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);

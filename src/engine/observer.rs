@@ -38,6 +38,9 @@ pub struct OpEvent<'a> {
     pub additive_mask: bool,
     /// The output holds the values of `inputs[0]`, only moved (a transpose's copy).
     pub permuted: bool,
+    /// Every value of the output is known to be finite: the op checked as it wrote it
+    /// ([`super::finite_checks`]). False when that is not known.
+    pub finite: bool,
 }
 
 /// Something that watches ops: statistics, origin tracking, live views.

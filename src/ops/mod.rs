@@ -63,6 +63,9 @@ pub(crate) trait Finish: Real {
     /// Rounds a piece of an output to `dtype` in place (one thread), counting over- and
     /// underflow.
     fn round_piece(dtype: DType, piece: &mut [Self]) -> RoundCounts;
+    /// [`Finish::round_piece`], and whether every value of the piece is finite once
+    /// rounded (false: not known), checked while the piece is in cache.
+    fn round_piece_checked(dtype: DType, piece: &mut [Self]) -> (RoundCounts, bool);
     /// Builds the tensor from values [`Finish::round_piece`] has already rounded.
     fn finish_rounded(
         data: Vec<Self>,
@@ -101,32 +104,41 @@ pub(crate) fn produce_in<T: Finish>(
     f: impl Fn(usize, &mut [T]) + Sync + Send,
 ) -> Result<Computed> {
     use rayon::prelude::*;
+    // Read on the calling thread: the pieces may run on others.
+    let check = crate::engine::finite_checks();
+    let round = |p: &mut [T]| match check {
+        true => T::round_piece_checked(dtype, p),
+        false => (T::round_piece(dtype, p), false),
+    };
     if n >= PAR_MIN {
         // Each piece is zeroed just before it is computed, while it is in cache, rather
         // than the whole output up front (a pass over memory of its own).
         let mut out: Vec<T> = Vec::with_capacity(n);
-        let rounding = out.spare_capacity_mut()[..n]
+        let (rounding, finite) = out.spare_capacity_mut()[..n]
             .par_chunks_mut(piece)
             .enumerate()
             .map(|(c, p)| {
                 let p = zeroed(p);
                 f(c * piece, p);
-                T::round_piece(dtype, p)
+                round(p)
             })
-            .reduce(RoundCounts::default, |mut a, b| {
-                a.add(b);
-                a
-            });
+            .reduce(
+                || (RoundCounts::default(), true),
+                |(mut a, x), (b, y)| {
+                    a.add(b);
+                    (a, x && y)
+                },
+            );
         // SAFETY: the pieces cover 0..n and each was initialized by `zeroed`.
         unsafe { out.set_len(n) };
-        return T::finish_rounded(out, rounding, shape, dtype);
+        let c = T::finish_rounded(out, rounding, shape, dtype)?;
+        return Ok(Computed { finite, ..c });
     }
     let mut out = vec![T::zero(); n];
-    let rounding = {
-        f(0, &mut out);
-        T::round_piece(dtype, &mut out)
-    };
-    T::finish_rounded(out, rounding, shape, dtype)
+    f(0, &mut out);
+    let (rounding, finite) = round(&mut out);
+    let c = T::finish_rounded(out, rounding, shape, dtype)?;
+    Ok(Computed { finite, ..c })
 }
 
 /// Pieces of whole lines of `n` values, about [`PIECE`] values each (a line of no values
@@ -211,6 +223,9 @@ impl Finish for f32 {
     fn round_piece(dtype: DType, piece: &mut [f32]) -> RoundCounts {
         round_slice(dtype, piece)
     }
+    fn round_piece_checked(dtype: DType, piece: &mut [f32]) -> (RoundCounts, bool) {
+        crate::dtype::round_slice_checked(dtype, piece)
+    }
     fn finish_rounded(
         data: Vec<f32>,
         rounding: RoundCounts,
@@ -223,11 +238,14 @@ impl Finish for f32 {
         ))
     }
     fn finish(mut data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Computed> {
-        let rounding = round_slice(dtype, &mut data);
-        Ok(Computed::new(
-            Tensor::from_exact(data, shape, dtype)?,
-            rounding,
-        ))
+        let (rounding, finite) = match crate::engine::finite_checks() {
+            true => crate::dtype::round_slice_checked(dtype, &mut data),
+            false => (round_slice(dtype, &mut data), false),
+        };
+        Ok(Computed {
+            finite,
+            ..Computed::new(Tensor::from_exact(data, shape, dtype)?, rounding)
+        })
     }
     fn finish_acc(acc: Vec<f64>, shape: &[usize], dtype: DType) -> Result<Computed> {
         let mut rounding = RoundCounts::default();
@@ -262,6 +280,10 @@ impl Finish for f64 {
     fn round_piece(_dtype: DType, _piece: &mut [f64]) -> RoundCounts {
         RoundCounts::default()
     }
+    // Probes compute the statistics of f64 outputs in full: nothing to check here.
+    fn round_piece_checked(_dtype: DType, _piece: &mut [f64]) -> (RoundCounts, bool) {
+        (RoundCounts::default(), false)
+    }
     fn finish_rounded(
         data: Vec<f64>,
         _rounding: RoundCounts,
@@ -294,6 +316,7 @@ pub(crate) fn grad(c: Computed) -> Option<Grad> {
         rounding: c.rounding,
         slot: c.slot,
         permuted: c.permuted,
+        finite: c.finite,
     })
 }
 

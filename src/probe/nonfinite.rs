@@ -1,11 +1,11 @@
 //! Exact counts of the non-finite values of f32-stored data, and nothing else: the check a
-//! step makes of every op's output when its full statistics would not be kept
-//! ([`super::recorder::Recorder::check_only`]).
+//! step makes of an op's output when its full statistics would not be kept
+//! ([`super::recorder::Recorder::check_only`]) and the op did not check it as it wrote it.
 //!
-//! A chunk is first reduced to the largest absolute bit pattern in one SIMD loop (a load,
-//! an `and` and a `max` per eight values); only a chunk whose largest pattern is that of
-//! an inf or a NaN is counted value by value. Finite data, nearly all data, costs little
-//! more than reading it.
+//! A chunk is first reduced to the largest absolute bit pattern in one SIMD loop
+//! ([`crate::dtype::max_abs_bits`]: a load, an `and` and a `max` per eight values); only a
+//! chunk whose largest pattern is that of an inf or a NaN is counted value by value.
+//! Finite data, nearly all data, costs little more than reading it.
 
 use rayon::prelude::*;
 
@@ -55,7 +55,7 @@ pub fn count(data: &[f32]) -> NonFinite {
 /// One chunk: all finite when its largest absolute bit pattern is below inf's, else
 /// counted value by value.
 fn count_chunk(c: &[f32]) -> NonFinite {
-    if max_abs_bits(c) < INF {
+    if crate::dtype::max_abs_bits(c) < INF {
         return NonFinite::default();
     }
     let mut n = NonFinite::default();
@@ -69,39 +69,6 @@ fn count_chunk(c: &[f32]) -> NonFinite {
         }
     }
     n
-}
-
-/// The largest `|x|` bit pattern of `c` (0 for no values).
-fn max_abs_bits(c: &[f32]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        /// The same loop, compiled for AVX2 (eight lanes of `vpmaxud`).
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2(c: &[f32]) -> u32 {
-            max_abs_bits_body(c)
-        }
-        // SAFETY: the CPU has AVX2, checked above.
-        return unsafe { avx2(c) };
-    }
-    max_abs_bits_body(c)
-}
-
-/// Lane-wise maxima the compiler turns into SIMD, combined at the end.
-#[inline(always)]
-fn max_abs_bits_body(c: &[f32]) -> u32 {
-    const LANES: usize = 32;
-    let mut m = [0u32; LANES];
-    let mut blocks = c.chunks_exact(LANES);
-    for b in &mut blocks {
-        for l in 0..LANES {
-            m[l] = m[l].max(b[l].to_bits() & ABS);
-        }
-    }
-    let tail = blocks
-        .remainder()
-        .iter()
-        .fold(0, |a, x| a.max(x.to_bits() & ABS));
-    m.iter().copied().fold(tail, u32::max)
 }
 
 #[cfg(test)]

@@ -504,9 +504,15 @@ impl Recorder {
         k
     }
 
-    /// The non-finite counts of an output `v` in the check-only mode: once per storage in
-    /// a step, and taken from `same_as`'s when the output holds its values.
-    fn host_counts(&mut self, v: &Arc<Vec<f32>>, same_as: Option<&Arc<Vec<f32>>>) -> NonFinite {
+    /// The non-finite counts of an output `v` in the check-only mode: none when the op
+    /// found every value finite as it wrote them (`finite`), else counted once per
+    /// storage in a step, and taken from `same_as`'s when the output holds its values.
+    fn host_counts(
+        &mut self,
+        v: &Arc<Vec<f32>>,
+        same_as: Option<&Arc<Vec<f32>>>,
+        finite: bool,
+    ) -> NonFinite {
         let known = |u: &Arc<Vec<f32>>| {
             let (w, n) = self.counted.get(&(Arc::as_ptr(u) as usize))?;
             w.upgrade()
@@ -520,7 +526,10 @@ impl Recorder {
             Some(n) => n,
             None => {
                 self.checked += v.len() as u64;
-                nonfinite::count(v)
+                match finite {
+                    true => NonFinite::default(),
+                    false => nonfinite::count(v),
+                }
             }
         };
         self.counted
@@ -565,7 +574,7 @@ impl Observer for Recorder {
                     if ev.phase == Phase::Optimizer {
                         self.held.push((self.ops.len(), v.clone(), out.dtype()));
                     }
-                    let n = self.host_counts(v, same_as.as_ref());
+                    let n = self.host_counts(v, same_as.as_ref(), ev.finite);
                     let stats = TensorStats {
                         numel: v.len() as u64,
                         nan: n.nan,
@@ -697,6 +706,7 @@ mod tests {
             masked_neg_inf: 0,
             additive_mask: false,
             permuted: op == "transpose",
+            finite: false,
         }
     }
 

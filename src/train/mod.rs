@@ -379,6 +379,11 @@ impl Trainer {
         })
     }
 
+    /// Adds an observer: it sees every op of every step from now on, beside the probes.
+    pub fn add_observer(&mut self, obs: Box<dyn crate::engine::observer::Observer>) {
+        self.engine.add_observer(obs);
+    }
+
     /// Adds an injection (test hook: writes a value into a chosen op's output).
     pub fn inject(&mut self, inj: Injection) {
         self.injections.push(inj.clone());
@@ -427,6 +432,10 @@ impl Trainer {
     /// [`Trainer::step`] on the host backend.
     fn host_step(&mut self, step: u64) -> Result<StepRecord> {
         let mut st = self.begin(step);
+        // A step that only checks its outputs for non-finite values has the ops check
+        // them as they write them, where they can, instead of the probe reading them again.
+        let check_only = self.recorder().is_some_and(|r| r.is_check_only());
+        let _checks = crate::engine::FiniteChecks::set(check_only);
         for micro in 0..self.cfg.accumulate {
             let out = self.forward(&mut st, micro)?;
             let loss = self.loss(&mut st, out)?;

@@ -196,6 +196,7 @@ impl Engine {
                 rounding: RoundCounts::default(),
                 slot: None,
                 permuted: false,
+                finite: false,
             })])
         });
         let out = Computed::new(out, RoundCounts::default());

@@ -398,6 +398,7 @@ impl Engine {
                     rounding: RoundCounts::default(),
                     slot,
                     permuted,
+                    finite: false,
                 })])
             }))
         } else {
@@ -644,6 +645,7 @@ impl Engine {
                             rounding: RoundCounts::default(),
                             slot,
                             permuted: false,
+                            finite: false,
                         }))
                     })
                     .collect()
