@@ -51,10 +51,12 @@ a ratio rather than on one configuration's pool.
 
 Children run seconds to minutes apart, and on a shared machine whose speed swings by a
 quarter within minutes that still leaves a ratio of two children several points off. So
-each round also runs one child that holds all six amprobe configurations and steps them
-in turn (benches/t5_step.rs with AMPROBE_BENCH_ONLY=rounds): per interleaved round a
-probed and an unprobed step back to back for each mode, the starting mode moving on each
-round. Over all those rounds of all the children, the median of probed / unprobed per
+each round also runs one child that holds all six amprobe configurations, and a third
+trainer per mode that computes every op's full statistics in every step (the cost of a step
+whose op records are kept; the probed trainers keep them only for a step with a non-finite
+value, and these steps are finite), and steps them in turn (benches/t5_step.rs with
+AMPROBE_BENCH_ONLY=rounds): per interleaved round a probed, a full-statistics and an
+unprobed step back to back for each mode, the starting mode moving on each round. Over all those rounds of all the children, the median of probed / unprobed per
 mode, and of each mode's unprobed step over the fp32 one of the same round, are the
 "steps paired in one process" figures; the goal lines for the probe ratio and for fp16
 and bf16 against fp32 use them, and the table shows both kinds.
@@ -216,17 +218,20 @@ def run_child(argv, env, label):
 
 def rounds_of(res, label):
     """The interleaved rounds of an AMPROBE_BENCH_ONLY=rounds child's JSON line: a list, per
-    round, of {mode: (probed ms, unprobed ms)}."""
+    round, of {mode: (probed ms, unprobed ms, kept ms)}, kept being the step with every op's full
+    statistics."""
     try:
-        modes, probed, unprobed = res["modes"], res["probed_ms"], res["unprobed_ms"]
+        modes, probed, unprobed, kept = res["modes"], res["probed_ms"], res["unprobed_ms"], res["kept_ms"]
         n = len(probed[0])
-        ok = len(modes) == len(probed) == len(unprobed) and all(len(v) == n for v in probed + unprobed)
+        ok = len(modes) == len(probed) == len(unprobed) == len(kept) and \
+            all(len(v) == n for v in probed + unprobed + kept)
     except (KeyError, TypeError, IndexError):
         ok = False
     if not ok or set(modes) != {m for m, _ in AMPROBE_MODES}:
         raise BenchError(f"{label}: its JSON line needs \"modes\" ({', '.join(m for m, _ in AMPROBE_MODES)}) and "
-                         f"\"probed_ms\" and \"unprobed_ms\", one list of equal length per mode; it was {res}")
-    return [{m: (probed[i][k], unprobed[i][k]) for i, m in enumerate(modes)} for k in range(n)]
+                         f"\"probed_ms\", \"unprobed_ms\" and \"kept_ms\", one list of equal length per mode; "
+                         f"it was {res}")
+    return [{m: (probed[i][k], unprobed[i][k], kept[i][k]) for i, m in enumerate(modes)} for k in range(n)]
 
 
 def torch_probe(env):
@@ -442,6 +447,8 @@ def main():
     # The same two kinds of ratio from the steps paired in one process.
     i_probe = {m: statistics.median(r[m][0] / r[m][1] for r in interleaved) for m, _ in AMPROBE_MODES}
     i_vs32 = {m: statistics.median(r[m][1] / r["fp32"][1] for r in interleaved) for m, _ in AMPROBE_MODES}
+    # A step that computes every op's full statistics (one whose op records are kept) against off.
+    i_kept = {m: statistics.median(r[m][2] / r[m][1] for r in interleaved) for m, _ in AMPROBE_MODES}
 
     out = []
     out.append("| | |")
@@ -469,16 +476,20 @@ def main():
     out.append(row("timing", f"median of {args.rounds} child process(es) x {args.reps} steps per configuration, "
                              f"after one warm-up step each{fp16_note}; {elapsed / 60:.1f} min in all"))
     out.append(row("steps paired in one process", f"{len(interleaved)} interleaved rounds ({args.rounds} "
-                                                  f"child(ren) x {args.reps}), a probed and an unprobed step of "
-                                                  f"each mode per round"))
+                                                  f"child(ren) x {args.reps}), a probed, a full-statistics and an "
+                                                  f"unprobed step of each mode per round"))
+    out.append(row("probes on", "every op observed, op records kept for a step with a non-finite value (none "
+                                "here): a step checks its outputs for non-finite values; \"every op's full "
+                                "statistics\" is the cost of a step whose records are kept"))
     out.append(row("peak RSS", "ru_maxrss of each configuration's own process (os.wait4), largest over its runs"))
     if have_torch:
         out.append(row("PyTorch baseline", f"`import torch, transformers` alone peaks at {fmt_mib(import_kib)} MiB"))
     out.append("")
 
     head = ["configuration", "amprobe probes off ms", "amprobe probes on ms", "probes on / off (paired children)",
-            "probes on / off (steps paired in one process)", "amprobe off / fp32 off (steps paired in one process)",
-            "amprobe peak RSS MiB (off / on)"]
+            "probes on / off (steps paired in one process)",
+            "every op's full statistics / off (steps paired in one process)",
+            "amprobe off / fp32 off (steps paired in one process)", "amprobe peak RSS MiB (off / on)"]
     if have_torch:
         head += ["PyTorch ms", "PyTorch peak RSS MiB", "amprobe off / PyTorch"]
     out.append(row(*head))
@@ -489,10 +500,10 @@ def main():
         cells = [label]
         if mode:
             off, on = a_off[mode], a_on[mode]
-            cells += [fmt_ms(off), fmt_ms(on), f"{a_probe[mode]:.3f}", f"{i_probe[mode]:.3f}",
+            cells += [fmt_ms(off), fmt_ms(on), f"{a_probe[mode]:.3f}", f"{i_probe[mode]:.3f}", f"{i_kept[mode]:.3f}",
                       f"{i_vs32[mode]:.3f}", f"{fmt_mib(rss.get(('amprobe', mode, 'off')))} / {fmt_mib(rss.get(('amprobe', mode, 'on')))}"]
         else:
-            cells += ["–"] * 6
+            cells += ["–"] * 7
         if have_torch:
             tm = med(("torch", torch_name))
             cells += [fmt_ms(tm), fmt_mib(rss.get(("torch", torch_name))),

@@ -22,7 +22,9 @@ pub mod confirm;
 mod device;
 mod grads;
 
-/// When full op records are kept for a step.
+/// When full op records are kept for a step. A step that keeps none by schedule only checks
+/// its ops' outputs for non-finite values, and completes their statistics if it turns out to
+/// keep them for one ([`Trainer::set_full_statistics`]): the records are the same either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpSampling {
     /// Keep every op of every `every`-th step (0: never by schedule).
