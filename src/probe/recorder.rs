@@ -23,10 +23,9 @@ fn scan(t: &Tensor) -> Finiteness {
     let mut f = Finiteness::default();
     match t.storage() {
         Storage::F32(v) => {
-            for &x in v.iter() {
-                f.nan |= x.is_nan();
-                f.inf |= x.is_infinite();
-            }
+            let n = nonfinite::count(v);
+            f.nan = n.nan > 0;
+            f.inf = n.pos_inf + n.neg_inf > 0;
         }
         Storage::F64(v) => {
             for &x in v.iter() {
