@@ -10,6 +10,9 @@ use amprobe::trace::record::{Phase, StepRecord};
 use amprobe::train::Trainer;
 use std::path::Path;
 
+mod report_util;
+use report_util::inject;
+
 fn trainer(sample: &str, edit: &dyn Fn(&mut RunConfig), full: bool) -> Trainer {
     let mut cfg = RunConfig::load(Path::new(sample)).unwrap();
     edit(&mut cfg);
@@ -87,16 +90,6 @@ fn same_records(
         assert_eq!(bits(&x.value), bits(&y.value), "{sample}: {}", x.name);
     }
     seen
-}
-
-fn inject(step: u64, op: &str, module: &str, phase: Phase, value: f32) -> Injection {
-    Injection {
-        step: Some(step),
-        op: op.into(),
-        module: module.into(),
-        phase,
-        value,
-    }
 }
 
 #[test]
