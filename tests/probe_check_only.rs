@@ -224,3 +224,32 @@ fn an_output_said_to_be_finite_is_finite() {
         assert!(said > 0, "{sample} {precision}: no op said so");
     }
 }
+
+/// The other model families, in fp16 (where their samples overflow) and bf16, GPT-2 with a
+/// NaN written into its logits.
+#[test]
+fn gpt2_llama_and_t5_seq2seq() {
+    for sample in [
+        "samples/gpt2_overflow.toml",
+        "samples/llama_overflow.toml",
+        "samples/t5_seq2seq.toml",
+    ] {
+        for p in ["fp16", "bf16"] {
+            let edit = |c: &mut RunConfig| c.train.precision = Some(p.into());
+            let faults = match sample {
+                "samples/gpt2_overflow.toml" => {
+                    vec![inject(1, "linear", "lm_head", Phase::Forward, f32::NAN)]
+                }
+                _ => vec![],
+            };
+            let seen = same_records(sample, &edit, &faults, 3);
+            use Seen::*;
+            let want = match (p, faults.is_empty()) {
+                ("fp16", _) => [Completed, Full, Full],
+                (_, false) => [Checked, Completed, Full],
+                (_, true) => [Checked, Checked, Checked],
+            };
+            assert_eq!(seen, want, "{sample} {p}");
+        }
+    }
+}
