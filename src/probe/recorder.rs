@@ -75,8 +75,8 @@ pub struct Recorder {
     host_pending: bool,
     /// Values whose statistics this step computed on the host ([`Recorder::scanned_values`]).
     scanned: u64,
-    /// Whether this step's forward and backward host outputs are only checked for
-    /// non-finite values ([`Recorder::check_only`]).
+    /// Whether this step's host outputs are only checked for non-finite values
+    /// ([`Recorder::check_only`]).
     check_only: bool,
     /// Non-finite counts made this step in that mode, by host storage (as `shared`).
     counted: HashMap<usize, (Weak<Vec<f32>>, NonFinite)>,
@@ -158,7 +158,7 @@ impl Recorder {
         self.check_only = true;
     }
 
-    /// Whether the current step's forward and backward outputs are only checked
+    /// Whether the current step's host outputs are only checked
     /// ([`Recorder::check_only`]).
     pub fn is_check_only(&self) -> bool {
         self.check_only

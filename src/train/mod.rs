@@ -288,15 +288,17 @@ impl Trainer {
 
     /// Whether every host step computes the full statistics of every op (true), or only
     /// a step that keeps its op records by the sampling's schedule does (false, the
-    /// default). In a step the schedule does not keep, forward and backward outputs are
-    /// then only checked for non-finite values, which is all its record holds of them
-    /// (origins, the op count); if the step turns out to keep its records for a
-    /// non-finite value, their statistics come from a re-run of the step with full
-    /// statistics ([`Trainer::replay`]), checked op by op against the step. So records,
-    /// origins and every result are the same either way; only the cost differs. A step
-    /// right after one kept for a non-finite value computes them at once, since such
-    /// steps come in runs (a falling loss scale). Steps on a device always gather full
-    /// statistics there.
+    /// default). In a step the schedule does not keep, outputs are then only checked for
+    /// non-finite values (by the ops as they write them where they can:
+    /// [`crate::engine::FiniteChecks`]), which is all its record holds of them (origins,
+    /// the op count). If the step turns out to keep its records for a non-finite value,
+    /// the forward and backward ops' statistics come from a re-run of the step with full
+    /// statistics ([`Trainer::replay`]), checked op by op against the step, and the
+    /// optimizer phase's from its outputs, held until the step ends
+    /// ([`Recorder::complete_from`]). So records, origins and every result are the same
+    /// either way; only the cost differs. A step right after one kept for a non-finite
+    /// value computes them at once, since such steps come in runs (a falling loss scale).
+    /// Steps on a device always gather full statistics there.
     pub fn set_full_statistics(&mut self, on: bool) {
         self.full_statistics = on;
     }
