@@ -62,7 +62,7 @@ pub struct Recorder {
     /// output shares that storage (a view, a gradient passed through, a widening cast) has
     /// the same values, so the same statistics, recounted for its dtype. The storage is
     /// held weakly, so that a freed storage's address is never taken for a live one.
-    shared: HashMap<usize, SharedStats>,
+    shared: ByStorage<Known>,
     /// The output storage of this step's first cast of a tensor to a dtype: casting the
     /// same tensor (the same values) to the same dtype again gives the same values (a
     /// query, key and value projection each cast one input).
@@ -79,7 +79,7 @@ pub struct Recorder {
     /// ([`Recorder::check_only`]).
     check_only: bool,
     /// Non-finite counts made this step in that mode, by host storage (as `shared`).
-    counted: HashMap<usize, (Weak<Vec<f32>>, NonFinite)>,
+    counted: ByStorage<NonFinite>,
     /// Values this step only checked for non-finite values ([`Recorder::checked_values`]).
     checked: u64,
     /// In the check-only mode, each optimizer-phase op's output (by op) and dtype, held
@@ -91,8 +91,8 @@ pub struct Recorder {
 /// scan costs less than handing it over.
 const BACKGROUND_MIN: usize = 16 * 1024;
 
-/// A storage held weakly, with its statistics.
-type SharedStats = (Weak<Vec<f32>>, Known);
+/// What was noted this step of each host storage, by its address, the storage held weakly.
+type ByStorage<T> = HashMap<usize, (Weak<Vec<f32>>, T)>;
 
 /// The statistics of a host storage: computed, or in background job `n`.
 #[derive(Debug, Clone)]
@@ -456,11 +456,7 @@ impl Recorder {
     /// The statistics computed this step from a storage, if it is that same live storage
     /// (those of a finished background job as computed).
     fn known(&self, v: &Arc<Vec<f32>>) -> Option<Known> {
-        let (w, k) = self.shared.get(&(Arc::as_ptr(v) as usize))?;
-        if !w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, v)) {
-            return None;
-        }
-        Some(match k {
+        Some(match of_storage(&self.shared, v)? {
             Known::Job(n) => match self.jobs.get(*n as usize) {
                 Some(Job::Done(st)) => Known::Ready(st.clone()),
                 _ => Known::Job(*n),
@@ -498,8 +494,7 @@ impl Recorder {
                 }
             }
         };
-        self.shared
-            .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), k.clone()));
+        remember(&mut self.shared, v, k.clone());
         k
     }
 
@@ -512,12 +507,7 @@ impl Recorder {
         same_as: Option<&Arc<Vec<f32>>>,
         finite: bool,
     ) -> NonFinite {
-        let known = |u: &Arc<Vec<f32>>| {
-            let (w, n) = self.counted.get(&(Arc::as_ptr(u) as usize))?;
-            w.upgrade()
-                .is_some_and(|a| Arc::ptr_eq(&a, u))
-                .then_some(*n)
-        };
+        let known = |u: &Arc<Vec<f32>>| of_storage(&self.counted, u).copied();
         if let Some(n) = known(v) {
             return n;
         }
@@ -531,8 +521,7 @@ impl Recorder {
                 }
             }
         };
-        self.counted
-            .insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), n));
+        remember(&mut self.counted, v, n);
         n
     }
 
@@ -661,6 +650,18 @@ impl Observer for Recorder {
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }
+}
+
+/// What `map` notes of storage `v`, if the entry is that same live storage (a freed
+/// storage's address may be taken by a new one).
+fn of_storage<'m, T>(map: &'m ByStorage<T>, v: &Arc<Vec<f32>>) -> Option<&'m T> {
+    let (w, x) = map.get(&(Arc::as_ptr(v) as usize))?;
+    w.upgrade().is_some_and(|a| Arc::ptr_eq(&a, v)).then_some(x)
+}
+
+/// Notes `x` of storage `v` in `map`.
+fn remember<T>(map: &mut ByStorage<T>, v: &Arc<Vec<f32>>, x: T) {
+    map.insert(Arc::as_ptr(v) as usize, (Arc::downgrade(v), x));
 }
 
 /// An op applying an additive attention mask: the -inf of its output are the mask's (fp16's
