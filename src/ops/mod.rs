@@ -106,10 +106,7 @@ pub(crate) fn produce_in<T: Finish>(
     use rayon::prelude::*;
     // Read on the calling thread: the pieces may run on others.
     let check = crate::engine::finite_checks();
-    let round = |p: &mut [T]| match check {
-        true => T::round_piece_checked(dtype, p),
-        false => (T::round_piece(dtype, p), false),
-    };
+    let round = |p: &mut [T]| round_checked_if(check, dtype, p);
     if n >= PAR_MIN {
         // Each piece is zeroed just before it is computed, while it is in cache, rather
         // than the whole output up front (a pass over memory of its own).
@@ -139,6 +136,15 @@ pub(crate) fn produce_in<T: Finish>(
     let (rounding, finite) = round(&mut out);
     let c = T::finish_rounded(out, rounding, shape, dtype)?;
     Ok(Computed { finite, ..c })
+}
+
+/// [`Finish::round_piece`], checking the values for non-finite ones as well when `check`:
+/// the rounding counts and whether every value is known to be finite.
+fn round_checked_if<T: Finish>(check: bool, dtype: DType, p: &mut [T]) -> (RoundCounts, bool) {
+    match check {
+        true => T::round_piece_checked(dtype, p),
+        false => (T::round_piece(dtype, p), false),
+    }
 }
 
 /// Pieces of whole lines of `n` values, about [`PIECE`] values each (a line of no values
@@ -238,10 +244,7 @@ impl Finish for f32 {
         ))
     }
     fn finish(mut data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Computed> {
-        let (rounding, finite) = match crate::engine::finite_checks() {
-            true => crate::dtype::round_slice_checked(dtype, &mut data),
-            false => (round_slice(dtype, &mut data), false),
-        };
+        let (rounding, finite) = round_checked_if(crate::engine::finite_checks(), dtype, &mut data);
         Ok(Computed {
             finite,
             ..Computed::new(Tensor::from_exact(data, shape, dtype)?, rounding)
