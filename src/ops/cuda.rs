@@ -179,6 +179,48 @@ pub(crate) fn pad_shape(s: &[usize]) -> Result<[u64; MAX_DIMS]> {
     Ok(out)
 }
 
+/// Merges the dims of a padded iteration shape that every one of `strides` walks as one,
+/// in place: dim d joins dim d + 1 when each list has `s[d] == s[d+1] · shape[d+1]` and
+/// both dims are in the same group (`groups`: which dims a kernel sums over, or none).
+/// Dims of size 1 are dropped. The row-major enumeration of the indices, every offset
+/// and each group's order stay the same; the kernels only divide less per element (a
+/// contiguous elementwise op becomes one dim).
+pub(crate) fn collapse(
+    shape: &mut [u64; MAX_DIMS],
+    strides: &mut [&mut [u64; MAX_DIMS]],
+    mut groups: Option<&mut [u32; MAX_DIMS]>,
+) {
+    // Kept dims, outermost first: size, group, strides.
+    let mut dims: Vec<(u64, u32, Vec<u64>)> = Vec::with_capacity(MAX_DIMS);
+    for d in 0..MAX_DIMS {
+        if shape[d] == 1 {
+            continue;
+        }
+        let group = groups.as_ref().map_or(0, |g| g[d]);
+        let s: Vec<u64> = strides.iter().map(|st| st[d]).collect();
+        if let Some(last) = dims.last_mut() {
+            let joins = last.1 == group && last.2.iter().zip(&s).all(|(&o, &i)| o == i * shape[d]);
+            if joins {
+                last.0 *= shape[d];
+                last.2 = s;
+                continue;
+            }
+        }
+        dims.push((shape[d], group, s));
+    }
+    let pad = MAX_DIMS - dims.len();
+    for d in 0..MAX_DIMS {
+        let kept = d.checked_sub(pad).map(|i| &dims[i]);
+        shape[d] = kept.map_or(1, |k| k.0);
+        for (j, st) in strides.iter_mut().enumerate() {
+            st[d] = kept.map_or(0, |k| k.2[j]);
+        }
+        if let Some(g) = groups.as_deref_mut() {
+            g[d] = kept.map_or(0, |k| k.1);
+        }
+    }
+}
+
 /// Pads strides on the left with zeros to `MAX_DIMS`.
 pub(crate) fn pad_strides(s: &[usize]) -> [u64; MAX_DIMS] {
     let mut out = [0u64; MAX_DIMS];
@@ -235,4 +277,94 @@ pub(crate) fn output(dev: &Arc<CudaDevice>, shape: &[usize], dtype: DType) -> Re
 pub(crate) fn arg_ptr(t: &Tensor, op: &str) -> Result<u64> {
     let c = t.cuda(op)?;
     Ok(c.buf.ptr(&c.dev))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The offsets of every index of `shape`, enumerated row-major over the dims of group
+    /// `group` only, as the kernels decode them (the last dim fastest).
+    fn offsets(
+        shape: &[u64; MAX_DIMS],
+        strides: &[[u64; MAX_DIMS]],
+        groups: &[u32; MAX_DIMS],
+        group: u32,
+    ) -> Vec<Vec<u64>> {
+        let dims: Vec<usize> = (0..MAX_DIMS)
+            .filter(|&d| groups[d] == group && shape[d] > 1)
+            .collect();
+        let n: u64 = dims.iter().map(|&d| shape[d]).product();
+        (0..n)
+            .map(|i| {
+                let mut rest = i;
+                let mut off = vec![0u64; strides.len()];
+                for &d in dims.iter().rev() {
+                    let c = rest % shape[d];
+                    rest /= shape[d];
+                    for (o, s) in off.iter_mut().zip(strides) {
+                        *o += c * s[d];
+                    }
+                }
+                off
+            })
+            .collect()
+    }
+
+    #[test]
+    fn collapse_keeps_every_offset_and_each_groups_order() {
+        let mut rng = crate::rng::Rng::new(7);
+        let mut merged_some = false;
+        for _ in 0..2000 {
+            let mut shape = [1u64; MAX_DIMS];
+            for s in shape.iter_mut() {
+                *s = [1, 1, 2, 3, 4][rng.below(5) as usize];
+            }
+            // Row-major strides, broadcast (0) dims, and transposed layouts.
+            let row_major = |shape: &[u64; MAX_DIMS]| {
+                let mut s = [0u64; MAX_DIMS];
+                let mut acc = 1;
+                for d in (0..MAX_DIMS).rev() {
+                    s[d] = acc;
+                    acc *= shape[d];
+                }
+                s
+            };
+            let mut lists = Vec::new();
+            for _ in 0..3 {
+                let mut s = row_major(&shape);
+                match rng.below(3) {
+                    0 => {}
+                    1 => s[rng.below(MAX_DIMS as u64) as usize] = 0,
+                    _ => s.swap(rng.below(MAX_DIMS as u64) as usize, MAX_DIMS - 1),
+                }
+                lists.push(s);
+            }
+            let mut groups = [0u32; MAX_DIMS];
+            for g in groups.iter_mut() {
+                *g = rng.below(2) as u32;
+            }
+            let before: Vec<_> = (0..2)
+                .map(|g| offsets(&shape, &lists, &groups, g))
+                .collect();
+            let (mut s2, mut l2, mut g2) = (shape, lists.clone(), groups);
+            {
+                let mut refs: Vec<&mut [u64; MAX_DIMS]> = l2.iter_mut().collect();
+                collapse(&mut s2, &mut refs, Some(&mut g2));
+            }
+            let after: Vec<_> = (0..2).map(|g| offsets(&s2, &l2, &g2, g)).collect();
+            assert_eq!(
+                before, after,
+                "shape {shape:?} strides {lists:?} groups {groups:?}"
+            );
+            let dims = |s: &[u64; MAX_DIMS]| s.iter().filter(|&&x| x > 1).count();
+            merged_some |= dims(&s2) < dims(&shape);
+        }
+        assert!(merged_some);
+        // A contiguous op over any shape is one dim.
+        let mut shape = [1, 1, 2, 3, 4, 5];
+        let mut s = [0, 0, 60, 20, 5, 1];
+        collapse(&mut shape, &mut [&mut s], None);
+        assert_eq!((shape, s), ([1, 1, 1, 1, 1, 120], [0, 0, 0, 0, 0, 1]));
+    }
 }

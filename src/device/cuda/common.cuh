@@ -308,6 +308,17 @@ __device__ __forceinline__ u64 div_rem(u64 x, u64 m, u64* rem) {
     return x / m;
 }
 
+// One dim of a row-major index: `rest` split by the dim's size `m` into the coordinate
+// (`*c`) and what is left for the outer dims; no division at all where rest < m (the
+// innermost dim of a contiguous op, after the host merged its dims).
+__device__ __forceinline__ u64 split_dim(u64 rest, u64 m, u64* c) {
+    if (rest < m) {
+        *c = rest;
+        return 0;
+    }
+    return div_rem(rest, m, c);
+}
+
 // ---- Sums in one thread's order, spread over a warp. Each lane computes the terms of its
 // positions of a chunk of 32 (the expensive part: loads, exponentials, index arithmetic);
 // every lane then adds the chunk's terms in position order from shared memory, so each
@@ -335,6 +346,31 @@ __device__ __forceinline__ double warp_ordered_add(double s, double term, u32 co
         for (u32 k = 0; k < 32; ++k) s += scratch[k];
     } else {
         for (u32 k = 0; k < count; ++k) s += scratch[k];
+    }
+    return s;
+}
+
+// `s` plus term(0), ..., term(n - 1), added in that order (warp_ordered_add, a chunk of
+// 32 at a time). The lanes compute eight chunks' terms before the first of them is added,
+// so their loads wait on memory together rather than one chunk after another. Every lane
+// of the warp calls it and gets the sum.
+template <typename Term>
+__device__ __forceinline__ double warp_ordered_sum(double s, u64 n, double* scratch,
+                                                   Term term) {
+    u64 lane = threadIdx.x & 31u;
+    for (u64 c = 0; c < n; c += 8 * 32) {
+        double t[8];
+#ifdef __CUDACC_RTC__
+#pragma unroll
+#endif
+        for (int u = 0; u < 8; ++u) {
+            u64 i = c + (u64)u * 32 + lane;
+            t[u] = i < n ? term(i) : 0.0;
+        }
+        for (int u = 0; u < 8 && c + (u64)u * 32 < n; ++u) {
+            u64 left = n - (c + (u64)u * 32);
+            s = warp_ordered_add(s, t[u], (u32)(left < 32 ? left : 32), scratch);
+        }
     }
     return s;
 }

@@ -4,8 +4,8 @@
 use super::{Binary, Unary};
 use crate::error::{Error, Result};
 use crate::ops::cuda::{
-    arg, device_of, launch, launch_with, output, pad_shape, pad_strides, same_dtype, Geometry,
-    GradGeometry, Out, MAX_DIMS,
+    arg, collapse, device_of, launch, launch_with, output, pad_shape, pad_strides, same_dtype,
+    Geometry, GradGeometry, Out, MAX_DIMS,
 };
 use crate::tensor::Tensor;
 
@@ -175,11 +175,12 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor, sink: Out) -> Result<Tensor> {
     let dt = same_dtype(name, &[a, b])?;
     let dev = device_of(name, &[a, b])?;
     let out = crate::ops::broadcast_shape(a.shape(), b.shape(), name)?;
-    let geo = Geometry {
+    let mut geo = Geometry {
         shape: pad_shape(&out)?,
         sa: pad_strides(&crate::ops::bstrides(a.shape(), &out)),
         sb: pad_strides(&crate::ops::bstrides(b.shape(), &out)),
     };
+    collapse(&mut geo.shape, &mut [&mut geo.sa, &mut geo.sb], None);
     let y = output(&dev, &out, dt)?;
     let ((ap, _), (bp, _), (yp, k)) = (arg(a, name)?, arg(b, name)?, arg(&y, name)?);
     let c = binary_code(op);
@@ -240,13 +241,18 @@ pub fn binary_grad(
             ));
         }
     }
-    let geo = GradGeometry {
+    let mut geo = GradGeometry {
         shape,
         sa: pad_strides(&crate::ops::bstrides(a.shape(), &full)),
         sb: pad_strides(&crate::ops::bstrides(b.shape(), &full)),
         sg: pad_strides(&crate::tensor::strides(&full)),
         reduced,
     };
+    collapse(
+        &mut geo.shape,
+        &mut [&mut geo.sa, &mut geo.sb, &mut geo.sg],
+        Some(&mut geo.reduced),
+    );
     let out = output(&dev, target, dt)?;
     let ((ap, _), (bp, _), (gp, _), (op_, k)) = (
         arg(a, name)?,

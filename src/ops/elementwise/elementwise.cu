@@ -196,9 +196,9 @@ extern "C" __global__ void amp_binary(const void* a, const void* b, void* y, int
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, ia = 0, ib = 0;
-        for (int d = MAX_DIMS - 1; d >= 0; --d) {
-            u64 c = rest % geo.shape[d];
-            rest /= geo.shape[d];
+        for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
+            u64 c;
+            rest = split_dim(rest, geo.shape[d], &c);
             ia += c * geo.sa[d];
             ib += c * geo.sb[d];
         }
@@ -243,10 +243,10 @@ struct GradGeometry {
 // (`summed` = 1) or kept (0), the last dim fastest.
 __device__ __forceinline__ void grad_coords(const GradGeometry& geo, u64 t, u32 summed, u64* ia,
                                             u64* ib, u64* ig) {
-    for (int d = MAX_DIMS - 1; d >= 0; --d) {
+    for (int d = MAX_DIMS - 1; d >= 0 && t; --d) {
         if (geo.reduced[d] != summed || geo.shape[d] == 1) continue;
         u64 c;
-        t = div_rem(t, geo.shape[d], &c);
+        t = split_dim(t, geo.shape[d], &c);
         *ia += c * geo.sa[d];
         *ib += c * geo.sb[d];
         *ig += c * geo.sg[d];
@@ -311,19 +311,12 @@ extern "C" __global__ void amp_binary_grad_warp(const void* a, const void* b, co
     for (u64 t = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_out; t += warps) {
         u64 base_a = 0, base_b = 0, base_g = 0;
         grad_coords(geo, t, 0, &base_a, &base_b, &base_g);
-        double acc = init;
-        for (u64 c = 0; c < n_reduced; c += 32) {
-            u64 r = c + lane;
-            double v = 0.0;
-            if (r < n_reduced) {
-                u64 ia = base_a, ib = base_b, ig = base_g;
-                grad_coords(geo, r, 1, &ia, &ib, &ig);
-                v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
-                                      load_f32(g, kind, ig));
-            }
-            acc = warp_ordered_add(acc, v, (u32)(n_reduced - c < 32 ? n_reduced - c : 32),
-                                   scratch);
-        }
+        double acc = warp_ordered_sum(init, n_reduced, scratch, [&](u64 r) {
+            u64 ia = base_a, ib = base_b, ig = base_g;
+            grad_coords(geo, r, 1, &ia, &ib, &ig);
+            return (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
+                                     load_f32(g, kind, ig));
+        });
         if (lane == 0) store_round_f64(out, kind, t, acc, &over, &under);
     }
     block_add_counts(over, under, counts);

@@ -30,7 +30,7 @@ extern "C" __global__ void amp_ln_forward(const void* x, const void* w, const vo
     u32 over = 0, under = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
-        u64 r = i / d, j = i % d;
+        u64 j, r = div_rem(i, d, &j);
         float o = (load_f32(x, kind, i) - mean[r]) * rstd[r];
         if (w) o = o * load_f32(w, kind, j);
         if (b) o = o + load_f32(b, kind, j);
@@ -198,7 +198,7 @@ extern "C" __global__ void amp_embedding_backward(const void* g, const long long
     u32 over = 0, under = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < v * d;
          i += (u64)gridDim.x * blockDim.x) {
-        u64 id = i / d, j = i % d;
+        u64 j, id = div_rem(i, d, &j);
         long long k = offset[id], end = (long long)id == pad ? k : k + total[id];
         double s = 0.0;
         // Loads a group ahead of the adds, which stay in order.
@@ -225,14 +225,11 @@ extern "C" __global__ void amp_embedding_backward_warp(const void* g, const long
     double* scratch = warp_scratch();
     u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; i < v * d; i += warps) {
-        u64 id = i / d, j = i % d;
+        u64 j, id = div_rem(i, d, &j);
         long long start = offset[id], cnt = (long long)id == pad ? 0 : total[id];
-        double s = 0.0;
-        for (long long c = 0; c < cnt; c += 32) {
-            long long k = c + (long long)lane;
-            double t = k < cnt ? (double)load_f32(g, kind, (u64)sorted[start + k] * d + j) : 0.0;
-            s = warp_ordered_add(s, t, (u32)(cnt - c < 32 ? cnt - c : 32), scratch);
-        }
+        double s = warp_ordered_sum(0.0, (u64)cnt, scratch, [&](u64 k) {
+            return (double)load_f32(g, kind, (u64)sorted[start + (long long)k] * d + j);
+        });
         if (lane == 0) store_round_f64(y, kind, i, s, &over, &under);
     }
     block_add_counts(over, under, counts);

@@ -4,7 +4,8 @@
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::cuda::{
-    arg, arg_ptr, device_of, launch, launch_with, output, pad_shape, pad_strides, Out, MAX_DIMS,
+    arg, arg_ptr, collapse, device_of, launch, launch_with, output, pad_shape, pad_strides, Out,
+    MAX_DIMS,
 };
 use crate::ops::Pattern;
 use crate::tensor::{strides, Tensor};
@@ -84,11 +85,12 @@ pub fn sum(
         .filter(|(f, k)| f != k)
         .map(|(&f, _)| f as u64)
         .product::<u64>();
-    let geo = SumGeometry {
+    let mut geo = SumGeometry {
         shape: pad_shape(full)?,
         sx: pad_strides(&strides(full)),
         reduced,
     };
+    collapse(&mut geo.shape, &mut [&mut geo.sx], Some(&mut geo.reduced));
     let y = output(&dev, out_shape, x.dtype())?;
     let ((xp, k), (yp, _)) = (arg(x, op)?, arg(&y, op)?);
     let n = y.numel() as u64;
@@ -145,10 +147,11 @@ pub fn expand(
     sink: Out,
 ) -> Result<Tensor> {
     let dev = device_of(op, &[g])?;
-    let geo = ExpandGeometry {
+    let mut geo = ExpandGeometry {
         shape: pad_shape(full)?,
         sg: pad_strides(&crate::ops::bstrides(kept, full)),
     };
+    collapse(&mut geo.shape, &mut [&mut geo.sg], None);
     let y = output(&dev, full, g.dtype())?;
     let ((gp, k), (yp, _)) = (arg(g, op)?, arg(&y, op)?);
     let n = y.numel() as u64;

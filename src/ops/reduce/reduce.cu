@@ -21,10 +21,10 @@ struct SumGeometry {
 // `off` plus the offset of index `t` over the dims that are summed (`summed` = 1) or kept
 // (0), the last dim fastest.
 __device__ __forceinline__ u64 sum_offset(const SumGeometry& g, u64 t, u32 summed, u64 off) {
-    for (int d = MAX_DIMS - 1; d >= 0; --d) {
+    for (int d = MAX_DIMS - 1; d >= 0 && t; --d) {
         if (g.reduced[d] != summed || g.shape[d] == 1) continue;
         u64 c;
-        t = div_rem(t, g.shape[d], &c);
+        t = split_dim(t, g.shape[d], &c);
         off += c * g.sx[d];
     }
     return off;
@@ -63,13 +63,9 @@ extern "C" __global__ void amp_sum_warp(const void* x, void* y, int kind, u64 n_
     u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 t = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n_out; t += warps) {
         u64 base = sum_offset(g, t, 0, 0);
-        double acc = init;
-        for (u64 c = 0; c < n_reduced; c += 32) {
-            u64 r = c + lane;
-            double v = r < n_reduced ? (double)load_f32(x, kind, sum_offset(g, r, 1, base)) : 0.0;
-            acc = warp_ordered_add(acc, v, (u32)(n_reduced - c < 32 ? n_reduced - c : 32),
-                                   scratch);
-        }
+        double acc = warp_ordered_sum(init, n_reduced, scratch, [&](u64 r) {
+            return (double)load_f32(x, kind, sum_offset(g, r, 1, base));
+        });
         if (has_div) acc = acc / div;
         if (lane == 0) store_round_f64(y, kind, t, acc, &over, &under);
     }
@@ -91,9 +87,9 @@ extern "C" __global__ void amp_expand(const void* g, void* y, int kind, u64 n, E
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, j = 0;
-        for (int d = MAX_DIMS - 1; d >= 0; --d) {
-            u64 c = rest % geo.shape[d];
-            rest /= geo.shape[d];
+        for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
+            u64 c;
+            rest = split_dim(rest, geo.shape[d], &c);
             j += c * geo.sg[d];
         }
         float v = load_f32(g, kind, j);
@@ -108,7 +104,8 @@ extern "C" __global__ void amp_expand(const void* g, void* y, int kind, u64 n, E
 // Line l of an (outer, n, inner) split starts at (l / inner) * n * inner + l % inner and
 // steps by inner.
 __device__ __forceinline__ u64 line_base(u64 l, u64 n, u64 inner) {
-    return (l / inner) * n * inner + l % inner;
+    u64 r, q = div_rem(l, inner, &r);
+    return q * n * inner + r;
 }
 
 // The first maximal element of each line (a NaN is maximal), its value and flat offset.
@@ -159,12 +156,9 @@ extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lin
             m = v > m ? v : m;
         }
         m = warp_max(m);
-        double s = 0.0;
-        for (u64 c = 0; c < n; c += 32) {
-            u64 i = c + lane;
-            double t = i < n ? (double)red_exp(load_f32(x, kind, base + i * inner) - m) : 0.0;
-            s = warp_ordered_add(s, t, (u32)(n - c < 32 ? n - c : 32), scratch);
-        }
+        double s = warp_ordered_sum(0.0, n, scratch, [&](u64 i) {
+            return (double)red_exp(load_f32(x, kind, base + i * inner) - m);
+        });
         if (log_) {
             float lg = (float)log(s);
             for (u64 i = lane; i < n; i += 32) {
@@ -199,17 +193,11 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
     u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 l = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; l < lines; l += warps) {
         u64 base = line_base(l, n, inner);
-        double s = init;
-        for (u64 c = 0; c < n; c += 32) {
-            u64 i = c + lane;
-            double t = 0.0;
-            if (i < n) {
-                u64 k = base + i * inner;
-                float gv = load_f32(g, kind, k);
-                t = log_ ? (double)gv : (double)(gv * load_f32(y, kind, k));
-            }
-            s = warp_ordered_add(s, t, (u32)(n - c < 32 ? n - c : 32), scratch);
-        }
+        double s = warp_ordered_sum(init, n, scratch, [&](u64 i) {
+            u64 k = base + i * inner;
+            float gv = load_f32(g, kind, k);
+            return log_ ? (double)gv : (double)(gv * load_f32(y, kind, k));
+        });
         float sf = (float)s;
         for (u64 i = lane; i < n; i += 32) {
             u64 k = base + i * inner;

@@ -27,8 +27,8 @@ extern "C" __global__ void amp_where(const void* c, int ckind, const void* a, co
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, ic = 0, ia = 0, ib = 0;
         for (int d = MAX_DIMS - 1; d >= 0; --d) {
-            u64 k = rest % g.shape[d];
-            rest /= g.shape[d];
+            u64 k;
+            rest = split_dim(rest, g.shape[d], &k);
             ic += k * g.sc[d];
             ia += k * g.sa[d];
             ib += k * g.sb[d];
@@ -64,8 +64,8 @@ extern "C" __global__ void amp_where_grad(const void* c, int ckind, const void* 
         u64 bc = 0, bg = 0, rest = t;
         for (int d = MAX_DIMS - 1; d >= 0; --d) {
             if (geo.reduced[d]) continue;
-            u64 k = rest % geo.shape[d];
-            rest /= geo.shape[d];
+            u64 k;
+            rest = split_dim(rest, geo.shape[d], &k);
             bc += k * geo.sc[d];
             bg += k * geo.sg[d];
         }
@@ -74,8 +74,8 @@ extern "C" __global__ void amp_where_grad(const void* c, int ckind, const void* 
             u64 ic = bc, ig = bg, rr = r;
             for (int d = MAX_DIMS - 1; d >= 0; --d) {
                 if (!geo.reduced[d]) continue;
-                u64 k = rr % geo.shape[d];
-                rr /= geo.shape[d];
+                u64 k;
+                rr = split_dim(rr, geo.shape[d], &k);
                 ic += k * geo.sc[d];
                 ig += k * geo.sg[d];
             }
@@ -97,8 +97,8 @@ struct MaskGeometry {
 __device__ __forceinline__ u64 sel_mask_index(const MaskGeometry& g, u64 i) {
     u64 rest = i, im = 0;
     for (int d = MAX_DIMS - 1; d >= 0; --d) {
-        u64 k = rest % g.shape[d];
-        rest /= g.shape[d];
+        u64 k;
+        rest = split_dim(rest, g.shape[d], &k);
         im += k * g.sm[d];
     }
     return im;

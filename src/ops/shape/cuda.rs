@@ -7,7 +7,7 @@ use crate::device::cuda::DeviceBuffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::cuda::{
-    arg_ptr, device_of, launch_with, output, pad_shape, pad_strides, Out, MAX_DIMS,
+    arg_ptr, collapse, device_of, launch_with, output, pad_shape, pad_strides, Out, MAX_DIMS,
 };
 use crate::tensor::{strides, Tensor};
 use cudarc::driver::DeviceRepr;
@@ -62,13 +62,14 @@ pub(crate) fn copy(
             format!("cannot copy {} into {}", x.dtype(), y.dtype()),
         ));
     }
-    let geo = Strided {
+    let mut geo = Strided {
         shape: pad_shape(shape)?,
         src: pad_strides(src),
         dst: pad_strides(dst),
         src_base: src_base as u64,
         dst_base: dst_base as u64,
     };
+    collapse(&mut geo.shape, &mut [&mut geo.src, &mut geo.dst], None);
     let bytes = elem_bytes(x.dtype(), op)?;
     let (xp, yp) = (arg_ptr(x, op)?, arg_ptr(y, op)?);
     let (kind, sink) = match x.dtype() {

@@ -27,9 +27,9 @@ extern "C" __global__ void amp_strided_copy(const void* x, void* y, int bytes, u
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         u64 rest = i, is = g.src_base, id = g.dst_base;
-        for (int d = MAX_DIMS - 1; d >= 0; --d) {
-            u64 c = rest % g.shape[d];
-            rest /= g.shape[d];
+        for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
+            u64 c;
+            rest = split_dim(rest, g.shape[d], &c);
             is += c * g.src[d];
             id += c * g.dst[d];
         }
