@@ -152,3 +152,94 @@ fn zero_gradients_carry_the_emulators_signs() {
         assert_eq!(grads(false), grads(true), "{what}");
     }
 }
+
+/// A 16-bit product that nothing counts is rounded by cuBLAS as it writes it; one whose
+/// rounding is counted goes through an f32 output and the counting cast. Both must hold
+/// the same bits. The operands are small integers times a power of two per row of a and
+/// per column of b, so every partial sum is exact in f32 (and a normal number) and any
+/// order of accumulation, cuBLAS's on hardware included, gives the same f32 result; the
+/// scales put fp16 results past its largest finite value, below its smallest subnormal,
+/// among its subnormals and on rounding ties, and bf16 results on ties up to 2^127.
+#[test]
+fn a_16_bit_product_rounded_by_cublas_equals_the_counted_cast() {
+    use amprobe::dtype::DType;
+    use amprobe::ops::cuda::Out;
+    use amprobe::ops::linalg::cuda::matmul;
+    use amprobe::tensor::Tensor;
+    let Some(dev) = device_or_skip() else {
+        return;
+    };
+    let (m, k, n) = (24usize, 128usize, 40usize);
+    let mut rng = amprobe::rng::Rng::new(11);
+    let mut int = |r: u64| rng.below(2 * r + 1) as f32 - r as f32;
+    // Integer sums reach 128·64·32 = 2^18 (exact in f32) and are typically some thousands:
+    // past fp16's 11 significant bits and bf16's 8, so results round, many on ties.
+    let cases: [(DType, &[i32], &[i32]); 2] = [
+        (
+            DType::F16,
+            &[-24, -20, -14, -8, 0, 2, 4, 5],
+            &[-24, -16, 0, 2, 4],
+        ),
+        (DType::BF16, &[-60, -20, 0, 20, 50, 56], &[-60, 0, 30, 53]),
+    ];
+    for (dt, sa, sb) in cases {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| int(64) * 2f32.powi(sa[(i / k) % sa.len()]))
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| int(32) * 2f32.powi(sb[(i % n) % sb.len()]))
+            .collect();
+        let exact = |v: &[f32], t: &Tensor| {
+            let got = t.f32s().unwrap();
+            assert!(
+                v.iter().zip(got).all(|(x, y)| x == y),
+                "{dt}: operands not exact"
+            );
+        };
+        let (ah, bh) = (
+            Tensor::from_f32(a.clone(), &[m, k], dt).unwrap(),
+            Tensor::from_f32(b.clone(), &[k, n], dt).unwrap(),
+        );
+        exact(&a, &ah);
+        exact(&b, &bh);
+        let (ad, bd) = (ah.to_device(&dev).unwrap(), bh.to_device(&dev).unwrap());
+        dev.with_arena(|a| a.reset(&dev)).unwrap();
+        let (slot, counts) = dev.counts_slot().unwrap();
+        let counted = matmul(&ad, &bd, false, false, Out::new(slot, counts)).unwrap();
+        let direct = matmul(&ad, &bd, false, false, Out::NONE).unwrap();
+        let rounding = dev.with_arena(|a| a.read(&dev)).unwrap()[slot as usize].rounding;
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let h = t.to_host().unwrap();
+            assert_eq!(h.dtype(), dt);
+            h.f32s().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        let (c, d) = (bits(&counted), bits(&direct));
+        // The exact sums (exact in f32 too), rounded once to nearest even on the host.
+        let sums: Vec<f32> = (0..m * n)
+            .map(|t| {
+                let (i, j) = (t / n, t % n);
+                (0..k)
+                    .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let host = Tensor::from_f32(sums, &[m, n], dt).unwrap();
+        let want: Vec<u32> = host.f32s().unwrap().iter().map(|v| v.to_bits()).collect();
+        let wrong = c.iter().zip(&want).filter(|(x, y)| x != y).count();
+        assert_eq!(
+            wrong, 0,
+            "{dt}: {wrong} counted results differ from the host's rounding"
+        );
+        let differ = c.iter().zip(&d).filter(|(x, y)| x != y).count();
+        assert_eq!(differ, 0, "{dt}: {differ} of {} values differ", c.len());
+        if dt == DType::F16 {
+            assert!(
+                rounding.overflow > 0 && rounding.underflow > 0,
+                "the operands must overflow and underflow fp16 somewhere, got {rounding:?}"
+            );
+            assert!(c
+                .iter()
+                .any(|&x| x != 0 && f32::from_bits(x).abs() < 6.2e-5));
+        }
+    }
+}

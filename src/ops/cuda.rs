@@ -114,6 +114,18 @@ impl Out {
         self.counts
     }
 
+    /// True when the kernel writing the output on `dev` neither counts its rounding nor
+    /// gathers statistics: then a library call may round it instead (cuBLAS's epilogue).
+    pub fn silent(&self, dev: &CudaDevice) -> Result<bool> {
+        if self.counts != 0 {
+            return Ok(false);
+        }
+        match self.slot {
+            None => Ok(true),
+            Some(_) => dev.with_arena(|a| Ok(!a.gathering())),
+        }
+    }
+
     /// The arguments of the kernel that writes `y`, the op's whole final output, `n`
     /// elements long.
     pub fn for_output(&self, y: &Tensor, n: u64) -> Result<OutArgs> {

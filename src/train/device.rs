@@ -111,9 +111,13 @@ impl Trainer {
         // ran, so a step with one probes the rewritten output instead.
         let gather =
             self.device()?.fused_stats && self.engine.probing() && self.injections.is_empty();
+        // Nothing reads an op's rounding counts without probes, so none are counted and
+        // 16-bit products come out of cuBLAS in their dtype.
+        let counting = self.engine.probing();
         dev.with_arena(|a| {
             a.reset(&dev)?;
             a.set_gathering(gather);
+            a.set_counting(counting);
             Ok(())
         })?;
         let mut st = self.begin(step);

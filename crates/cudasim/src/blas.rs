@@ -1,7 +1,8 @@
 //! The cuBLAS functions amprobe calls: handles, streams, the math mode, the library
 //! version, and `cublasGemmStridedBatchedEx` with fp16, bf16 or f32 operands, an f32
-//! result, and f32 accumulation in k order (TF32 inputs only when that compute type is
-//! asked for). Real cuBLAS sums in an order of its choosing, with fused multiply-adds on
+//! result or one of the operands' 16-bit type (the f32 result rounded once to nearest
+//! even, as cuBLAS's epilogue converts it), and f32 accumulation in k order (TF32 inputs
+//! only when that compute type is asked for). Real cuBLAS sums in an order of its choosing, with fused multiply-adds on
 //! tensor cores; this one multiplies and adds separately, one k after another. Each GEMM
 //! is counted on the stream last given to `cublasSetStream_v2`: calls, flops, operand bytes.
 
@@ -104,6 +105,55 @@ fn half_to_f32(h: u16) -> f32 {
     }
 }
 
+/// An f32 rounded once to fp16 bits, to nearest even (overflow to inf, subnormals kept).
+fn f32_to_f16(f: f32) -> u16 {
+    let x = f.to_bits();
+    let sign = ((x >> 16) & 0x8000) as u16;
+    let a = x & 0x7fff_ffff;
+    if a > 0x7f80_0000 {
+        return sign | 0x7e00 | ((a >> 13) & 0x3ff) as u16;
+    }
+    if a >= 0x477f_f000 {
+        return sign | 0x7c00;
+    }
+    if a >= 0x3880_0000 {
+        let r = a - 0x3800_0000;
+        let r = r + 0xfff + ((r >> 13) & 1);
+        return sign | (r >> 13) as u16;
+    }
+    if a <= 0x3300_0000 {
+        return sign;
+    }
+    let e = a >> 23;
+    let m = (a & 0x7f_ffff) | 0x80_0000;
+    let shift = 126 - e;
+    let mut q = m >> shift;
+    let rem = m & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    if rem > half || (rem == half && q & 1 == 1) {
+        q += 1;
+    }
+    sign | q as u16
+}
+
+/// An f32 rounded once to bf16 bits, to nearest even (NaN kept quiet).
+fn f32_to_bf16(f: f32) -> u16 {
+    let b = f.to_bits();
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        return ((b | 0x0040_0000) >> 16) as u16;
+    }
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Stores `v` as element `i` of a matrix of data type `ty`, rounded once to it.
+unsafe fn store(p: *mut c_void, ty: u32, i: usize, v: f32) {
+    match ty {
+        R_32F => *(p as *mut f32).add(i) = v,
+        R_16F => *(p as *mut u16).add(i) = f32_to_f16(v),
+        _ => *(p as *mut u16).add(i) = f32_to_bf16(v),
+    }
+}
+
 /// An f32 rounded to TF32 (10 explicit mantissa bits, round to nearest even).
 fn tf32(x: f32) -> f32 {
     if !x.is_finite() {
@@ -147,10 +197,12 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
         return INVALID_VALUE;
     }
     let ok_type = |t: u32| matches!(t, R_32F | R_16F | R_16BF);
-    if !ok_type(atype) || atype != btype || ctype != R_32F || transa > 1 || transb > 1 {
+    let ok_c = ctype == R_32F || ctype == atype;
+    if !ok_type(atype) || atype != btype || !ok_c || transa > 1 || transb > 1 {
         eprintln!(
             "cudasim: cublasGemmStridedBatchedEx with A {atype}, B {btype}, C {ctype}, ops \
-             {transa}/{transb} is not simulated (A = B in f32/f16/bf16, C f32, N or T)"
+             {transa}/{transb} is not simulated (A = B in f32/f16/bf16, C f32 or A's type, N \
+             or T)"
         );
         return NOT_SUPPORTED;
     }
@@ -175,6 +227,7 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
         alpha,
         beta,
         ldc,
+        ctype,
     };
     // op(A) by columns (each k's m values together) and op(B) by columns, as f32 (TF32 when
     // asked), so that the sums below run over contiguous memory.
@@ -189,7 +242,10 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
             .cast::<u8>()
             .offset((bi as isize) * (stride_b as isize) * elem_bytes(btype) as isize)
             as *const c_void;
-        let cb = (c as *mut f32).offset((bi as isize) * stride_c as isize);
+        let cb = c
+            .cast::<u8>()
+            .offset((bi as isize) * (stride_c as isize) * elem_bytes(ctype) as isize)
+            as *mut c_void;
         let round = |x: f32| if tf { tf32(x) } else { x };
         for p in 0..k {
             for i in 0..m {
@@ -222,7 +278,9 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
                 let (a_cols, b_cols, f) = (&a_cols, &b_cols, &f);
                 let j0 = t * cols_per;
                 // SAFETY: this thread writes columns j0.. of C only.
-                sc.spawn(move || unsafe { f.columns(a_cols, b_cols, c_addr as *mut f32, j0..n) });
+                sc.spawn(move || unsafe {
+                    f.columns(a_cols, b_cols, c_addr as *mut c_void, j0..n)
+                });
             }
             // SAFETY: this thread writes the first columns only.
             unsafe { f.columns(&a_cols, &b_cols, cb, 0..cols_per.min(n)) };
@@ -234,11 +292,12 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     let (m, n, k, nb) = (m as u64, n as u64, k as u64, batch as u64);
     let ab = elem_bytes(atype) as u64;
     let c_passes = if beta == 0.0 { 1 } else { 2 };
+    let cb = elem_bytes(ctype) as u64;
     crate::driver::note_gemm(
         STREAM.load(Ordering::Relaxed),
         2 * m * n * k * nb,
         atype == R_32F,
-        nb * ((m * k + k * n) * ab + c_passes * m * n * 4),
+        nb * ((m * k + k * n) * ab + c_passes * m * n * cb),
     );
     SUCCESS
 }
@@ -251,17 +310,19 @@ struct Gemm {
     alpha: f32,
     beta: f32,
     ldc: usize,
+    /// C's data type: f32, or a 16-bit type each result is rounded to once.
+    ctype: u32,
 }
 
 impl Gemm {
     /// Columns `cols` of C: each element the f32 sum over k in order of separately rounded
-    /// products, then scaled by alpha (plus beta times C's old value). Four columns at a
-    /// time share each pass over A's columns.
+    /// products, then scaled by alpha (plus beta times C's old value), then rounded to C's
+    /// type. Four columns at a time share each pass over A's columns.
     unsafe fn columns(
         &self,
         a_cols: &[f32],
         b_cols: &[f32],
-        c: *mut f32,
+        c: *mut c_void,
         cols: std::ops::Range<usize>,
     ) {
         const W: usize = 4;
@@ -282,14 +343,14 @@ impl Gemm {
                 }
             }
             for (jj, acc) in acc.chunks_exact(m).take(w).enumerate() {
-                let col = c.add((j + jj) * self.ldc);
+                let col = (j + jj) * self.ldc;
                 for (i, &s) in acc.iter().enumerate() {
-                    let out = col.add(i);
-                    *out = if self.beta == 0.0 {
+                    let v = if self.beta == 0.0 {
                         self.alpha * s
                     } else {
-                        self.alpha * s + self.beta * *out
+                        self.alpha * s + self.beta * load(c, self.ctype, col + i)
                     };
+                    store(c, self.ctype, col + i, v);
                 }
             }
             j += w;

@@ -72,6 +72,8 @@ pub struct StatsArena {
     keep: Vec<Arc<DeviceBuffer>>,
     descs: Option<CudaSlice<ProbeDesc>>,
     gathering: bool,
+    /// Whether kernels count their rounding's over/underflow ([`StatsArena::set_counting`]).
+    counting: bool,
     /// Per slot whose statistics a producing kernel gathers: that tensor's address and
     /// length.
     gathered: std::collections::HashMap<u32, (u64, usize)>,
@@ -116,6 +118,7 @@ impl StatsArena {
             keep: Vec::new(),
             descs: None,
             gathering: false,
+            counting: true,
             gathered: std::collections::HashMap::new(),
         })
     }
@@ -137,6 +140,14 @@ impl StatsArena {
     /// probed anyway, off when nothing is (so no statistics are computed at all).
     pub fn set_gathering(&mut self, on: bool) {
         self.gathering = on;
+    }
+
+    /// Whether op kernels count the over/underflow of their rounding (the default) or
+    /// count nothing: [`round_counts_ptr`](Self::round_counts_ptr) is then 0, so a 16-bit
+    /// product is rounded by cuBLAS as it writes it instead of by a counting cast. Set per
+    /// step: off when no probe reads the counts.
+    pub fn set_counting(&mut self, on: bool) {
+        self.counting = on;
     }
 
     /// True while the arena gathers statistics in producing kernels.
@@ -226,8 +237,11 @@ impl StatsArena {
     }
 
     /// Device address of a slot's two rounding counters (overflow, underflow), for a
-    /// kernel that rounds.
+    /// kernel that rounds; 0 (count nothing) while the arena does not count.
     pub fn round_counts_ptr(&self, dev: &CudaDevice, slot: u32) -> u64 {
+        if !self.counting {
+            return 0;
+        }
         self.word_ptr(dev, slot, ROUND_AT)
     }
 

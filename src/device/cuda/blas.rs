@@ -1,6 +1,8 @@
-//! GEMM through cuBLAS `gemm_ex`: fp16 / bf16 / f32 inputs, f32 compute, f32 output (the
-//! rounding to the op's dtype is done by amprobe's cast kernel, which counts overflow and
-//! underflow). The f32 mode computes true f32 unless TF32 is asked for.
+//! GEMM through cuBLAS `gemm_ex`: fp16 / bf16 / f32 inputs, f32 compute, and an f32
+//! output (rounded to the op's dtype by amprobe's cast kernel, which counts overflow and
+//! underflow) or an output in the inputs' 16-bit type (cuBLAS's epilogue rounds the f32
+//! result once, to nearest even, and counts nothing). The f32 mode computes true f32
+//! unless TF32 is asked for.
 
 use super::dev_err;
 use crate::error::Result;
@@ -48,20 +50,26 @@ impl Blas {
         Ok(Blas { handle, tf32 })
     }
 
-    /// Runs `g` on raw device pointers: `a`, `b` of data type `dtype` (0 f32, 1 f16,
-    /// 2 bf16) and `c` f32 of `batch·m·n` elements.
+    /// Runs `g` on raw device pointers: `a`, `b` of storage kind `kind` (0 f32, 1 f16,
+    /// 2 bf16) and `c` of `batch·m·n` elements of kind `out`: 0 (f32), or `kind` itself.
     ///
     /// # Safety
     /// The pointers must address device memory of the sizes `g` implies, on this handle's
     /// stream's context.
-    pub unsafe fn gemm_f32_out(&self, g: Gemm, kind: i32, a: u64, b: u64, c: u64) -> Result<()> {
+    pub unsafe fn gemm(&self, g: Gemm, kind: i32, a: u64, b: u64, c: u64, out: i32) -> Result<()> {
         use sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         use sys::cudaDataType_t as D;
-        let dt = match kind {
+        let data_type = |kind: i32| match kind {
             0 => D::CUDA_R_32F,
             1 => D::CUDA_R_16F,
             _ => D::CUDA_R_16BF,
         };
+        if out != 0 && out != kind {
+            return Err(crate::error::Error::Device(format!(
+                "a GEMM of storage kind {kind} cannot write kind {out}"
+            )));
+        }
+        let (dt, ct) = (data_type(kind), data_type(out));
         let compute = if kind == 0 && self.tf32 {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
         } else {
@@ -99,7 +107,7 @@ impl Blas {
             g.stride_a as i64,
             (&beta) as *const f32 as *const _,
             c as *mut _,
-            D::CUDA_R_32F,
+            ct,
             i(g.n),
             (g.m * g.n) as i64,
             i(g.batch),

@@ -1,5 +1,7 @@
 //! Matrix products on the device through cuBLAS (f32 accumulation), rounded to the
-//! operands' dtype by the cast kernel, which counts over/underflow.
+//! operands' dtype by the cast kernel, which counts over/underflow, or, where nothing
+//! counts them ([`Out::silent`]), by cuBLAS as it writes its output in that dtype: the
+//! same single rounding to nearest even, without an f32 output and a pass over it.
 
 use crate::device::cuda::blas::Gemm;
 use crate::dtype::DType;
@@ -13,6 +15,9 @@ use crate::tensor::Tensor;
 /// arena's own pass); a 16-bit one gathers them in the rounding kernel.
 pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, sink: Out) -> Result<Tensor> {
     let dt = same_dtype("matmul", &[a, b])?;
+    if dt != DType::F32 && sink.silent(&*device_of("matmul", &[a, b])?)? {
+        return product(a, b, trans_a, trans_b, dt);
+    }
     let acc = matmul_acc(a, b, trans_a, trans_b)?;
     if dt == DType::F32 {
         return Ok(acc);
@@ -22,6 +27,11 @@ pub fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, sink: Out) -
 
 /// [`matmul`]'s f32 accumulation, before any rounding to the operands' dtype.
 pub fn matmul_acc(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+    product(a, b, trans_a, trans_b, DType::F32)
+}
+
+/// The product as cuBLAS writes it: in f32, or rounded once to the operands' dtype `out`.
+fn product(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool, out: DType) -> Result<Tensor> {
     same_dtype("matmul", &[a, b])?;
     let dev = device_of("matmul", &[a, b])?;
     let (sa, sb) = (a.shape(), b.shape());
@@ -60,12 +70,12 @@ pub fn matmul_acc(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Resul
     } else {
         vec![m, n]
     };
-    let acc = output(&dev, &out_shape, DType::F32)?;
-    let ((ap, kind), (bp, _), (cp, _)) =
-        (arg(a, "matmul")?, arg(b, "matmul")?, arg(&acc, "matmul")?);
-    // SAFETY: a, b and acc are live device buffers of exactly the sizes `g` implies.
-    unsafe { dev.blas().gemm_f32_out(g, kind, ap, bp, cp)? };
-    Ok(acc)
+    let c = output(&dev, &out_shape, out)?;
+    let ((ap, kind), (bp, _), (cp, ck)) =
+        (arg(a, "matmul")?, arg(b, "matmul")?, arg(&c, "matmul")?);
+    // SAFETY: a, b and c are live device buffers of exactly the sizes `g` implies.
+    unsafe { dev.blas().gemm(g, kind, ap, bp, cp, ck)? };
+    Ok(c)
 }
 
 /// `x·wᵀ + b` for x [m, k], w [n, k], b [n] (with `w_t`, `x·w + b` for w [k, n]): the bias
@@ -73,6 +83,9 @@ pub fn matmul_acc(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Resul
 /// emulator's linear).
 pub fn linear(x: &Tensor, w: &Tensor, w_t: bool, b: Option<&Tensor>, sink: Out) -> Result<Tensor> {
     let dt = same_dtype("linear", &[x, w])?;
+    if b.is_none() {
+        return matmul(x, w, false, !w_t, sink);
+    }
     let mut acc = matmul_acc(x, w, false, !w_t)?;
     if let Some(b) = b {
         let b32 = crate::ops::cast::cuda::cast(b, DType::F32, Out::NONE)?;
