@@ -6,7 +6,13 @@
 //! - (a) amprobe, probes off / PyTorch eager AMP: the price of the emulator-exact kernels;
 //! - (b) amprobe, probes on / probes off: the price of the probes;
 //! - (c) amprobe, probes on / PyTorch eager AMP: what a user pays to look;
-//! - (d) amprobe, probes on / PyTorch under `detect_anomaly`: against today's way to look.
+//! - (d) amprobe, probes on / PyTorch under `detect_anomaly`: against today's way to look;
+//! - (e) amprobe, probes on with full statistics in every step / probes off.
+//!
+//! "Probes on" is the default sampling, as a user runs it: the first step's op records are
+//! kept, later steps only count their forward and backward outputs' non-finite values
+//! (and would keep completed records for one); "full" keeps every step's records with full
+//! statistics (as `--sample-every 1`).
 //!
 //! The workload is the PyTorch script's: T5EncoderModel with the relu FFN, d_model 768,
 //! 12 layers, d_ff 3072, 12 heads, d_kv 64, vocab 32128, batch 8, seq 512, the LM objective
@@ -21,11 +27,11 @@
 //!
 //! ```text
 //! cargo bench --bench t5_base_gpu -- [--layers N] [--batch N] [--seq N] [--vocab N]
-//!     [--warmup N] [--steps N] [--modes fp16,bf16,fp32] [--probes off,on] [--json FILE]
+//!     [--warmup N] [--steps N] [--modes fp16,bf16,fp32] [--probes off,on,full] [--json FILE]
 //!     [--torch FILE] [--allow-simulated]
 //! ```
 //!
-//! `--probes off` (or `on`) times one of the two alone, for a profiler
+//! `--probes off` (or `on`, `full`) times one of them alone, for a profiler
 //! (scripts/gpu-profile.sh).
 
 mod common;
@@ -45,7 +51,7 @@ struct Args {
     warmup: u64,
     steps: u64,
     modes: Vec<String>,
-    probes: Vec<bool>,
+    probes: Vec<Probes>,
     json: Option<String>,
     torch: Option<String>,
     allow_simulated: bool,
@@ -60,7 +66,7 @@ fn parse_args() -> Result<Args, String> {
         warmup: 3,
         steps: 10,
         modes: vec!["fp16".into(), "bf16".into(), "fp32".into()],
-        probes: vec![false, true],
+        probes: vec![Probes::Off, Probes::On, Probes::Full],
         json: None,
         torch: None,
         allow_simulated: false,
@@ -98,9 +104,10 @@ fn parse_args() -> Result<Args, String> {
                 a.probes = value("--probes")?
                     .split(',')
                     .map(|p| match p.trim() {
-                        "off" => Ok(false),
-                        "on" => Ok(true),
-                        other => Err(format!("--probes: {other:?} is not off or on")),
+                        "off" => Ok(Probes::Off),
+                        "on" => Ok(Probes::On),
+                        "full" => Ok(Probes::Full),
+                        other => Err(format!("--probes: {other:?} is not off, on or full")),
                     })
                     .collect::<Result<_, _>>()?;
             }
@@ -115,26 +122,49 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-fn trainer(a: &Args, mode: &str, probes: bool) -> amprobe::Result<Trainer> {
+/// How a timed trainer probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probes {
+    /// No probes.
+    Off,
+    /// The default sampling: records of the first step, checks only after it.
+    On,
+    /// Full statistics and kept records in every step.
+    Full,
+}
+
+impl Probes {
+    fn label(self) -> &'static str {
+        match self {
+            Probes::Off => "off",
+            Probes::On => "on",
+            Probes::Full => "full",
+        }
+    }
+}
+
+fn trainer(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Trainer> {
     let size = common::Size {
         layers: a.layers,
         batch: a.batch,
         seq: a.seq,
         vocab: a.vocab,
     };
-    common::t5_base_trainer(Precision::parse(mode)?, probes, size)
+    let mut t = common::t5_base_trainer(Precision::parse(mode)?, probes != Probes::Off, size)?;
+    t.set_full_statistics(probes == Probes::Full);
+    Ok(t)
 }
 
 /// Median and minimum step time (ms) of one mode with probes on or off.
 struct Timed {
     mode: String,
-    probes: bool,
+    probes: Probes,
     median_ms: f64,
     min_ms: f64,
     skipped: usize,
 }
 
-fn time_steps(a: &Args, mode: &str, probes: bool) -> amprobe::Result<Timed> {
+fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
     let mut t = trainer(a, mode, probes)?;
     for s in 0..a.warmup {
         t.step(s)?;
@@ -235,7 +265,7 @@ fn main() {
                     println!(
                         "{:<6} {:<7} {:>11.2} {:>11.2}  {}",
                         r.mode,
-                        if probes { "on" } else { "off" },
+                        probes.label(),
                         r.median_ms,
                         r.min_ms,
                         if r.skipped > 0 {
@@ -247,13 +277,13 @@ fn main() {
                     rows.push(r);
                 }
                 Err(e) => {
-                    eprintln!("error: {mode}, probes {probes}: {e}");
+                    eprintln!("error: {mode}, probes {}: {e}", probes.label());
                     std::process::exit(1);
                 }
             }
         }
     }
-    let of = |mode: &str, probes: bool| {
+    let of = |mode: &str, probes: Probes| {
         rows.iter()
             .find(|r| r.mode == mode && r.probes == probes)
             .map(|r| r.median_ms)
@@ -261,11 +291,20 @@ fn main() {
     let mut ratios = Vec::new();
     println!();
     println!(
-        "{:<6} {:>22} {:>16} {:>22} {:>24}",
-        "mode", "(a) off/torch eager", "(b) on/off", "(c) on/torch eager", "(d) on/torch anomaly"
+        "{:<6} {:>22} {:>16} {:>22} {:>24} {:>16}",
+        "mode",
+        "(a) off/torch eager",
+        "(b) on/off",
+        "(c) on/torch eager",
+        "(d) on/torch anomaly",
+        "(e) full/off"
     );
     for mode in &a.modes {
-        let (off, on) = (of(mode, false), of(mode, true));
+        let (off, on, full) = (
+            of(mode, Probes::Off),
+            of(mode, Probes::On),
+            of(mode, Probes::Full),
+        );
         let t = |variant: &str| torch.as_ref().and_then(|j| torch_ms(j, mode, variant));
         let div = |x: Option<f64>, y: Option<f64>| x.zip(y).map(|(x, y)| x / y);
         let r = [
@@ -273,19 +312,22 @@ fn main() {
             div(on, off),
             div(on, t("eager")),
             div(on, t("anomaly")),
+            div(full, off),
         ];
         let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         println!(
-            "{:<6} {:>22} {:>16} {:>22} {:>24}",
+            "{:<6} {:>22} {:>16} {:>22} {:>24} {:>16}",
             mode,
             show(r[0]),
             show(r[1]),
             show(r[2]),
-            show(r[3])
+            show(r[3]),
+            show(r[4])
         );
         ratios.push(serde_json::json!({
             "mode": mode, "a_off_over_torch_eager": r[0], "b_on_over_off": r[1],
             "c_on_over_torch_eager": r[2], "d_on_over_torch_anomaly": r[3],
+            "e_full_over_off": r[4],
         }));
     }
     if torch.is_none() {
@@ -301,7 +343,8 @@ fn main() {
                 "warmup": a.warmup, "steps": a.steps,
             },
             "steps": rows.iter().map(|r| serde_json::json!({
-                "mode": r.mode, "probes": r.probes, "median_ms": r.median_ms,
+                "mode": r.mode, "probes": r.probes != Probes::Off,
+                "full_statistics": r.probes == Probes::Full, "median_ms": r.median_ms,
                 "min_ms": r.min_ms, "skipped_steps": r.skipped,
             })).collect::<Vec<_>>(),
             "ratios": ratios,

@@ -3,14 +3,15 @@
 // The per-element steps and the slot layout (ST_*) are in common.cuh.
 
 // A tensor to probe: data, length, storage kind, the dtype's smallest normal (bit
-// pattern; 0 = nothing counts as subnormal) and its arena slot.
+// pattern; 0 = nothing counts as subnormal), its arena slot, and whether only its
+// non-finite values are counted (the check-only mode, common.cuh).
 struct ProbeDesc {
     const void* data;
     u64 n;
     u32 kind;
     u32 sub_limit;
     u32 slot;
-    u32 pad;
+    u32 check;
 };
 
 // The pass over one tensor by one block, covering elements block, block + nblocks, ...
@@ -18,6 +19,14 @@ struct ProbeDesc {
 __device__ void stats_block(const ProbeDesc d, u32 block, u32 nblocks, u64* arena,
                             double* partials) {
     StatsAcc a;
+    if (d.check) {
+        check_begin(&a, stats_shared());
+        for (u64 i = (u64)block * blockDim.x + threadIdx.x; i < d.n;
+             i += (u64)nblocks * blockDim.x)
+            check_add(&a, widened_bits(d.data, d.kind, i));
+        check_end(&a, arena + (u64)d.slot * SLOT_WORDS, block, d.n);
+        return;
+    }
     stats_begin(&a, d.sub_limit, stats_shared());
     for (u64 i = (u64)block * blockDim.x + threadIdx.x; i < d.n;
          i += (u64)nblocks * blockDim.x)

@@ -35,7 +35,7 @@ def main(argv):
     p.add_argument("csv")
     p.add_argument("--steps", type=int, required=True, help="training steps the profiled run took")
     p.add_argument("--wall", help="the bench's --json, for the step's wall time")
-    p.add_argument("--probes", choices=("off", "on"), help="which row of --wall to compare with")
+    p.add_argument("--probes", choices=("off", "on", "full"), help="which row of --wall to compare with")
     p.add_argument("--top", type=int, default=25)
     a = p.parse_args(argv)
     with open(a.csv, newline="") as f:
@@ -59,7 +59,7 @@ def main(argv):
         with open(a.wall) as f:
             wall = json.load(f)
         for s in wall.get("steps", []):
-            if s["probes"] == (a.probes == "on"):
+            if s["probes"] == (a.probes != "off") and s.get("full_statistics", False) == (a.probes == "full"):
                 ms = s["median_ms"]
                 share = total / n / 1e3 / ms
                 rest = ("the rest is host work and launch gaps" if share < 1 else

@@ -715,6 +715,59 @@ fn unprobed_steps_with_cublas_rounded_products_match_the_emulator() {
     }
 }
 
+/// Device steps the sampling keeps no records of only count their forward and backward
+/// outputs' non-finite values; one that keeps them for a non-finite value completes them
+/// from a re-run on the device. Every record (but the wall time) must equal, bit for bit, a
+/// trainer's that gathers full statistics in every step.
+#[test]
+fn check_only_device_steps_keep_the_records_of_full_statistics() {
+    if !device_or_skip() {
+        return;
+    }
+    let comparable = |r: &StepRecord| {
+        let mut v = serde_json::to_value(r).unwrap();
+        v.as_object_mut().unwrap().remove("wall_ms");
+        v
+    };
+    let unscheduled = |t: &mut amprobe::train::TrainConfig| {
+        t.sampling.every = 0;
+        t.sampling.first = false;
+    };
+    for (dir, p, nonfinite) in [
+        (T5_CASES[0], Precision::Fp16, true),
+        (T5_CASES[0], Precision::Bf16, false),
+        ("samples/gpt2_overflow_tiny", Precision::Fp16, true),
+        ("samples/bert_overflow_tiny", Precision::Half, true),
+    ] {
+        let what = format!("{dir} {p:?}");
+        let mut full = t5_trainer(dir, p, false, BackendKind::Cuda, unscheduled);
+        full.set_full_statistics(true);
+        let mut checked = t5_trainer(dir, p, false, BackendKind::Cuda, unscheduled);
+        let mut seen = Vec::new();
+        for s in 0..3 {
+            let a = full
+                .step(s)
+                .unwrap_or_else(|e| panic!("{what} step {s}: {e}"));
+            let b = checked
+                .step(s)
+                .unwrap_or_else(|e| panic!("{what} step {s}: {e}"));
+            assert!(!full.last_step_checked_only());
+            assert_eq!(comparable(&a), comparable(&b), "{what}: step {s}");
+            seen.push((checked.last_step_checked_only(), b.ops.is_some()));
+        }
+        assert!(seen[0].0, "{what}: the first step is only checked");
+        if nonfinite {
+            assert_eq!(
+                seen[0],
+                (true, true),
+                "{what}: step 0 is completed, got {seen:?}"
+            );
+        } else {
+            assert!(seen.iter().all(|&s| s == (true, false)), "{what}: {seen:?}");
+        }
+    }
+}
+
 /// Twenty steps of the T5 sample with transformers' fix (`wo` kept in fp32) from a scale
 /// of 2^24 that grows every 3 clean steps: the backward overflows, the scale backs off,
 /// then grows again, step for step as on the emulator.

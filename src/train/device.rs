@@ -121,6 +121,14 @@ impl Trainer {
             Ok(())
         })?;
         let mut st = self.begin(step);
+        // A step the sampling keeps no records of only counts its forward and backward
+        // outputs' non-finite values (Trainer::set_full_statistics); the optimizer phase
+        // always gets full statistics.
+        let check_only = self.recorder().is_some_and(|r| r.is_check_only());
+        dev.with_arena(|a| {
+            a.set_check_only(check_only);
+            Ok(())
+        })?;
         let mut ds = DeviceStep::default();
         for micro in 0..self.cfg.accumulate {
             let out = self.forward(&mut st, micro)?;
@@ -128,6 +136,10 @@ impl Trainer {
             let root = self.device_scale(&mut ds, loss)?;
             self.backward(&mut st, &root)?;
         }
+        dev.with_arena(|a| {
+            a.set_check_only(false);
+            Ok(())
+        })?;
         self.before = st.inputs.take();
         let grads = self.device_grads(&st)?;
         if let Some(max_norm) = self.cfg.clip {

@@ -134,10 +134,12 @@ pub struct Trainer {
     told: Told,
     /// The device side when the step runs on a CUDA device.
     device: Option<device::DeviceSide>,
-    /// Every host step gets full op statistics ([`Trainer::set_full_statistics`]).
+    /// Every step gets full op statistics ([`Trainer::set_full_statistics`]).
     full_statistics: bool,
     /// The last step kept its records for a non-finite value.
     last_kept_nonfinite: bool,
+    /// The last step began by only checking its outputs ([`Trainer::last_step_checked_only`]).
+    last_checked_only: bool,
 }
 
 /// Scale states already told in a step's events (each is told once per run).
@@ -283,10 +285,11 @@ impl Trainer {
             device,
             full_statistics: false,
             last_kept_nonfinite: false,
+            last_checked_only: false,
         })
     }
 
-    /// Whether every host step computes the full statistics of every op (true), or only
+    /// Whether every step computes the full statistics of every op (true), or only
     /// a step that keeps its op records by the sampling's schedule does (false, the
     /// default). In a step the schedule does not keep, outputs are then only checked for
     /// non-finite values (by the ops as they write them where they can:
@@ -298,9 +301,20 @@ impl Trainer {
     /// ([`Recorder::complete_from`]). So records, origins and every result are the same
     /// either way; only the cost differs. A step right after one kept for a non-finite
     /// value computes them at once, since such steps come in runs (a falling loss scale).
-    /// Steps on a device always gather full statistics there.
+    /// On a device the same holds: the kernels that write a forward or backward op's
+    /// output (or the probe arena's own pass) then count only its non-finite values
+    /// ([`crate::device::cuda::arena::StatsArena::set_check_only`]); the optimizer phase
+    /// always gathers full statistics there, so a re-run completes the forward and
+    /// backward ops alone.
     pub fn set_full_statistics(&mut self, on: bool) {
         self.full_statistics = on;
+    }
+
+    /// Whether the last step began by only checking its forward and backward outputs for
+    /// non-finite values ([`Trainer::set_full_statistics`]); its records, if it kept them,
+    /// were then completed from a re-run.
+    pub fn last_step_checked_only(&self) -> bool {
+        self.last_checked_only
     }
 
     /// The configuration.
@@ -462,15 +476,14 @@ impl Trainer {
     /// Starts a step: the scale it begins with and what a replay needs.
     fn begin(&mut self, step: u64) -> StepState {
         self.engine.begin_step(step);
-        let check_only = self.device.is_none()
-            && !self.full_statistics
-            && !self.last_kept_nonfinite
-            && !self.scheduled(step);
+        let check_only =
+            !self.full_statistics && !self.last_kept_nonfinite && !self.scheduled(step);
         if check_only {
             if let Some(r) = self.recorder() {
                 r.check_only();
             }
         }
+        self.last_checked_only = check_only && self.engine.probing();
         self.outputs.clear();
         let scale_before = self.scaler.scale();
         StepState {

@@ -45,7 +45,8 @@ struct ProbeDesc {
     kind: u32,
     sub_limit: u32,
     slot: u32,
-    pad: u32,
+    /// 1: count only the non-finite values (the check-only mode).
+    check: u32,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's struct.
@@ -74,6 +75,8 @@ pub struct StatsArena {
     gathering: bool,
     /// Whether kernels count their rounding's over/underflow ([`StatsArena::set_counting`]).
     counting: bool,
+    /// Whether slots get only their tensors' non-finite counts ([`StatsArena::set_check_only`]).
+    check_only: bool,
     /// Per slot whose statistics a producing kernel gathers: that tensor's address and
     /// length.
     gathered: std::collections::HashMap<u32, (u64, usize)>,
@@ -119,6 +122,7 @@ impl StatsArena {
             descs: None,
             gathering: false,
             counting: true,
+            check_only: false,
             gathered: std::collections::HashMap::new(),
         })
     }
@@ -150,6 +154,15 @@ impl StatsArena {
         self.counting = on;
     }
 
+    /// Whether the statistics gathered and probed from now on are only each tensor's NaN,
+    /// +inf and -inf counts and its length (every other word of the slot stays zero), or
+    /// the full statistics (the default). The check-only mode is for a step whose op
+    /// records are not kept: origins need nothing else, and a step that turns out to keep
+    /// its records takes their statistics from a re-run. The rounding counts are kept.
+    pub fn set_check_only(&mut self, on: bool) {
+        self.check_only = on;
+    }
+
     /// True while the arena gathers statistics in producing kernels.
     pub fn gathering(&self) -> bool {
         self.gathering
@@ -169,7 +182,9 @@ impl StatsArena {
         if !self.gathering {
             return Ok(None);
         }
-        self.gather_in_kernel(dev, slot, out).map(Some)
+        // The partials are 8-byte aligned: the lowest bit tells the kernel to check only.
+        let tag = self.check_only as u64;
+        self.gather_in_kernel(dev, slot, out).map(|p| Some(p | tag))
     }
 
     /// [`gather`](Self::gather) whatever the arena's mode: for statistics every step has
@@ -282,7 +297,7 @@ impl StatsArena {
             kind: kind_code(dtype)? as u32,
             sub_limit: sub_limit(dtype),
             slot,
-            pad: 0,
+            check: self.check_only as u32,
         };
         if n < SMALL {
             self.pending.push(d);

@@ -271,30 +271,77 @@ __device__ void stats_end(StatsAcc* a, u64* slot, double* partials, u32 block, u
     }
 }
 
+// ---- The check-only mode: in a step whose op records are not kept, a slot gathers only
+// its tensor's NaN, +inf and -inf counts (ST_NAN, ST_POS_INF, ST_NEG_INF) and its length;
+// every other word stays zero (ST_BLOCKS too, so amp_stats_finish leaves a zero sum).
+
+// Clears the block's three shared counters and the thread's.
+__device__ void check_begin(StatsAcc* a, StatsShared* sh) {
+    a->sh = sh;
+    if (threadIdx.x < 3) sh->cnt[threadIdx.x] = 0;
+    a->c[ST_NAN] = a->c[ST_POS_INF] = a->c[ST_NEG_INF] = 0;
+    __syncthreads();
+}
+
+// Counts one value, given as its f32 bit pattern, if it is not finite.
+__device__ __forceinline__ void check_add(StatsAcc* a, u32 b) {
+    u32 x = b & 0x7fffffffu;
+    if (x >= 0x7f800000u) a->c[x > 0x7f800000u ? ST_NAN : (b == x ? ST_POS_INF : ST_NEG_INF)]++;
+}
+
+// Adds the block's counts to `slot` (block 0 also writes the length). Every thread calls it.
+__device__ void check_end(StatsAcc* a, u64* slot, u32 block, u64 n) {
+    StatsShared* s = a->sh;
+    for (int k = 0; k < 3; ++k)
+        if (a->c[k]) atomicAdd(&s->cnt[k], a->c[k]);
+    __syncthreads();
+    if (threadIdx.x < 3 && s->cnt[threadIdx.x]) atomicAdd(&slot[threadIdx.x], (u64)s->cnt[threadIdx.x]);
+    if (threadIdx.x == 0 && block == 0) slot[ST_NUMEL] = n;
+}
+
 // An op kernel's output statistics: `counts` is word ST_ROUND_OVER of the op's slot and
 // `partials` the slot's partial sums, or null when the arena does not gather them in this
 // kernel (the output is then probed by the arena's own pass, or not at all). The kernel
-// runs on the arena's launch shape when they are gathered.
+// runs on the arena's launch shape when they are gathered. A partials address with its
+// lowest bit set (f64 partials are 8-byte aligned) asks for the check-only mode.
 struct OutStats {
     StatsAcc acc;
     u64* slot;
     double* partials;
+    u32 check;
 };
 
 __device__ __forceinline__ void out_begin(OutStats* o, u64* counts, double* partials,
                                           int kind) {
-    o->slot = (counts && partials) ? counts - ST_ROUND_OVER : 0;
-    o->partials = partials;
-    if (o->slot) stats_begin(&o->acc, kind_sub_limit(kind), stats_shared());
+    u64 p = (u64)partials;
+    o->check = (u32)(p & 1u);
+    o->partials = (double*)(p & ~(u64)1);
+    o->slot = (counts && o->partials) ? counts - ST_ROUND_OVER : 0;
+    if (!o->slot) return;
+    if (o->check) {
+        check_begin(&o->acc, stats_shared());
+    } else {
+        stats_begin(&o->acc, kind_sub_limit(kind), stats_shared());
+    }
 }
 
 // Tallies element i of the output as stored.
 __device__ __forceinline__ void out_add(OutStats* o, const void* y, int kind, u64 i) {
-    if (o->slot) stats_add(&o->acc, widened_bits(y, kind, i));
+    if (!o->slot) return;
+    if (o->check) {
+        check_add(&o->acc, widened_bits(y, kind, i));
+    } else {
+        stats_add(&o->acc, widened_bits(y, kind, i));
+    }
 }
 
 __device__ __forceinline__ void out_end(OutStats* o, u64 n) {
-    if (o->slot) stats_end(&o->acc, o->slot, o->partials, blockIdx.x, gridDim.x, n);
+    if (!o->slot) return;
+    if (o->check) {
+        check_end(&o->acc, o->slot, blockIdx.x, n);
+    } else {
+        stats_end(&o->acc, o->slot, o->partials, blockIdx.x, gridDim.x, n);
+    }
 }
 
 // x / m and x % m, in 32 bits where both fit (64-bit division is many times slower).
