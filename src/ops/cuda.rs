@@ -147,7 +147,7 @@ impl Out {
             partials: partials.unwrap_or(0),
             cfg: match partials {
                 Some(_) => crate::device::cuda::arena::stats_config(n),
-                None => cfg(n),
+                None => crate::device::cuda::elems_config(n),
             },
         })
     }
@@ -321,6 +321,12 @@ mod tests {
                 off
             })
             .collect()
+    }
+
+    #[test]
+    fn the_element_kernels_unroll_as_their_launch_assumes() {
+        let needle = format!("#define GRID_UNROLL {}", crate::device::cuda::GRID_UNROLL);
+        assert!(crate::device::cuda::program::COMMON.contains(&needle));
     }
 
     #[test]

@@ -6,11 +6,12 @@ extern "C" __global__ void amp_add_same(const void* a, const void* b, void* y, i
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        store_round(y, kind, i, load_f32(a, kind, i) + load_f32(b, kind, i), &over, &under);
-        out_add(&st, y, kind, i);
-    }
+    grid_map<float>(
+        n, [&](u64 i) { return load_f32(a, kind, i) + load_f32(b, kind, i); },
+        [&](u64 i, float v) {
+            store_round(y, kind, i, v, &over, &under);
+            out_add(&st, y, kind, i);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }

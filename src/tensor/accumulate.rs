@@ -3,7 +3,7 @@
 //! `accumulate.cu`, launched through the device runtime) on a device.
 
 use super::{Storage, Tensor};
-use crate::device::cuda::{buffer, dev_err, grid_for, DeviceBuffer, THREADS};
+use crate::device::cuda::{buffer, dev_err, elems_config, DeviceBuffer};
 use crate::dtype::{round_slice, RoundCounts};
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ pub const KERNELS: &[&str] = &["amp_add_same"];
 /// The sum of two device tensors: the result and the arena slot where its rounding is
 /// counted.
 fn add_same_device(a: &Tensor, b: &Tensor, op: &str) -> Result<(Tensor, u32)> {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use cudarc::driver::PushKernelArg;
     let (ca, cb) = (a.cuda(op)?, b.cuda(op)?);
     if !Arc::ptr_eq(&ca.dev, &cb.dev) {
         return Err(Error::Device(format!(
@@ -51,11 +51,7 @@ fn add_same_device(a: &Tensor, b: &Tensor, op: &str) -> Result<(Tensor, u32)> {
     let partials = dev.with_arena(|a| a.gather(dev, slot, yb))?;
     let cfg = match partials {
         Some(_) => crate::device::cuda::arena::stats_config(n),
-        None => LaunchConfig {
-            grid_dim: (grid_for(n), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        },
+        None => elems_config(n),
     };
     let partials = partials.unwrap_or(0);
     const NAME: &str = "amp_add_same";

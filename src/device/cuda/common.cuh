@@ -366,6 +366,37 @@ __device__ __forceinline__ u64 split_dim(u64 rest, u64 m, u64* c) {
     return div_rem(rest, m, c);
 }
 
+// ---- Grid-stride loops that keep several loads in flight. Element kernels give each
+// thread the elements i, i + G, i + 2G, ... (G the grid's thread count), as a plain
+// grid-stride loop does, but take them GRID_UNROLL at a time: the values of a group are
+// all loaded (and computed) before the first is stored, so a thread waits on memory once
+// per group rather than once per element. Each thread still finishes its elements in the
+// same order, so statistics gathered on the way are the same bit for bit.
+#define GRID_UNROLL 4
+
+// For every element i < n: v = value(i), then finish(i, v).
+template <typename T, typename Value, typename Finish>
+__device__ __forceinline__ void grid_map(u64 n, Value value, Finish finish) {
+    const u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += GRID_UNROLL * step) {
+        T v[GRID_UNROLL];
+#ifdef __CUDACC_RTC__
+#pragma unroll
+#endif
+        for (int u = 0; u < GRID_UNROLL; ++u) {
+            u64 j = i + (u64)u * step;
+            if (j < n) v[u] = value(j);
+        }
+#ifdef __CUDACC_RTC__
+#pragma unroll
+#endif
+        for (int u = 0; u < GRID_UNROLL; ++u) {
+            u64 j = i + (u64)u * step;
+            if (j < n) finish(j, v[u]);
+        }
+    }
+}
+
 // ---- Sums in one thread's order, spread over a warp. Each lane computes the terms of its
 // positions of a chunk of 32 (the expensive part: loads, exponentials, index arithmetic);
 // every lane then adds the chunk's terms in position order from shared memory, so each

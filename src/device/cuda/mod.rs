@@ -182,3 +182,17 @@ pub fn grid_for(n: u64) -> u32 {
     const MAX_BLOCKS: u64 = 65_535;
     n.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS) as u32
 }
+
+/// Elements a thread of an element kernel takes at a time (`GRID_UNROLL` in common.cuh).
+pub const GRID_UNROLL: u64 = 4;
+
+/// The launch of an element kernel (common.cuh's `grid_map`) over `n` elements when it
+/// gathers no statistics: a thread per [`GRID_UNROLL`] elements, so that each thread's
+/// group of loads is full.
+pub fn elems_config(n: u64) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (grid_for(n.div_ceil(GRID_UNROLL)), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

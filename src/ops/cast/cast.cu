@@ -7,11 +7,12 @@ extern "C" __global__ void amp_cast(const void* x, int xk, void* y, int yk, u64 
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, yk);
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        store_round(y, yk, i, load_f32(x, xk, i), &over, &under);
-        out_add(&st, y, yk, i);
-    }
+    grid_map<float>(
+        n, [&](u64 i) { return load_f32(x, xk, i); },
+        [&](u64 i, float v) {
+            store_round(y, yk, i, v, &over, &under);
+            out_add(&st, y, yk, i);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }

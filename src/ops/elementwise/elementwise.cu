@@ -120,12 +120,12 @@ extern "C" __global__ void amp_unary(const void* x, void* y, int kind, u64 n, in
     OutStats st;
     out_begin(&st, counts, partials, kind);
     if (flag && flag[0]) { p0 = q0; p1 = q1; }
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        float v = unary_f(op, load_f32(x, kind, i), p0, p1, has0, has1);
-        store_round(y, kind, i, v, &over, &under);
-        out_add(&st, y, kind, i);
-    }
+    grid_map<float>(
+        n, [&](u64 i) { return unary_f(op, load_f32(x, kind, i), p0, p1, has0, has1); },
+        [&](u64 i, float v) {
+            store_round(y, kind, i, v, &over, &under);
+            out_add(&st, y, kind, i);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }
@@ -139,13 +139,16 @@ extern "C" __global__ void amp_unary_backward(const void* x, const void* y, cons
     OutStats st;
     out_begin(&st, counts, partials, kind);
     if (flag && flag[0]) { p0 = q0; p1 = q1; }
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        float d = unary_df(op, load_f32(x, kind, i), load_f32(y, kind, i), load_f32(g, kind, i),
-                           p0, p1, has0, has1);
-        store_round(dx, kind, i, d, &over, &under);
-        out_add(&st, dx, kind, i);
-    }
+    grid_map<float>(
+        n,
+        [&](u64 i) {
+            return unary_df(op, load_f32(x, kind, i), load_f32(y, kind, i), load_f32(g, kind, i),
+                            p0, p1, has0, has1);
+        },
+        [&](u64 i, float d) {
+            store_round(dx, kind, i, d, &over, &under);
+            out_add(&st, dx, kind, i);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }
@@ -193,19 +196,22 @@ extern "C" __global__ void amp_binary(const void* a, const void* b, void* y, int
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        u64 rest = i, ia = 0, ib = 0;
-        for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
-            u64 c;
-            rest = split_dim(rest, geo.shape[d], &c);
-            ia += c * geo.sa[d];
-            ib += c * geo.sb[d];
-        }
-        store_round(y, kind, i, binary_f(op, load_f32(a, kind, ia), load_f32(b, kind, ib)),
-                    &over, &under);
-        out_add(&st, y, kind, i);
-    }
+    grid_map<float>(
+        n,
+        [&](u64 i) {
+            u64 rest = i, ia = 0, ib = 0;
+            for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
+                u64 c;
+                rest = split_dim(rest, geo.shape[d], &c);
+                ia += c * geo.sa[d];
+                ib += c * geo.sb[d];
+            }
+            return binary_f(op, load_f32(a, kind, ia), load_f32(b, kind, ib));
+        },
+        [&](u64 i, float v) {
+            store_round(y, kind, i, v, &over, &under);
+            out_add(&st, y, kind, i);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }
@@ -262,22 +268,26 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
-         t += (u64)gridDim.x * blockDim.x) {
-        u64 base_a = 0, base_b = 0, base_g = 0;
-        grad_coords(geo, t, 0, &base_a, &base_b, &base_g);
-        // The CPU's sums: one term as it is (its zero's sign kept), more from `init`.
-        double acc = init;
-        for (u64 r = 0; r < n_reduced; ++r) {
-            u64 ia = base_a, ib = base_b, ig = base_g;
-            grad_coords(geo, r, 1, &ia, &ib, &ig);
-            double v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
-                                         load_f32(g, kind, ig));
-            acc = n_reduced == 1 ? v : acc + v;
-        }
-        store_round_f64(out, kind, t, acc, &over, &under);
-        out_add(&st, out, kind, t);
-    }
+    grid_map<double>(
+        n_out,
+        [&](u64 t) {
+            u64 base_a = 0, base_b = 0, base_g = 0;
+            grad_coords(geo, t, 0, &base_a, &base_b, &base_g);
+            // The CPU's sums: one term as it is (its zero's sign kept), more from `init`.
+            double acc = init;
+            for (u64 r = 0; r < n_reduced; ++r) {
+                u64 ia = base_a, ib = base_b, ig = base_g;
+                grad_coords(geo, r, 1, &ia, &ib, &ig);
+                double v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
+                                             load_f32(g, kind, ig));
+                acc = n_reduced == 1 ? v : acc + v;
+            }
+            return acc;
+        },
+        [&](u64 t, double acc) {
+            store_round_f64(out, kind, t, acc, &over, &under);
+            out_add(&st, out, kind, t);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n_out);
 }
@@ -289,12 +299,15 @@ extern "C" __global__ void amp_binary_grad_same(const void* a, const void* b, co
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n;
-         t += (u64)gridDim.x * blockDim.x) {
-        float v = grad_term(h, load_f32(a, kind, t), load_f32(b, kind, t), load_f32(g, kind, t));
-        store_round_f64(out, kind, t, (double)v, &over, &under);
-        out_add(&st, out, kind, t);
-    }
+    grid_map<float>(
+        n,
+        [&](u64 t) {
+            return grad_term(h, load_f32(a, kind, t), load_f32(b, kind, t), load_f32(g, kind, t));
+        },
+        [&](u64 t, float v) {
+            store_round_f64(out, kind, t, (double)v, &over, &under);
+            out_add(&st, out, kind, t);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }

@@ -38,17 +38,20 @@ extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
-         t += (u64)gridDim.x * blockDim.x) {
-        u64 base = sum_offset(g, t, 0, 0);
-        double acc = init;
-        for (u64 r = 0; r < n_reduced; ++r) {
-            acc += (double)load_f32(x, kind, sum_offset(g, r, 1, base));
-        }
-        if (has_div) acc = acc / div;
-        store_round_f64(y, kind, t, acc, &over, &under);
-        out_add(&st, y, kind, t);
-    }
+    grid_map<double>(
+        n_out,
+        [&](u64 t) {
+            u64 base = sum_offset(g, t, 0, 0);
+            double acc = init;
+            for (u64 r = 0; r < n_reduced; ++r) {
+                acc += (double)load_f32(x, kind, sum_offset(g, r, 1, base));
+            }
+            return has_div ? acc / div : acc;
+        },
+        [&](u64 t, double acc) {
+            store_round_f64(y, kind, t, acc, &over, &under);
+            out_add(&st, y, kind, t);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n_out);
 }
@@ -84,19 +87,22 @@ extern "C" __global__ void amp_expand(const void* g, void* y, int kind, u64 n, E
     u32 over = 0, under = 0;
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        u64 rest = i, j = 0;
-        for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
-            u64 c;
-            rest = split_dim(rest, geo.shape[d], &c);
-            j += c * geo.sg[d];
-        }
-        float v = load_f32(g, kind, j);
-        if (has_div) v = v / div;
-        store_round(y, kind, i, v, &over, &under);
-        out_add(&st, y, kind, i);
-    }
+    grid_map<float>(
+        n,
+        [&](u64 i) {
+            u64 rest = i, j = 0;
+            for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
+                u64 c;
+                rest = split_dim(rest, geo.shape[d], &c);
+                j += c * geo.sg[d];
+            }
+            float v = load_f32(g, kind, j);
+            return has_div ? v / div : v;
+        },
+        [&](u64 i, float v) {
+            store_round(y, kind, i, v, &over, &under);
+            out_add(&st, y, kind, i);
+        });
     block_add_counts(over, under, counts);
     out_end(&st, n);
 }

@@ -24,23 +24,35 @@ extern "C" __global__ void amp_strided_copy(const void* x, void* y, int bytes, u
                                             double* partials) {
     OutStats st;
     out_begin(&st, counts, partials, kind);
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (u64)gridDim.x * blockDim.x) {
-        u64 rest = i, is = g.src_base, id = g.dst_base;
-        for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
-            u64 c;
-            rest = split_dim(rest, g.shape[d], &c);
-            is += c * g.src[d];
-            id += c * g.dst[d];
-        }
-        if (bytes == 2) {
-            ((u16*)y)[id] = ((const u16*)x)[is];
-        } else if (bytes == 4) {
-            ((u32*)y)[id] = ((const u32*)x)[is];
-        } else {
-            ((u64*)y)[id] = ((const u64*)x)[is];
-        }
-        out_add(&st, y, kind, id);
-    }
+    // Each element's value (its raw bits) and destination travel together.
+    struct Moved {
+        u64 bits;
+        u64 dst;
+    };
+    grid_map<Moved>(
+        n,
+        [&](u64 i) {
+            u64 rest = i, is = g.src_base, id = g.dst_base;
+            for (int d = MAX_DIMS - 1; d >= 0 && rest; --d) {
+                u64 c;
+                rest = split_dim(rest, g.shape[d], &c);
+                is += c * g.src[d];
+                id += c * g.dst[d];
+            }
+            u64 v = bytes == 2   ? (u64)((const u16*)x)[is]
+                    : bytes == 4 ? (u64)((const u32*)x)[is]
+                                 : ((const u64*)x)[is];
+            return Moved{v, id};
+        },
+        [&](u64, Moved m) {
+            if (bytes == 2) {
+                ((u16*)y)[m.dst] = (u16)m.bits;
+            } else if (bytes == 4) {
+                ((u32*)y)[m.dst] = (u32)m.bits;
+            } else {
+                ((u64*)y)[m.dst] = m.bits;
+            }
+            out_add(&st, y, kind, m.dst);
+        });
     out_end(&st, n);
 }
