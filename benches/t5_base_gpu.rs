@@ -162,9 +162,14 @@ struct Timed {
     median_ms: f64,
     min_ms: f64,
     skipped: usize,
+    /// Device memory held at the end (the peak): tensors, live or cached, and the arena.
+    peak_mib: f64,
 }
 
 fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
+    // The last trainer's cached buffers go back to the device, so that what this one holds
+    // is counted from zero.
+    amprobe::device::cuda::buffer::pool::trim();
     let mut t = trainer(a, mode, probes)?;
     for s in 0..a.warmup {
         t.step(s)?;
@@ -178,12 +183,16 @@ fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
         skipped += rec.skipped as usize;
     }
     ms.sort_by(f64::total_cmp);
+    let dev = t.params().params[0].value.cuda("bench")?.dev.clone();
+    let arena = dev.with_arena(|a| Ok(a.bytes()))?;
+    let held = amprobe::device::cuda::buffer::held_bytes() + arena;
     Ok(Timed {
         mode: mode.to_string(),
         probes,
         median_ms: ms[ms.len() / 2],
         min_ms: ms[0],
         skipped,
+        peak_mib: held as f64 / (1u64 << 20) as f64,
     })
 }
 
@@ -254,8 +263,8 @@ fn main() {
     );
     println!();
     println!(
-        "{:<6} {:<7} {:>11} {:>11}  note",
-        "mode", "probes", "median ms", "min ms"
+        "{:<6} {:<7} {:>11} {:>11} {:>10}  note",
+        "mode", "probes", "median ms", "min ms", "peak MiB"
     );
     let mut rows = Vec::new();
     for mode in &a.modes {
@@ -263,11 +272,12 @@ fn main() {
             match time_steps(&a, mode, probes) {
                 Ok(r) => {
                     println!(
-                        "{:<6} {:<7} {:>11.2} {:>11.2}  {}",
+                        "{:<6} {:<7} {:>11.2} {:>11.2} {:>10.0}  {}",
                         r.mode,
                         probes.label(),
                         r.median_ms,
                         r.min_ms,
+                        r.peak_mib,
                         if r.skipped > 0 {
                             format!("{} skipped", r.skipped)
                         } else {
@@ -330,6 +340,32 @@ fn main() {
             "e_full_over_off": r[4],
         }));
     }
+    if let Some(j) = &torch {
+        println!();
+        println!("peak device memory, MiB (amprobe: tensors live or cached, and the probe arena; not cuBLAS's workspace)");
+        for mode in &a.modes {
+            let peak = |p: Probes| {
+                rows.iter()
+                    .find(|r| r.mode == *mode && r.probes == p)
+                    .map_or("-".to_string(), |r| format!("{:.0}", r.peak_mib))
+            };
+            let theirs = j["steps"].as_array().and_then(|v| {
+                v.iter().find_map(|s| {
+                    (s["mode"] == mode.as_str() && s["variant"] == "eager")
+                        .then(|| s["peak_mem_mib"].as_f64())
+                        .flatten()
+                })
+            });
+            println!(
+                "{:<6} off {:>7} on {:>7} full {:>7}  PyTorch eager {:>7}",
+                mode,
+                peak(Probes::Off),
+                peak(Probes::On),
+                peak(Probes::Full),
+                theirs.map_or("-".to_string(), |v| format!("{v:.0}"))
+            );
+        }
+    }
     if torch.is_none() {
         println!("(a), (c) and (d) need PyTorch's figures: --torch FILE from bench_t5_gpu_torch.py --json");
     }
@@ -345,7 +381,7 @@ fn main() {
             "steps": rows.iter().map(|r| serde_json::json!({
                 "mode": r.mode, "probes": r.probes != Probes::Off,
                 "full_statistics": r.probes == Probes::Full, "median_ms": r.median_ms,
-                "min_ms": r.min_ms, "skipped_steps": r.skipped,
+                "min_ms": r.min_ms, "skipped_steps": r.skipped, "peak_mem_mib": r.peak_mib,
             })).collect::<Vec<_>>(),
             "ratios": ratios,
         });

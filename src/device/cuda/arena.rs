@@ -212,6 +212,11 @@ impl StatsArena {
         Ok(self.partials.device_ptr(dev.stream()).0 + (slot as usize * MAX_PARTIALS * 8) as u64)
     }
 
+    /// The device memory the arena holds, in bytes (its slots' words and partial sums).
+    pub fn bytes(&self) -> u64 {
+        (self.capacity * (SLOT_WORDS + MAX_PARTIALS) * 8) as u64
+    }
+
     /// Slots handed out since the last reset.
     pub fn used(&self) -> usize {
         self.used

@@ -48,12 +48,27 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Bytes of device memory that tensors hold, live or cached for reuse ([`held_bytes`]).
+static HELD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The device memory amprobe's tensors hold, live or in the [`pool`], in bytes: everything
+/// allocated for them and not yet returned by [`pool::trim`]. Since freed buffers stay in
+/// the pool, it only grows between trims, so it is the peak of what they held since the
+/// last trim.
+pub fn held_bytes() -> u64 {
+    HELD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The cache of freed device memory, by element type and length.
 pub mod pool {
     use cudarc::driver::CudaSlice;
     use std::any::{Any, TypeId};
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
+
+    /// Bytes on the shelves.
+    static POOLED: AtomicU64 = AtomicU64::new(0);
 
     /// Element type, context and length.
     type Key = (TypeId, usize, usize);
@@ -72,6 +87,10 @@ pub mod pool {
     /// Keeps `s` for a later [`take`] of its type and length on its context.
     pub fn put<T: Send + 'static>(s: CudaSlice<T>) {
         let k = key(&s);
+        POOLED.fetch_add(
+            (s.len() * std::mem::size_of::<T>()) as u64,
+            Ordering::Relaxed,
+        );
         let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
         g.get_or_insert_with(HashMap::new)
             .entry(k)
@@ -87,6 +106,7 @@ pub mod pool {
         let k = (TypeId::of::<T>(), std::sync::Arc::as_ptr(ctx) as usize, len);
         let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
         let b = g.as_mut()?.get_mut(&k)?.pop()?;
+        POOLED.fetch_sub((len * std::mem::size_of::<T>()) as u64, Ordering::Relaxed);
         b.downcast::<CudaSlice<T>>().ok().map(|b| *b)
     }
 
@@ -94,6 +114,8 @@ pub mod pool {
     pub fn trim() {
         let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
         *g = None;
+        let freed = POOLED.swap(0, Ordering::Relaxed);
+        super::HELD.fetch_sub(freed, Ordering::Relaxed);
     }
 }
 
@@ -117,7 +139,12 @@ where
         // before anything reads it (the caller's contract).
         unsafe { s.alloc(n) }
     };
-    r.map_err(|e| dev_err("alloc")(&e))
+    let r = r.map_err(|e| dev_err("alloc")(&e))?;
+    HELD.fetch_add(
+        (n * std::mem::size_of::<T>()) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    Ok(r)
 }
 
 /// `v` copied into device memory (a cached slice when there is one).
