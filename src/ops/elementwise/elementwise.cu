@@ -235,6 +235,17 @@ __device__ __forceinline__ float grad_term(int h, float a, float b, float g) {
     }
 }
 
+// grad_term of the elements at ia, ib, ig, loading only the operands the term reads (an
+// add's or a subtraction's gradient reads g alone).
+__device__ __forceinline__ float grad_term_at(int h, const void* a, const void* b,
+                                              const void* g, int kind, u64 ia, u64 ib,
+                                              u64 ig) {
+    float gv = load_f32(g, kind, ig);
+    float av = (h == H_G_MUL_A || h == H_DIV_RHS) ? load_f32(a, kind, ia) : 0.0f;
+    float bv = (h == H_G_MUL_B || h == H_G_DIV_B || h == H_DIV_RHS) ? load_f32(b, kind, ib) : 0.0f;
+    return grad_term(h, av, bv, gv);
+}
+
 // Geometry of a gradient summed down to an operand's shape: the full (output) shape, the
 // operands' broadcast strides and g's row-major strides over it, and which dims are summed.
 struct GradGeometry {
@@ -278,8 +289,7 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
             for (u64 r = 0; r < n_reduced; ++r) {
                 u64 ia = base_a, ib = base_b, ig = base_g;
                 grad_coords(geo, r, 1, &ia, &ib, &ig);
-                double v = (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
-                                             load_f32(g, kind, ig));
+                double v = (double)grad_term_at(h, a, b, g, kind, ia, ib, ig);
                 acc = n_reduced == 1 ? v : acc + v;
             }
             return acc;
@@ -302,7 +312,7 @@ extern "C" __global__ void amp_binary_grad_same(const void* a, const void* b, co
     grid_map<float>(
         n,
         [&](u64 t) {
-            return grad_term(h, load_f32(a, kind, t), load_f32(b, kind, t), load_f32(g, kind, t));
+            return grad_term_at(h, a, b, g, kind, t, t, t);
         },
         [&](u64 t, float v) {
             store_round_f64(out, kind, t, (double)v, &over, &under);
@@ -327,8 +337,7 @@ extern "C" __global__ void amp_binary_grad_warp(const void* a, const void* b, co
         double acc = warp_ordered_sum(init, n_reduced, scratch, [&](u64 r) {
             u64 ia = base_a, ib = base_b, ig = base_g;
             grad_coords(geo, r, 1, &ia, &ib, &ig);
-            return (double)grad_term(h, load_f32(a, kind, ia), load_f32(b, kind, ib),
-                                     load_f32(g, kind, ig));
+            return (double)grad_term_at(h, a, b, g, kind, ia, ib, ig);
         });
         if (lane == 0) store_round_f64(out, kind, t, acc, &over, &under);
     }
