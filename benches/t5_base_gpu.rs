@@ -164,12 +164,15 @@ struct Timed {
     skipped: usize,
     /// Device memory held at the end (the peak): tensors, live or cached, and the arena.
     peak_mib: f64,
+    /// The most the tensors held live at once, plus the arena.
+    live_mib: f64,
 }
 
 fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
     // The last trainer's cached buffers go back to the device, so that what this one holds
     // is counted from zero.
     amprobe::device::cuda::buffer::pool::trim();
+    amprobe::device::cuda::buffer::reset_peak_live();
     let mut t = trainer(a, mode, probes)?;
     for s in 0..a.warmup {
         t.step(s)?;
@@ -186,6 +189,7 @@ fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
     let dev = t.params().params[0].value.cuda("bench")?.dev.clone();
     let arena = dev.with_arena(|a| Ok(a.bytes()))?;
     let held = amprobe::device::cuda::buffer::held_bytes() + arena;
+    let live = amprobe::device::cuda::buffer::peak_live_bytes() + arena;
     Ok(Timed {
         mode: mode.to_string(),
         probes,
@@ -193,6 +197,7 @@ fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
         min_ms: ms[0],
         skipped,
         peak_mib: held as f64 / (1u64 << 20) as f64,
+        live_mib: live as f64 / (1u64 << 20) as f64,
     })
 }
 
@@ -263,8 +268,8 @@ fn main() {
     );
     println!();
     println!(
-        "{:<6} {:<7} {:>11} {:>11} {:>10}  note",
-        "mode", "probes", "median ms", "min ms", "peak MiB"
+        "{:<6} {:<7} {:>11} {:>11} {:>10} {:>10}  note",
+        "mode", "probes", "median ms", "min ms", "peak MiB", "live MiB"
     );
     let mut rows = Vec::new();
     for mode in &a.modes {
@@ -272,12 +277,13 @@ fn main() {
             match time_steps(&a, mode, probes) {
                 Ok(r) => {
                     println!(
-                        "{:<6} {:<7} {:>11.2} {:>11.2} {:>10.0}  {}",
+                        "{:<6} {:<7} {:>11.2} {:>11.2} {:>10.0} {:>10.0}  {}",
                         r.mode,
                         probes.label(),
                         r.median_ms,
                         r.min_ms,
                         r.peak_mib,
+                        r.live_mib,
                         if r.skipped > 0 {
                             format!("{} skipped", r.skipped)
                         } else {
@@ -382,6 +388,7 @@ fn main() {
                 "mode": r.mode, "probes": r.probes != Probes::Off,
                 "full_statistics": r.probes == Probes::Full, "median_ms": r.median_ms,
                 "min_ms": r.min_ms, "skipped_steps": r.skipped, "peak_mem_mib": r.peak_mib,
+                "peak_live_mib": r.live_mib,
             })).collect::<Vec<_>>(),
             "ratios": ratios,
         });

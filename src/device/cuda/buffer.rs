@@ -50,6 +50,22 @@ impl Drop for DeviceBuffer {
 
 /// Bytes of device memory that tensors hold, live or cached for reuse ([`held_bytes`]).
 static HELD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Bytes of live tensors, and their largest value since [`reset_peak_live`].
+static LIVE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static PEAK_LIVE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The most device memory live tensors held at once since [`reset_peak_live`], in bytes:
+/// what an allocator that could hand any freed memory to any tensor would need, against
+/// [`held_bytes`], what the pool of exact sizes holds.
+pub fn peak_live_bytes() -> u64 {
+    PEAK_LIVE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Starts [`peak_live_bytes`] again from the bytes live now.
+pub fn reset_peak_live() {
+    use std::sync::atomic::Ordering::Relaxed;
+    PEAK_LIVE.store(LIVE.load(Relaxed), Relaxed);
+}
 
 /// The device memory amprobe's tensors hold, live or in the [`pool`], in bytes: everything
 /// allocated for them and not yet returned by [`pool::trim`]. Since freed buffers stay in
@@ -87,10 +103,9 @@ pub mod pool {
     /// Keeps `s` for a later [`take`] of its type and length on its context.
     pub fn put<T: Send + 'static>(s: CudaSlice<T>) {
         let k = key(&s);
-        POOLED.fetch_add(
-            (s.len() * std::mem::size_of::<T>()) as u64,
-            Ordering::Relaxed,
-        );
+        let bytes = (s.len() * std::mem::size_of::<T>()) as u64;
+        POOLED.fetch_add(bytes, Ordering::Relaxed);
+        super::LIVE.fetch_sub(bytes, Ordering::Relaxed);
         let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
         g.get_or_insert_with(HashMap::new)
             .entry(k)
@@ -126,7 +141,13 @@ where
     T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Send + 'static,
 {
     let s = dev.stream();
+    let bytes = (n * std::mem::size_of::<T>()) as u64;
+    let went_live = || {
+        use std::sync::atomic::Ordering::Relaxed;
+        PEAK_LIVE.fetch_max(LIVE.fetch_add(bytes, Relaxed) + bytes, Relaxed);
+    };
     if let Some(mut c) = pool::take::<T>(dev.context(), n) {
+        went_live();
         if zero {
             s.memset_zeros(&mut c).map_err(|e| dev_err("memset")(&e))?;
         }
@@ -140,10 +161,8 @@ where
         unsafe { s.alloc(n) }
     };
     let r = r.map_err(|e| dev_err("alloc")(&e))?;
-    HELD.fetch_add(
-        (n * std::mem::size_of::<T>()) as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    HELD.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    went_live();
     Ok(r)
 }
 
