@@ -26,15 +26,22 @@
 //! the bench itself, at small sizes) and says that its figures are not hardware figures.
 //!
 //! ```text
-//! cargo bench --bench t5_base_gpu -- [--layers N] [--batch N] [--seq N] [--vocab N]
+//! cargo bench --bench t5_base_gpu -- [--model t5|llama] [--layers N] [--batch N] [--seq N] [--vocab N]
 //!     [--warmup N] [--steps N] [--modes fp16,bf16,fp32] [--probes off,on,full] [--json FILE]
 //!     [--torch FILE] [--allow-simulated]
 //! ```
+//!
+//! `--model llama` times a LLaMA of about 1B parameters instead (hidden 2048, 16 layers,
+//! intermediate 8192, 32 query and 8 key-value heads of 64, vocabulary 32000 tied, random
+//! weights as transformers initialises them; batch 1, seq 2048, bf16, probes off and on by
+//! default), to pair with `scripts/bench_t5_gpu_torch.py --model llama`.
 //!
 //! `--probes off` (or `on`, `full`) times one of them alone, for a profiler
 //! (scripts/gpu-profile.sh).
 
 mod common;
+#[path = "common/llama.rs"]
+mod llama;
 
 use amprobe::amp::mode::Precision;
 use amprobe::device::{detect, Detection};
@@ -44,6 +51,7 @@ use std::time::Instant;
 /// The bench's settings (PyTorch script's defaults).
 #[derive(Debug, Clone)]
 struct Args {
+    model: Model,
     layers: usize,
     batch: usize,
     seq: usize,
@@ -57,19 +65,55 @@ struct Args {
     allow_simulated: bool,
 }
 
+/// The workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model {
+    /// The T5-base-width encoder (the default).
+    T5,
+    /// The LLaMA of about 1B parameters (`llama::llama_1b_trainer`).
+    Llama,
+}
+
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        layers: 12,
-        batch: 8,
-        seq: 512,
-        vocab: 32128,
-        warmup: 3,
-        steps: 10,
-        modes: vec!["fp16".into(), "bf16".into(), "fp32".into()],
-        probes: vec![Probes::Off, Probes::On, Probes::Full],
-        json: None,
-        torch: None,
-        allow_simulated: false,
+    // `--model` picks the defaults of the sizes and modes; flags given set them anyway.
+    let model = match std::env::args()
+        .skip_while(|a| a != "--model")
+        .nth(1)
+        .as_deref()
+    {
+        None | Some("t5") => Model::T5,
+        Some("llama") => Model::Llama,
+        Some(other) => return Err(format!("--model: {other:?} is not t5 or llama")),
+    };
+    let mut a = match model {
+        Model::T5 => Args {
+            model,
+            layers: 12,
+            batch: 8,
+            seq: 512,
+            vocab: 32128,
+            warmup: 3,
+            steps: 10,
+            modes: vec!["fp16".into(), "bf16".into(), "fp32".into()],
+            probes: vec![Probes::Off, Probes::On, Probes::Full],
+            json: None,
+            torch: None,
+            allow_simulated: false,
+        },
+        Model::Llama => Args {
+            model,
+            layers: 16,
+            batch: 1,
+            seq: 2048,
+            vocab: 32000,
+            warmup: 2,
+            steps: 5,
+            modes: vec!["bf16".into()],
+            probes: vec![Probes::Off, Probes::On],
+            json: None,
+            torch: None,
+            allow_simulated: false,
+        },
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -81,6 +125,9 @@ fn parse_args() -> Result<Args, String> {
                 .ok_or(format!("{name} expects a positive integer, got {v:?}"))
         };
         match flag.as_str() {
+            "--model" => {
+                value("--model")?;
+            }
             "--layers" => a.layers = num("--layers", value("--layers")?)?,
             "--batch" => a.batch = num("--batch", value("--batch")?)?,
             "--seq" => a.seq = num("--seq", value("--seq")?)?,
@@ -150,7 +197,11 @@ fn trainer(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Trainer> {
         seq: a.seq,
         vocab: a.vocab,
     };
-    let mut t = common::t5_base_trainer(Precision::parse(mode)?, probes != Probes::Off, size)?;
+    let (precision, on) = (Precision::parse(mode)?, probes != Probes::Off);
+    let mut t = match a.model {
+        Model::T5 => common::t5_base_trainer(precision, on, size)?,
+        Model::Llama => llama::llama_1b_trainer(precision, on, size)?,
+    };
     t.set_full_statistics(probes == Probes::Full);
     Ok(t)
 }
@@ -250,17 +301,31 @@ fn main() {
             }
         },
     };
+    let workload = match a.model {
+        Model::T5 => format!(
+            "T5 encoder d_model 768, {} layers, d_ff 3072, 12 heads, vocab {}",
+            a.layers, a.vocab
+        ),
+        Model::Llama => format!(
+            "LLaMA hidden 2048, {} layers, intermediate 8192, 32 heads (8 key-value), vocab {} \
+             (tied), {:.2}B parameters",
+            a.layers,
+            a.vocab,
+            llama::llama_1b_config(a.layers, a.seq, a.vocab)
+                .ok()
+                .and_then(|c| c.param_count())
+                .unwrap_or(0) as f64
+                / 1e9
+        ),
+    };
     println!(
-        "device {}{}; T5 encoder d_model 768, {} layers, d_ff 3072, 12 heads, vocab {}; \
-         batch {}, seq {}; {} warm-up + {} timed steps",
+        "device {}{}; {workload}; batch {}, seq {}; {} warm-up + {} timed steps",
         dev.name,
         if dev.simulated {
             " — SIMULATED: these are not hardware figures"
         } else {
             ""
         },
-        a.layers,
-        a.vocab,
         a.batch,
         a.seq,
         a.warmup,
@@ -381,6 +446,7 @@ fn main() {
             "device": dev.name,
             "simulated": dev.simulated,
             "config": {
+                "model": match a.model { Model::T5 => "t5", Model::Llama => "llama" },
                 "layers": a.layers, "batch": a.batch, "seq": a.seq, "vocab": a.vocab,
                 "warmup": a.warmup, "steps": a.steps,
             },

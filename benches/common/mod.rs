@@ -1,4 +1,5 @@
-//! What the device benches share: the T5-base-width encoder trainer on the CUDA backend.
+//! What the device benches share: the T5-base-width encoder trainer on the CUDA backend
+//! (and, for the benches that include `llama.rs` beside it, a LLaMA of about 1B parameters).
 
 use amprobe::amp::mode::Precision;
 use amprobe::backend::BackendKind;
@@ -22,6 +23,18 @@ pub fn t5_base_trainer(precision: Precision, probes: bool, size: Size) -> amprob
     let cfg = T5Config::relu(768, 3072, (12, 64), size.layers, size.vocab);
     let model = T5Encoder::new(cfg);
     let params = model.init(0)?;
+    device_trainer(Box::new(model), params, precision, probes, size)
+}
+
+/// A trainer of `model` on the CUDA device: SGD(lr=0.01), the default loss scaler, seeded
+/// synthetic token ids of `size`'s batch, sequence and vocabulary.
+pub fn device_trainer(
+    model: Box<dyn amprobe::models::Model>,
+    params: amprobe::models::ParamStore,
+    precision: Precision,
+    probes: bool,
+    size: Size,
+) -> amprobe::Result<Trainer> {
     let train = TrainConfig {
         precision,
         probes,
@@ -38,5 +51,5 @@ pub fn t5_base_trainer(precision: Precision, probes: bool, size: Size) -> amprob
     let data = Synthetic(move |step, micro| {
         synthetic_ids(vocab, batch, seq, 0, step * 1024 + micro as u64)
     });
-    Trainer::new(train, Box::new(model), params, Box::new(data))
+    Trainer::new(train, model, params, Box::new(data))
 }
