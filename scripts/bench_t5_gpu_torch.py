@@ -28,6 +28,13 @@ and transformers, no network (weights are random). CI does not run it.
     python3 scripts/bench_t5_gpu_torch.py --device cpu --batch 1 --seq 16 --layers 2 \\
         --warmup 1 --steps 2 --modes bf16,fp32      # smoke run without a GPU
 
+--model llama times transformers' LlamaForCausalLM instead, with the widths of a model of
+about 1B parameters (hidden 2048, intermediate 8192, 32 query and 8 key-value heads of 64,
+vocabulary 32000, tied embedding, eager attention, random weights from
+torch.manual_seed(0)) and, by default, 16 layers, batch 1, seq 2048, bf16, eager only: the
+causal LM loss of the input ids (transformers' own), GradScaler and SGD(lr=0.01) as above.
+It pairs with `cargo bench --bench t5_base_gpu -- --model llama`.
+
 With --device cpu, autocast and GradScaler use "cpu" and time.perf_counter replaces CUDA
 events, so the script can be checked anywhere; those figures are not GPU figures.
 """
@@ -42,7 +49,7 @@ import warnings
 
 import torch
 import transformers
-from transformers import T5Config, T5EncoderModel
+from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5EncoderModel
 
 MODE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 BW_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -52,13 +59,18 @@ VARIANTS = ("eager", "anomaly")
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", default="fp16,bf16,fp32",
-                   help="comma-separated subset of fp16,bf16,fp32 (default: all three)")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help="comma-separated subset of eager,anomaly (default: both)")
-    p.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
-    p.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
-    p.add_argument("--layers", type=int, default=12, help="encoder layers (default 12)")
+    p.add_argument("--model", default="t5", choices=("t5", "llama"),
+                   help="t5 (default) or llama (about 1B parameters)")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated subset of fp16,bf16,fp32 (default: all three; bf16 "
+                        "for llama)")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated subset of eager,anomaly (default: both; eager for "
+                        "llama)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 8; llama 1)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="sequence length (default 512; llama 2048)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default 12; llama 16)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing (default 3)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--bw-log2", default="24,26",
@@ -69,6 +81,12 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cuda (default) or cpu for a smoke run without a GPU")
     a = p.parse_args(argv)
+    llama = a.model == "llama"
+    for name, t5, ll in (("modes", "fp16,bf16,fp32", "bf16"),
+                         ("variants", ",".join(VARIANTS), "eager"),
+                         ("batch", 8, 1), ("seq", 512, 2048), ("layers", 12, 16)):
+        if getattr(a, name) is None:
+            setattr(a, name, ll if llama else t5)
     a.modes = [m for m in a.modes.split(",") if m]
     a.variants = [v for v in a.variants.split(",") if v]
     bad = [m for m in a.modes if m not in MODE_DTYPES] + [v for v in a.variants if v not in VARIANTS]
@@ -86,7 +104,15 @@ def parse_args(argv):
     return a
 
 
-def make_config(layers):
+def make_config(model, layers, seq):
+    if model == "llama":
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192,
+                          num_hidden_layers=layers, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=64, max_position_embeddings=seq,
+                          rms_norm_eps=1e-5, tie_word_embeddings=True, attention_dropout=0.0,
+                          use_cache=False)
+        cfg._attn_implementation = "eager"
+        return cfg
     cfg = T5Config(vocab_size=32128, d_model=768, d_ff=3072, d_kv=64, num_heads=12,
                    num_layers=layers, feed_forward_proj="relu", dropout_rate=0.0,
                    is_encoder_decoder=False, use_cache=False)
@@ -122,10 +148,13 @@ def train_step(model, opt, scaler, ids, cfg, device, dtype, anomaly):
     guard = torch.autograd.detect_anomaly() if anomaly else contextlib.nullcontext()
     with guard:
         with amp:
-            h = model(input_ids=ids).last_hidden_state
-            logits = (h * cfg.d_model ** -0.5) @ model.shared.weight.t()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size).float(),
-                                                     ids.reshape(-1))
+            if isinstance(model, LlamaForCausalLM):
+                loss = model(input_ids=ids, labels=ids).loss
+            else:
+                h = model(input_ids=ids).last_hidden_state
+                logits = (h * cfg.d_model ** -0.5) @ model.shared.weight.t()
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, cfg.vocab_size).float(), ids.reshape(-1))
         scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
@@ -140,7 +169,8 @@ def sync(device):
 def bench_step(args, cfg, ids, mode, variant):
     device, dtype, anomaly = args.device, MODE_DTYPES[mode], variant == "anomaly"
     torch.manual_seed(0)
-    model = T5EncoderModel(cfg).to(device).train()
+    model = (LlamaForCausalLM if isinstance(cfg, LlamaConfig) else T5EncoderModel)(cfg)
+    model = model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler(device)
     if device == "cuda":
@@ -225,24 +255,46 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     # detect_anomaly warns on every entry; one line in the header says it is on instead.
     warnings.filterwarnings("ignore", message=".*[Aa]nomaly [Dd]etection.*")
-    cfg = make_config(args.layers)
+    cfg = make_config(args.model, args.layers, args.seq)
     env = environment(args.device)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen).to(args.device)
-    config = {"model": "T5EncoderModel", "d_model": cfg.d_model, "num_layers": cfg.num_layers,
-              "d_ff": cfg.d_ff, "num_heads": cfg.num_heads, "d_kv": cfg.d_kv,
-              "vocab_size": cfg.vocab_size, "feed_forward_proj": cfg.feed_forward_proj,
-              "dropout_rate": cfg.dropout_rate, "attn_implementation": "eager", "seed": 0,
-              "batch": args.batch, "seq": args.seq, "warmup": args.warmup, "steps": args.steps,
-              "optimizer": "SGD(lr=0.01)", "grad_scaler": f'GradScaler("{args.device}")',
-              "objective": "mean CE((h * d_model**-0.5) @ shared.weight.T as float, input_ids)",
-              "modes": args.modes, "variants": args.variants,
-              "bw_log2": args.bw_log2, "bw_reps": args.bw_reps}
+    run = {"attn_implementation": "eager", "seed": 0,
+           "batch": args.batch, "seq": args.seq, "warmup": args.warmup, "steps": args.steps,
+           "optimizer": "SGD(lr=0.01)", "grad_scaler": f'GradScaler("{args.device}")',
+           "modes": args.modes, "variants": args.variants,
+           "bw_log2": args.bw_log2, "bw_reps": args.bw_reps}
+    if args.model == "llama":
+        # One layer's parameters and the rest, counted on the meta device (no memory).
+        with torch.device("meta"):
+            one = LlamaForCausalLM(make_config("llama", 1, 8))
+        n_params = sum(p.numel() for p in one.parameters())
+        config = {"model": "LlamaForCausalLM", "hidden_size": cfg.hidden_size,
+                  "num_layers": cfg.num_hidden_layers,
+                  "intermediate_size": cfg.intermediate_size,
+                  "num_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_key_value_heads,
+                  "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+                  "tie_word_embeddings": True,
+                  "objective": "LlamaForCausalLM's loss with labels = input_ids", **run}
+        per_layer = n_params - (cfg.vocab_size + 1) * cfg.hidden_size
+        config["parameters"] = per_layer * cfg.num_hidden_layers + (cfg.vocab_size + 1) * cfg.hidden_size
+        workload = (f"LlamaForCausalLM hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
+                    f"intermediate {cfg.intermediate_size}, {cfg.num_attention_heads} heads "
+                    f"({cfg.num_key_value_heads} key-value), vocab {cfg.vocab_size} (tied), "
+                    f"{config['parameters'] / 1e9:.2f}B parameters")
+    else:
+        config = {"model": "T5EncoderModel", "d_model": cfg.d_model,
+                  "num_layers": cfg.num_layers, "d_ff": cfg.d_ff, "num_heads": cfg.num_heads,
+                  "d_kv": cfg.d_kv, "vocab_size": cfg.vocab_size,
+                  "feed_forward_proj": cfg.feed_forward_proj, "dropout_rate": cfg.dropout_rate,
+                  "objective": "mean CE((h * d_model**-0.5) @ shared.weight.T as float, input_ids)",
+                  **run}
+        workload = (f"T5EncoderModel d_model {cfg.d_model}, {cfg.num_layers} layers, "
+                    f"d_ff {cfg.d_ff}, {cfg.num_heads} heads, vocab {cfg.vocab_size}")
 
     print(f"device {env['device_name']} ({args.device}), torch {env['torch']}, "
           f"transformers {env['transformers']}, CUDA {env['cuda']}")
-    print(f"T5EncoderModel d_model {cfg.d_model}, {cfg.num_layers} layers, d_ff {cfg.d_ff}, "
-          f"{cfg.num_heads} heads, vocab {cfg.vocab_size}; batch {args.batch}, seq {args.seq}; "
+    print(f"{workload}; batch {args.batch}, seq {args.seq}; "
           f"{args.warmup} warm-up + {args.steps} timed steps")
     print("TF32 off (matmul and cuDNN): fp32 is IEEE fp32; "
           "'anomaly' = forward+backward inside torch.autograd.detect_anomaly()")

@@ -4,8 +4,9 @@
 # with AMPROBE_REQUIRE_GPU=1, so a missing GPU fails instead of skipping: kernels, the
 # whole step against the emulator, the step engine), the user's view (`run --backend cuda`
 # beside `--backend cpu`, and what `--backend auto` picks), and the T5-base step-time
-# benchmark: PyTorch eager AMP and anomaly mode, then amprobe's device step with probes off
-# and on, and the ratios (a)-(d) of the two (benches/t5_base_gpu.rs says which).
+# benchmark: PyTorch eager AMP and anomaly mode, then amprobe's device step with probes off,
+# on and full, the ratios of the two (benches/t5_base_gpu.rs says which) and peak memory;
+# then the same for a LLaMA of about 1B parameters in bf16 (eager only).
 # Each part runs under its own time limit, so one that hangs costs its limit, not the
 # machine. Prints one summary table; results go to $OUT (or gpu-results/) as text and JSON.
 #
@@ -68,6 +69,13 @@ layers=12; [ "$quick" = "--quick" ] && layers=2
 step torch_bench 240 python3 scripts/bench_t5_gpu_torch.py --layers "$layers" --json "$out/torch_bench.json"
 step amprobe_bench 300 gpu-bin/t5_base_gpu --layers "$layers" --json "$out/amprobe_bench.json" \
     --torch "$out/torch_bench.json"
+# A LLaMA of about 1B parameters (batch 1, seq 2048, bf16): step time and peak memory
+# beside PyTorch eager's (2 layers with --quick).
+llama_layers=16; [ "$quick" = "--quick" ] && llama_layers=2
+step torch_llama 240 python3 scripts/bench_t5_gpu_torch.py --model llama --layers "$llama_layers" \
+    --bw-log2 "" --json "$out/torch_llama.json"
+step amprobe_llama 300 gpu-bin/t5_base_gpu --model llama --layers "$llama_layers" \
+    --json "$out/amprobe_llama.json" --torch "$out/torch_llama.json"
 
 echo
 echo "== summary ($(tail -n 1 "$out/nvidia-smi.txt"))"
