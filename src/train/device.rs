@@ -114,18 +114,15 @@ impl Trainer {
         // Nothing reads an op's rounding counts without probes, so none are counted and
         // 16-bit products come out of cuBLAS in their dtype.
         let counting = self.engine.probing();
-        dev.with_arena(|a| {
-            a.reset(&dev)?;
-            a.set_gathering(gather);
-            a.set_counting(counting);
-            Ok(())
-        })?;
         let mut st = self.begin(step);
         // A step the sampling keeps no records of only counts its forward and backward
         // outputs' non-finite values (Trainer::set_full_statistics); the optimizer phase
         // always gets full statistics.
-        let check_only = self.recorder().is_some_and(|r| r.is_check_only());
+        let check_only = self.last_checked_only;
         dev.with_arena(|a| {
+            a.reset(&dev)?;
+            a.set_gathering(gather);
+            a.set_counting(counting);
             a.set_check_only(check_only);
             Ok(())
         })?;

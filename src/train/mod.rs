@@ -452,8 +452,7 @@ impl Trainer {
         let mut st = self.begin(step);
         // A step that only checks its outputs for non-finite values has the ops check
         // them as they write them, where they can, instead of the probe reading them again.
-        let check_only = self.recorder().is_some_and(|r| r.is_check_only());
-        let _checks = crate::engine::FiniteChecks::set(check_only);
+        let _checks = crate::engine::FiniteChecks::set(self.last_checked_only);
         for micro in 0..self.cfg.accumulate {
             let out = self.forward(&mut st, micro)?;
             let loss = self.loss(&mut st, out)?;
@@ -478,12 +477,13 @@ impl Trainer {
         self.engine.begin_step(step);
         let check_only =
             !self.full_statistics && !self.last_kept_nonfinite && !self.scheduled(step);
+        self.last_checked_only = false;
         if check_only {
             if let Some(r) = self.recorder() {
                 r.check_only();
+                self.last_checked_only = true;
             }
         }
-        self.last_checked_only = check_only && self.engine.probing();
         self.outputs.clear();
         let scale_before = self.scaler.scale();
         StepState {
