@@ -82,75 +82,17 @@ pub unsafe extern "C" fn cublasGetVersion_v2(_handle: *mut c_void, v: *mut c_int
 unsafe fn load(p: *const c_void, ty: u32, i: usize) -> f32 {
     match ty {
         R_32F => *(p as *const f32).add(i),
-        R_16F => half_to_f32(*(p as *const u16).add(i)),
+        R_16F => half::f16::from_bits(*(p as *const u16).add(i)).to_f32(),
         _ => f32::from_bits(u32::from(*(p as *const u16).add(i)) << 16),
     }
-}
-
-fn half_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let e = u32::from(h >> 10) & 0x1f;
-    let m = u32::from(h) & 0x3ff;
-    if e == 0x1f {
-        return f32::from_bits(sign | 0x7f80_0000 | (m << 13));
-    }
-    if e != 0 {
-        return f32::from_bits(sign | ((e + 112) << 23) | (m << 13));
-    }
-    let v = m as f32 * 5.960_464_5e-8;
-    if sign != 0 {
-        -v
-    } else {
-        v
-    }
-}
-
-/// An f32 rounded once to fp16 bits, to nearest even (overflow to inf, subnormals kept).
-fn f32_to_f16(f: f32) -> u16 {
-    let x = f.to_bits();
-    let sign = ((x >> 16) & 0x8000) as u16;
-    let a = x & 0x7fff_ffff;
-    if a > 0x7f80_0000 {
-        return sign | 0x7e00 | ((a >> 13) & 0x3ff) as u16;
-    }
-    if a >= 0x477f_f000 {
-        return sign | 0x7c00;
-    }
-    if a >= 0x3880_0000 {
-        let r = a - 0x3800_0000;
-        let r = r + 0xfff + ((r >> 13) & 1);
-        return sign | (r >> 13) as u16;
-    }
-    if a <= 0x3300_0000 {
-        return sign;
-    }
-    let e = a >> 23;
-    let m = (a & 0x7f_ffff) | 0x80_0000;
-    let shift = 126 - e;
-    let mut q = m >> shift;
-    let rem = m & ((1 << shift) - 1);
-    let half = 1 << (shift - 1);
-    if rem > half || (rem == half && q & 1 == 1) {
-        q += 1;
-    }
-    sign | q as u16
-}
-
-/// An f32 rounded once to bf16 bits, to nearest even (NaN kept quiet).
-fn f32_to_bf16(f: f32) -> u16 {
-    let b = f.to_bits();
-    if b & 0x7fff_ffff > 0x7f80_0000 {
-        return ((b | 0x0040_0000) >> 16) as u16;
-    }
-    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
 }
 
 /// Stores `v` as element `i` of a matrix of data type `ty`, rounded once to it.
 unsafe fn store(p: *mut c_void, ty: u32, i: usize, v: f32) {
     match ty {
         R_32F => *(p as *mut f32).add(i) = v,
-        R_16F => *(p as *mut u16).add(i) = f32_to_f16(v),
-        _ => *(p as *mut u16).add(i) = f32_to_bf16(v),
+        R_16F => *(p as *mut u16).add(i) = half::f16::from_f32(v).to_bits(),
+        _ => *(p as *mut u16).add(i) = half::bf16::from_f32(v).to_bits(),
     }
 }
 
