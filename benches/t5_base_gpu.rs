@@ -252,11 +252,12 @@ fn time_steps(a: &Args, mode: &str, probes: Probes) -> amprobe::Result<Timed> {
     })
 }
 
-/// PyTorch's median step time for `mode` and `variant` from the script's JSON.
-fn torch_ms(torch: &serde_json::Value, mode: &str, variant: &str) -> Option<f64> {
+/// A number of PyTorch's row for `mode` and `variant` in the script's JSON (`median_ms`,
+/// `peak_mem_mib`).
+fn torch_figure(torch: &serde_json::Value, mode: &str, variant: &str, field: &str) -> Option<f64> {
     torch["steps"].as_array()?.iter().find_map(|s| {
         (s["mode"] == mode && s["variant"] == variant)
-            .then(|| s["median_ms"].as_f64())
+            .then(|| s[field].as_f64())
             .flatten()
     })
 }
@@ -386,7 +387,11 @@ fn main() {
             of(mode, Probes::On),
             of(mode, Probes::Full),
         );
-        let t = |variant: &str| torch.as_ref().and_then(|j| torch_ms(j, mode, variant));
+        let t = |variant: &str| {
+            torch
+                .as_ref()
+                .and_then(|j| torch_figure(j, mode, variant, "median_ms"))
+        };
         let div = |x: Option<f64>, y: Option<f64>| x.zip(y).map(|(x, y)| x / y);
         let r = [
             div(off, t("eager")),
@@ -420,13 +425,7 @@ fn main() {
                     .find(|r| r.mode == *mode && r.probes == p)
                     .map_or("-".to_string(), |r| format!("{:.0}", r.peak_mib))
             };
-            let theirs = j["steps"].as_array().and_then(|v| {
-                v.iter().find_map(|s| {
-                    (s["mode"] == mode.as_str() && s["variant"] == "eager")
-                        .then(|| s["peak_mem_mib"].as_f64())
-                        .flatten()
-                })
-            });
+            let theirs = torch_figure(j, mode, "eager", "peak_mem_mib");
             println!(
                 "{:<6} off {:>7} on {:>7} full {:>7}  PyTorch eager {:>7}",
                 mode,
