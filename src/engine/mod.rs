@@ -12,7 +12,7 @@ use crate::dtype::{DType, RoundCounts};
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId};
 use crate::trace::record::Phase;
-use observer::{Observer, OpEvent};
+use observer::{Observer, OpEvent, Operand, Released};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -116,11 +116,51 @@ impl Computed {
     }
 }
 
+/// A forward input as the tape keeps it.
+enum Saved {
+    /// A tensor no op of the tape made (a parameter, the batch, a constant): kept whole,
+    /// as its owner keeps it anyway.
+    Held(Tensor),
+    /// A tensor an op of the tape made: only what it was. Its values stay alive only where
+    /// the backward function captured them, so activations that no gradient formula needs
+    /// are freed during the forward pass.
+    Made(Released),
+}
+
+impl Saved {
+    fn of(t: &Tensor) -> Saved {
+        if t.is_leaf() {
+            Saved::Held(t.clone())
+        } else {
+            Saved::Made(Released::of(t))
+        }
+    }
+    fn id(&self) -> TensorId {
+        self.operand().id()
+    }
+    /// Tensors the tape made always require a gradient.
+    fn requires_grad(&self) -> bool {
+        match self {
+            Saved::Held(t) => t.requires_grad(),
+            Saved::Made(_) => true,
+        }
+    }
+    fn is_leaf(&self) -> bool {
+        matches!(self, Saved::Held(_))
+    }
+    fn operand(&self) -> Operand<'_> {
+        match self {
+            Saved::Held(t) => Operand::Tensor(t),
+            Saved::Made(r) => Operand::Released(r),
+        }
+    }
+}
+
 struct Node {
     index: u64,
     op: &'static str,
     module: String,
-    inputs: Vec<Tensor>,
+    inputs: Vec<Saved>,
     wrt: &'static [&'static str],
     output: TensorId,
     backward: BackwardFn,
@@ -448,7 +488,7 @@ impl Engine {
                 index,
                 op,
                 module: module.clone(),
-                inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+                inputs: inputs.iter().map(|t| Saved::of(t)).collect(),
                 wrt,
                 output: t.id(),
                 backward: backward.expect("checked above"),
@@ -458,6 +498,7 @@ impl Engine {
             out.tensor
         };
         if !self.observers.is_empty() {
+            let operands: Vec<Operand> = inputs.iter().map(|t| Operand::Tensor(t)).collect();
             let ev = OpEvent {
                 step: self.step,
                 micro: self.micro,
@@ -465,7 +506,7 @@ impl Engine {
                 phase: Phase::Forward,
                 op,
                 module: &module,
-                inputs,
+                inputs: &operands,
                 output: &tensor,
                 rounding: out.rounding,
                 slot: out.slot,
@@ -527,6 +568,7 @@ impl Engine {
         if self.observers.is_empty() {
             return;
         }
+        let operands: Vec<Operand> = inputs.iter().map(|t| Operand::Tensor(t)).collect();
         let ev = OpEvent {
             step: self.step,
             micro: self.micro,
@@ -534,7 +576,7 @@ impl Engine {
             phase: Phase::Optimizer,
             op,
             module,
-            inputs,
+            inputs: &operands,
             output,
             rounding: RoundCounts::default(),
             slot: None,
@@ -619,8 +661,8 @@ impl Engine {
                 let index = self.op_index;
                 self.op_index += 1;
                 if !self.observers.is_empty() {
-                    let mut ins: Vec<&Tensor> = vec![&g_out];
-                    ins.extend(node.inputs.iter());
+                    let mut ins = vec![Operand::Tensor(&g_out)];
+                    ins.extend(node.inputs.iter().map(Saved::operand));
                     let ev = OpEvent {
                         step: self.step,
                         micro: self.micro,
@@ -675,7 +717,7 @@ impl Engine {
         let index = self.op_index;
         self.op_index += 1;
         if !self.observers.is_empty() {
-            let ins = [a, b];
+            let ins = [Operand::Tensor(a), Operand::Tensor(b)];
             let ev = OpEvent {
                 step: self.step,
                 micro: self.micro,

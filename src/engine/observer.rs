@@ -1,7 +1,7 @@
 //! The one observer trait probes implement; the engine never knows who listens.
 
-use crate::dtype::RoundCounts;
-use crate::tensor::Tensor;
+use crate::dtype::{DType, RoundCounts};
+use crate::tensor::{Tensor, TensorId};
 use crate::trace::record::Phase;
 
 /// One op as it happened: its inputs, output and where it ran.
@@ -19,8 +19,8 @@ pub struct OpEvent<'a> {
     /// Dotted module path (`encoder.block.3.layer.1.DenseReluDense.wo`).
     pub module: &'a str,
     /// Inputs as the op saw them (backward ops: the output gradient first, then the forward
-    /// op's inputs).
-    pub inputs: &'a [&'a Tensor],
+    /// op's inputs, which the tape may have released).
+    pub inputs: &'a [Operand<'a>],
     /// Output (backward ops: the gradient of one input).
     pub output: &'a Tensor,
     /// Over/underflow counted when the op rounded its output to its dtype.
@@ -41,6 +41,72 @@ pub struct OpEvent<'a> {
     /// Every value of the output is known to be finite: the op checked as it wrote it
     /// ([`super::finite_checks`]). False when that is not known.
     pub finite: bool,
+}
+
+/// What the tape keeps of a forward input that an op of the same step made and that the
+/// backward pass needs no values of: which tensor it was, without its storage. Holding
+/// only this lets the values go as soon as nothing else uses them, as PyTorch frees what
+/// no backward formula saves.
+#[derive(Debug, Clone)]
+pub struct Released {
+    /// The tensor's id (observers found it as the output of the op that made it).
+    pub id: TensorId,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Vec<usize>,
+}
+
+impl Released {
+    /// What is kept of `t`.
+    pub fn of(t: &Tensor) -> Released {
+        Released {
+            id: t.id(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+        }
+    }
+}
+
+/// An op's input as observers see it: the tensor, or (a backward op's forward input
+/// that the tape did not keep) what it was.
+#[derive(Debug, Clone, Copy)]
+pub enum Operand<'a> {
+    /// The tensor itself, values included.
+    Tensor(&'a Tensor),
+    /// A forward input made by an op of this step, whose values the tape released.
+    Released(&'a Released),
+}
+
+impl<'a> Operand<'a> {
+    /// The tensor's id.
+    pub fn id(&self) -> TensorId {
+        match self {
+            Operand::Tensor(t) => t.id(),
+            Operand::Released(r) => r.id,
+        }
+    }
+    /// Its dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Operand::Tensor(t) => t.dtype(),
+            Operand::Released(r) => r.dtype,
+        }
+    }
+    /// Its shape.
+    pub fn shape(&self) -> &'a [usize] {
+        match self {
+            Operand::Tensor(t) => t.shape(),
+            Operand::Released(r) => &r.shape,
+        }
+    }
+    /// The tensor with its values, where they are still held.
+    pub fn tensor(&self) -> Option<&'a Tensor> {
+        match self {
+            Operand::Tensor(t) => Some(t),
+            Operand::Released(_) => None,
+        }
+    }
 }
 
 /// Something that watches ops: statistics, origin tracking, live views.

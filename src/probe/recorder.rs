@@ -543,7 +543,12 @@ impl Observer for Recorder {
         let out = ev.output;
         let (stats, handle) = match out.storage() {
             Storage::F32(v) => {
-                let moved_from = match ev.inputs.first().map(|t| t.storage()) {
+                let moved_from = match ev
+                    .inputs
+                    .first()
+                    .and_then(|t| t.tensor())
+                    .map(|t| t.storage())
+                {
                     Some(Storage::F32(u)) if ev.permuted => Some(u.clone()),
                     _ => None,
                 };
@@ -605,7 +610,7 @@ impl Observer for Recorder {
             // when the op is tracked); any other is scanned once.
             if let Some(&p) = self.producer.get(&t.id()) {
                 preds.push(p);
-            } else {
+            } else if let Some(t) = t.tensor() {
                 let f = self.finiteness(t);
                 in_flags.inf |= f.inf;
                 in_flags.nan |= f.nan;
@@ -676,18 +681,20 @@ fn mask_owns_neg_inf(o: &mut OpRecord) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::observer::Operand;
 
     /// Tells `r` that op `op` made `out` from `inputs` (only moving `inputs[0]`'s values
     /// when `op` is "transpose").
     fn record(r: &mut Recorder, op: &str, inputs: &[&Tensor], out: &Tensor) {
-        r.on_op(&event(r, op, inputs, out));
+        let operands: Vec<Operand> = inputs.iter().map(|t| Operand::Tensor(t)).collect();
+        r.on_op(&event(r, op, &operands, out));
     }
 
     /// The forward event [`record`] tells.
     fn event<'a>(
         r: &Recorder,
         op: &'a str,
-        inputs: &'a [&'a Tensor],
+        inputs: &'a [Operand<'a>],
         out: &'a Tensor,
     ) -> OpEvent<'a> {
         OpEvent {
