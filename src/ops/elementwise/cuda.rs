@@ -213,11 +213,35 @@ pub fn binary_grad(
     wrt_b: bool,
     sink: Out,
 ) -> Result<Tensor> {
+    let side = |t| Side {
+        shape: Tensor::shape(t),
+        values: Some(t),
+    };
+    binary_grad_of(op, [side(a), side(b)], g, wrt_b, sink)
+}
+
+/// An operand of a binary op as its backward keeps it: its shape, and its values where
+/// the gradient being computed reads them.
+#[derive(Clone, Copy)]
+pub struct Side<'a> {
+    /// The operand's shape.
+    pub shape: &'a [usize],
+    /// Its values (None: released, as no needed gradient reads them).
+    pub values: Option<&'a Tensor>,
+}
+
+/// [`binary_grad`] from operands of which only the values the term reads are kept: the
+/// multiply's and divide's terms read the operands their formulas name, an add's and a
+/// subtraction's none. `g` is passed to the kernel in place of an operand it does not
+/// read (never loaded: `grad_term_at` loads only what its term reads).
+pub fn binary_grad_of<'a>(
+    op: Binary,
+    [sa, sb]: [Side<'a>; 2],
+    g: &'a Tensor,
+    wrt_b: bool,
+    sink: Out,
+) -> Result<Tensor> {
     let name = op.name();
-    let dt = same_dtype(name, &[a, b, g])?;
-    let dev = device_of(name, &[a, b, g])?;
-    let full = g.shape().to_vec();
-    let target = if wrt_b { b.shape() } else { a.shape() };
     let term = match (op, wrt_b) {
         (Binary::Add | Binary::Sub, false) | (Binary::Add, true) => 0,
         (Binary::Sub, true) => 1,
@@ -226,6 +250,23 @@ pub fn binary_grad(
         (Binary::Mul, true) => 4,
         (Binary::Div, true) => 5,
     };
+    let (reads_a, reads_b) = (term == 4 || term == 5, matches!(term, 2 | 3 | 5));
+    let value = |s: Side<'a>, reads: bool, which: &str| -> Result<&'a Tensor> {
+        match s.values {
+        Some(t) => Ok(t),
+        None if !reads => Ok(g),
+        None => Err(Error::Device(format!(
+            "{name} backward: the {which} operand's values were not kept, and its gradient term reads them"
+        ))),
+        }
+    };
+    let a = value(sa, reads_a, "left")?;
+    let b = value(sb, reads_b, "right")?;
+    let dt = same_dtype(name, &[a, b, g])?;
+    let dev = device_of(name, &[a, b, g])?;
+    let full = g.shape().to_vec();
+    let (a_shape, b_shape) = (sa.shape, sb.shape);
+    let target = if wrt_b { b_shape } else { a_shape };
     let shape = pad_shape(&full)?;
     let tshape = pad_shape(target)?;
     let mut reduced = [0u32; MAX_DIMS];
@@ -243,8 +284,8 @@ pub fn binary_grad(
     }
     let mut geo = GradGeometry {
         shape,
-        sa: pad_strides(&crate::ops::bstrides(a.shape(), &full)),
-        sb: pad_strides(&crate::ops::bstrides(b.shape(), &full)),
+        sa: pad_strides(&crate::ops::bstrides(a_shape, &full)),
+        sb: pad_strides(&crate::ops::bstrides(b_shape, &full)),
         sg: pad_strides(&crate::tensor::strides(&full)),
         reduced,
     };
@@ -267,7 +308,7 @@ pub fn binary_grad(
         crate::ops::Pattern::Repeat(_) => -0.0f64,
         _ => 0.0f64,
     };
-    if n_reduced == 1 && a.shape() == full.as_slice() && b.shape() == full.as_slice() {
+    if n_reduced == 1 && a_shape == full.as_slice() && b_shape == full.as_slice() {
         let o = sink.for_output(&out, n)?;
         launch_with!(
             dev,

@@ -6,6 +6,7 @@
 mod cpu;
 pub mod cuda;
 
+use super::shape::check_grad;
 use super::{device_out, expect_float, grad, sum_to, with_float, with_float2};
 use crate::engine::{Computed, Engine};
 use crate::error::Result;
@@ -123,6 +124,26 @@ impl Unary {
         }
     }
 
+    /// Which of the input x and the output y [`Unary::df`] reads: the backward keeps only
+    /// those alive (an argument it does not read may be given any value of its length).
+    pub fn reads(self) -> (bool, bool) {
+        match self {
+            Unary::Neg | Unary::MulScalar(_) | Unary::AddScalar(_) => (false, false),
+            Unary::Relu
+            | Unary::Tanh
+            | Unary::Sigmoid
+            | Unary::Exp
+            | Unary::Sqrt
+            | Unary::Rsqrt => (false, true),
+            Unary::GeluErf
+            | Unary::GeluTanh
+            | Unary::Silu
+            | Unary::Log
+            | Unary::Pow(_)
+            | Unary::Clamp(..) => (true, false),
+        }
+    }
+
     /// dL/dx from the input x, the output y and dL/dy, computed in T.
     #[inline(always)]
     pub fn df<T: Real>(self, x: T, y: T, g: T) -> T {
@@ -211,6 +232,17 @@ impl Binary {
             Binary::Div => "div",
         }
     }
+
+    /// Which operands' values the gradients of the operands in `need` read (an add's or
+    /// a subtraction's read none): the backward keeps only those alive.
+    pub fn grad_reads(self, need: [bool; 2]) -> (bool, bool) {
+        match self {
+            Binary::Add | Binary::Sub => (false, false),
+            Binary::Mul => (need[1], need[0]),
+            Binary::Div => (need[1], need[0] || need[1]),
+        }
+    }
+
     #[inline(always)]
     pub(crate) fn f<T: Real>(self, a: T, b: T) -> T {
         match self {
@@ -273,21 +305,29 @@ impl Engine {
         } else {
             with_float!(x, op.name(), |d| cpu::unary(d, op, x.shape(), x.dtype()))?
         };
-        let (xs, ys) = (x.clone(), out.tensor.clone());
+        // Only the values the derivative reads stay alive until the backward; `g` (of the
+        // same length) stands in for the others.
+        let (reads_x, reads_y) = op.reads();
+        let kept_x = reads_x.then(|| x.clone());
+        let kept_y = reads_y.then(|| out.tensor.clone());
+        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
         let bw = Box::new(move |g: &Tensor| {
-            if xs.storage().is_device() {
-                let (slot, sink) = device_out(&xs)?;
-                let dx = cuda::unary_backward(op, (&xs, &ys, g), switch(&flag, on_inf), sink)?;
+            check_grad(g, &shape, op.name())?;
+            let xs = kept_x.as_ref().unwrap_or(g);
+            let ys = kept_y.as_ref().unwrap_or(g);
+            if g.storage().is_device() {
+                let (slot, sink) = device_out(g)?;
+                let dx = cuda::unary_backward(op, (xs, ys, g), switch(&flag, on_inf), sink)?;
                 return Ok(vec![grad(Computed::pending(dx, slot))]);
             }
             if let Some(cdf) = &gelu_cdf {
                 let r = match (
-                    super::fdata(&xs, "backward")?,
+                    super::fdata(xs, "backward")?,
                     super::fdata(cdf, "backward")?,
                     super::fdata(g, "backward")?,
                 ) {
                     (super::FData::F32(a), super::FData::F32(c), super::FData::F32(gd)) => {
-                        cpu::gelu_erf_bwd(a, c, gd, xs.shape(), xs.dtype())?
+                        cpu::gelu_erf_bwd(a, c, gd, &shape, dtype)?
                     }
                     _ => {
                         return Err(crate::Error::shape(
@@ -299,15 +339,15 @@ impl Engine {
                 return Ok(vec![grad(r)]);
             }
             let r = match (
-                super::fdata(&xs, "backward")?,
-                super::fdata(&ys, "backward")?,
+                super::fdata(xs, "backward")?,
+                super::fdata(ys, "backward")?,
                 super::fdata(g, "backward")?,
             ) {
                 (super::FData::F32(a), super::FData::F32(b), super::FData::F32(c)) => {
-                    cpu::unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
+                    cpu::unary_backward(a, b, c, op, &shape, dtype)?
                 }
                 (super::FData::F64(a), super::FData::F64(b), super::FData::F64(c)) => {
-                    cpu::unary_backward(a, b, c, op, xs.shape(), xs.dtype())?
+                    cpu::unary_backward(a, b, c, op, &shape, dtype)?
                 }
                 _ => {
                     return Err(crate::Error::shape(
@@ -342,21 +382,45 @@ impl Engine {
                 a.dtype()
             ))?
         };
-        let (at, bt) = (a.clone(), b.clone());
-        // On the host, no gradient is computed for an operand that needs none (a mask, the
-        // rotary tables): the engine would drop it unrecorded.
+        // No gradient is computed for an operand that needs none (a mask, the rotary
+        // tables): the engine would drop it unrecorded. Only the operand values that the
+        // needed gradients read stay alive until the backward.
         let need = [a.requires_grad(), b.requires_grad()];
+        let (reads_a, reads_b) = op.grad_reads(need);
+        let kept_a = reads_a.then(|| a.clone());
+        let kept_b = reads_b.then(|| b.clone());
+        let (shape_a, shape_b, dt) = (a.shape().to_vec(), b.shape().to_vec(), a.dtype());
         let bw = Box::new(move |g: &Tensor| {
-            if at.storage().is_device() {
+            check_grad(g, &out_shape, op.name())?;
+            if g.storage().is_device() {
+                let sides = [
+                    cuda::Side {
+                        shape: &shape_a,
+                        values: kept_a.as_ref(),
+                    },
+                    cuda::Side {
+                        shape: &shape_b,
+                        values: kept_b.as_ref(),
+                    },
+                ];
                 let mut grads = Vec::with_capacity(2);
-                for wrt_b in [false, true] {
-                    let (slot, sink) = device_out(&at)?;
-                    let d = cuda::binary_grad(op, &at, &bt, g, wrt_b, sink)?;
+                for (wrt_b, needed) in [(false, need[0]), (true, need[1])] {
+                    if !needed {
+                        grads.push(None);
+                        continue;
+                    }
+                    let (slot, sink) = device_out(g)?;
+                    let d = cuda::binary_grad_of(op, sides, g, wrt_b, sink)?;
                     grads.push(grad(Computed::pending(d, slot)));
                 }
                 return Ok(grads);
             }
-            let (sa, sb, dt) = (at.shape(), bt.shape(), at.dtype());
+            // An operand whose values no needed gradient reads: `g`, at least as long,
+            // stands in (never read).
+            let at = kept_a.as_ref().unwrap_or(g);
+            let bt = kept_b.as_ref().unwrap_or(g);
+            let (sa, sb) = (shape_a.as_slice(), shape_b.as_slice());
+            let (na, nb) = (crate::tensor::numel(sa), crate::tensor::numel(sb));
             // The gradient of an operand that is the output's shape and dtype, passed
             // through unchanged: the same storage, nothing rounds.
             let pass = |target: &[usize]| -> Result<Option<crate::engine::Computed>> {
@@ -401,14 +465,16 @@ impl Engine {
                 }};
             }
             match (
-                super::fdata(&at, "backward")?,
-                super::fdata(&bt, "backward")?,
+                super::fdata(at, "backward")?,
+                super::fdata(bt, "backward")?,
                 super::fdata(g, "backward")?,
             ) {
                 (super::FData::F32(x), super::FData::F32(y), super::FData::F32(gg)) => {
+                    let (x, y) = (&x[..na.min(x.len())], &y[..nb.min(y.len())]);
                     grads!(x, y, gg)
                 }
                 (super::FData::F64(x), super::FData::F64(y), super::FData::F64(gg)) => {
+                    let (x, y) = (&x[..na.min(x.len())], &y[..nb.min(y.len())]);
                     grads!(x, y, gg)
                 }
                 _ => Err(crate::Error::shape(
@@ -515,5 +581,51 @@ impl Engine {
     /// x + s
     pub fn add_scalar(&mut self, x: &Tensor, s: f64) -> Result<Tensor> {
         self.unary(Unary::AddScalar(s), x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Unary;
+
+    /// `reads` names every argument `df` uses: with the others replaced by NaN, the
+    /// derivative is the same, for every op and values across signs and magnitudes.
+    #[test]
+    fn unary_derivatives_read_only_what_reads_names() {
+        let ops = [
+            Unary::Neg,
+            Unary::Relu,
+            Unary::GeluErf,
+            Unary::GeluTanh,
+            Unary::Silu,
+            Unary::Tanh,
+            Unary::Sigmoid,
+            Unary::Exp,
+            Unary::Log,
+            Unary::Sqrt,
+            Unary::Rsqrt,
+            Unary::Pow(2.0),
+            Unary::Pow(3.0),
+            Unary::Pow(1.0),
+            Unary::Pow(-1.5),
+            Unary::Clamp(Some(-1.0), Some(2.0)),
+            Unary::MulScalar(0.125),
+            Unary::AddScalar(3.0),
+        ];
+        for op in ops {
+            let (rx, ry) = op.reads();
+            for x in [-3.5f32, -1.0, -0.0, 0.25, 1.5, 7.0] {
+                let y = op.f(x);
+                for g in [1.0f32, -0.5] {
+                    let want = op.df(x, y, g);
+                    let got = op.df(
+                        if rx { x } else { f32::NAN },
+                        if ry { y } else { f32::NAN },
+                        g,
+                    );
+                    assert_eq!(got.to_bits(), want.to_bits(), "{op:?} at x = {x}");
+                }
+            }
+        }
     }
 }
