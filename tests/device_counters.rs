@@ -231,3 +231,60 @@ fn without_probes_a_device_step_runs_no_statistics_pass() {
         }
     }
 }
+
+/// An add's gradient to an operand of the output's shape and dtype is the output gradient
+/// itself (no kernel, as on the host), and no gradient is computed for an operand that
+/// needs none (an attention mask): the backward of `(x + y) + mask`, mask broadcast, launches
+/// no gradient kernel at all, and the gradients are the output gradient's values.
+#[test]
+fn add_gradients_pass_through_and_masks_get_none() {
+    if !device_or_skip() {
+        return;
+    }
+    use amprobe::device::cuda::counters::sim_kernel_launches;
+    use amprobe::dtype::DType;
+    use amprobe::engine::Engine;
+    use amprobe::tensor::Tensor;
+    let _serial = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = amprobe::backend::open_device(0, false).expect("open device 0");
+    let t = |v: Vec<f32>, s: &[usize]| Tensor::from_f32(v, s, DType::F32).unwrap();
+    let x = t((0..12).map(|i| i as f32 * 0.5).collect(), &[2, 2, 3])
+        .to_device(&dev)
+        .unwrap()
+        .as_leaf(true);
+    let y = t(vec![1.0; 12], &[2, 2, 3])
+        .to_device(&dev)
+        .unwrap()
+        .as_leaf(true);
+    let mask = t(vec![0.0, -1.0, 0.0], &[1, 1, 3]).to_device(&dev).unwrap();
+    let g = t((0..12).map(|i| 1.0 - i as f32).collect(), &[2, 2, 3])
+        .to_device(&dev)
+        .unwrap();
+    let kernels = [
+        "amp_binary_grad",
+        "amp_binary_grad_same",
+        "amp_binary_grad_warp",
+    ];
+    let Some(before) = kernels
+        .iter()
+        .map(|k| sim_kernel_launches(k))
+        .collect::<Option<Vec<u64>>>()
+    else {
+        eprintln!("skipped: counters exist on the simulated device only");
+        return;
+    };
+    let mut e = Engine::new();
+    let s = e.add(&x, &y).unwrap();
+    let out = e.add(&s, &mask).unwrap();
+    let grads = e.backward_with(&out, g.clone()).unwrap();
+    let after: Vec<u64> = kernels
+        .iter()
+        .map(|k| sim_kernel_launches(k).unwrap())
+        .collect();
+    assert_eq!(after, before, "gradient kernels launched ({kernels:?})");
+    let want = g.to_host().unwrap().f32s().unwrap().to_vec();
+    for leaf in [&x, &y] {
+        let got = grads[&leaf.id()].to_host().unwrap();
+        assert_eq!(got.f32s().unwrap(), want.as_slice());
+    }
+}

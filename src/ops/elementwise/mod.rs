@@ -409,6 +409,16 @@ impl Engine {
                         grads.push(None);
                         continue;
                     }
+                    // The gradient of an add's operand of the output's shape and dtype (or a
+                    // subtraction's left one) is g itself, as on the host: the same storage,
+                    // nothing rounds, no kernel.
+                    let shape = if wrt_b { &shape_b } else { &shape_a };
+                    let passes = matches!((op, wrt_b), (Binary::Add, _) | (Binary::Sub, false));
+                    if passes && shape == &out_shape && g.dtype() == dt {
+                        let same = Tensor::from_storage(g.storage().clone(), shape, dt)?;
+                        grads.push(grad(Computed::new(same, Default::default())));
+                        continue;
+                    }
                     let (slot, sink) = device_out(g)?;
                     let d = cuda::binary_grad_of(op, sides, g, wrt_b, sink)?;
                     grads.push(grad(Computed::pending(d, slot)));
