@@ -311,10 +311,11 @@ pub fn param_table(steps: &[StepRecord]) -> Vec<ParamRow> {
     rows
 }
 
-/// The verdict of a trace: the end record's when the run finished, else the runner's rule
-/// applied to the finished steps.
+/// The verdict of a trace: the end record's when the run finished and its writer gave one,
+/// else the runner's rule applied to the finished steps (a captured PyTorch run leaves
+/// the verdict to its readers).
 pub fn verdict(trace: &Trace) -> String {
-    if let Some(e) = &trace.end {
+    if let Some(e) = trace.end.as_ref().filter(|e| !e.verdict.is_empty()) {
         return e.verdict.clone();
     }
     let params_finite = trace.steps.last().is_none_or(|s| {

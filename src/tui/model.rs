@@ -212,7 +212,7 @@ impl Model {
     /// The verdict and whether it is final (from the end record or the finished run) or
     /// only what the steps so far say.
     pub fn verdict(&self) -> (String, bool) {
-        if let Some(e) = &self.end {
+        if let Some(e) = self.end.as_ref().filter(|e| !e.verdict.is_empty()) {
             return (e.verdict.clone(), true);
         }
         if let Some(v) = &self.live_verdict {
@@ -226,7 +226,7 @@ impl Model {
             .is_none_or(|s| s.params.iter().all(|p| p.param_max_abs_after.is_finite()));
         (
             crate::diagnose::summary::verdict(&self.steps, finite).to_string(),
-            false,
+            self.end.is_some(),
         )
     }
 
