@@ -1,0 +1,38 @@
+"""amprobe's PyTorch companion: two lines in a training script capture its real AMP steps,
+op by op, as an amprobe trace that `amprobe report`, `tui`, `compare` and `--fail-on` read.
+
+    import amprobe_torch
+    amprobe_torch.watch(model, optimizer, scaler)   # scaler optional; before the loop
+
+Environment:
+    AMPROBE_TRACE         the trace's path (default amprobe-trace.jsonl; `.rank{N}` is put
+                          before the suffix in a distributed run of more than one rank)
+    AMPROBE_DISABLE=1     `watch` does nothing
+    AMPROBE_SAMPLE_EVERY  keep full op records every N steps besides the first (default 0:
+                          the first step only; steps with a non-finite value keep theirs)
+"""
+
+import atexit
+import os
+
+from . import _capture
+
+__all__ = ["watch"]
+__version__ = _capture.TOOL_VERSION
+
+
+def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None):
+    """Captures the training of `model` by `optimizer` (and `scaler`, a GradScaler, when the
+    script uses one) from now on. Steps end at `scaler.update()` when the scaler is enabled
+    (a skipped step never reaches `optimizer.step()`), else at `optimizer.step()`. Returns
+    the watcher (its `close()` ends the trace; it is also called at exit), or None when
+    AMPROBE_DISABLE=1."""
+    if os.environ.get("AMPROBE_DISABLE") == "1":
+        return None
+    path = trace or _capture.trace_path()
+    if sample_every is None:
+        sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
+    w = _capture.Watcher(model, optimizer, scaler, path, sample_every)
+    _capture._WATCHERS.append(w)
+    atexit.register(w.close)
+    return w

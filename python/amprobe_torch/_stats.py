@@ -1,0 +1,166 @@
+"""Statistics of one tensor, computed on its own device into a small float64 vector that
+stays there until the step's one read back (no host synchronisation per op).
+
+Two kinds: the full statistics of amprobe's TensorStats (kept steps), and the check
+(NaN, +inf and -inf counts only) of every other step."""
+
+import torch
+
+from ._trace import jfloat
+
+# Exponent histogram bins: floor(log2 |x|) from EXP_LO to EXP_HI - 1. fp32's subnormals
+# reach 2^-149 and its largest values 2^127; f64 values outside are counted in the end bins.
+EXP_LO, EXP_HI = -150, 128
+N_BINS = EXP_HI - EXP_LO
+
+# Layout of a full vector: these fields, then N_BINS histogram counts.
+FIELDS = (
+    "numel",
+    "nan",
+    "pos_inf",
+    "neg_inf",
+    "zeros",
+    "subnormal",
+    "max_abs",
+    "min_abs_nonzero",
+    "sum_sq",
+    "f16_over",
+    "f16_under",
+    "bf16_over",
+    "bf16_under",
+)
+FULL_LEN = len(FIELDS) + N_BINS
+CHECK_LEN = 4
+
+# The smallest normal magnitude of each dtype: nonzero values below it are subnormal.
+_NORMAL_MIN = {
+    torch.float16: 2.0**-14,
+    torch.bfloat16: 2.0**-126,
+    torch.float32: 2.0**-126,
+    torch.float64: 2.0**-1022,
+}
+F16_OVERFLOW = 65520.0
+F16_UNDERFLOW = 2.0**-25
+BF16_OVERFLOW = (2.0 - 2.0**-8) * 2.0**127
+BF16_UNDERFLOW = 2.0**-134
+
+DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.int64: "int64",
+}
+
+
+def observed(t):
+    """True for the tensors a record describes (amprobe's dtypes)."""
+    return isinstance(t, torch.Tensor) and t.dtype in DTYPE_NAMES and t.layout == torch.strided
+
+
+def floating(t):
+    return isinstance(t, torch.Tensor) and t.dtype in _NORMAL_MIN and t.layout == torch.strided
+
+
+def check(t):
+    """[numel, NaN, +inf, -inf] of a floating tensor, as a float64 vector on its device."""
+    x = t.detach().reshape(-1)
+    inf = float("inf")
+    return torch.stack(
+        [
+            torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
+            x.isnan().sum().to(torch.float64),
+            (x == inf).sum().to(torch.float64),
+            (x == -inf).sum().to(torch.float64),
+        ]
+    )
+
+
+def full(t):
+    """The full statistics of a floating tensor (FIELDS, then the exponent histogram), as a
+    float64 vector on its device; values are read from the tensor's own bits (fp16 and bf16
+    widen exactly to f32)."""
+    dt = t.dtype
+    x = t.detach().reshape(-1)
+    if dt in (torch.float16, torch.bfloat16):
+        x = x.float()
+    dev = x.device
+    f64 = torch.float64
+    inf = float("inf")
+    n = x.numel()
+    fin = x.isfinite()
+    a = x.abs()
+    af = torch.where(fin, a, torch.zeros((), dtype=a.dtype, device=dev))
+    nz = fin & (a > 0)
+    if n:
+        max_abs = af.max().to(f64)
+        min_abs = torch.where(nz, a, torch.full((), inf, dtype=a.dtype, device=dev)).min().to(f64)
+    else:
+        max_abs = torch.zeros((), dtype=f64, device=dev)
+        min_abs = torch.full((), inf, dtype=f64, device=dev)
+    ad = af.to(f64)
+    counts = [
+        torch.tensor(float(n), dtype=f64, device=dev),
+        x.isnan().sum().to(f64),
+        (x == inf).sum().to(f64),
+        (x == -inf).sum().to(f64),
+        (x == 0).sum().to(f64),
+        (nz & (a < _NORMAL_MIN[dt])).sum().to(f64),
+        max_abs,
+        min_abs,
+        (ad * ad).sum(),
+        (fin & (a >= F16_OVERFLOW)).sum().to(f64),
+        (nz & (ad <= F16_UNDERFLOW)).sum().to(f64),
+        (fin & (ad >= BF16_OVERFLOW)).sum().to(f64),
+        (nz & (ad <= BF16_UNDERFLOW)).sum().to(f64),
+    ]
+    # floor(log2 |x|) = e - 1 where frexp gives |x| = m·2^e, m in [0.5, 1).
+    _, e = torch.frexp(torch.where(nz, a, torch.ones((), dtype=a.dtype, device=dev)))
+    bins = (e.to(torch.int64) - 1).clamp(EXP_LO, EXP_HI - 1) - EXP_LO
+    hist = torch.bincount(bins[nz], minlength=N_BINS).to(f64)
+    return torch.cat([torch.stack(counts), hist])
+
+
+def from_check(v):
+    """TensorStats of a check vector (host list): counts only."""
+    return {
+        "numel": int(v[0]),
+        "nan": int(v[1]),
+        "pos_inf": int(v[2]),
+        "neg_inf": int(v[3]),
+        "zeros": 0,
+        "subnormal": 0,
+        "max_abs": 0.0,
+        "min_abs_nonzero": None,
+        "sum_sq": 0.0,
+        "exp_hist": {"lo": 0, "counts": []},
+        "to_f16": {"overflow": 0, "underflow": 0},
+        "to_bf16": {"overflow": 0, "underflow": 0},
+    }
+
+
+def from_full(v):
+    """TensorStats of a full vector (host list)."""
+    f = dict(zip(FIELDS, v[: len(FIELDS)]))
+    hist = [int(c) for c in v[len(FIELDS) :]]
+    nonzero = [i for i, c in enumerate(hist) if c]
+    if nonzero:
+        lo, hi = nonzero[0], nonzero[-1]
+        exp_hist = {"lo": EXP_LO + lo, "counts": hist[lo : hi + 1]}
+    else:
+        exp_hist = {"lo": 0, "counts": []}
+    min_abs = f["min_abs_nonzero"]
+    return {
+        "numel": int(f["numel"]),
+        "nan": int(f["nan"]),
+        "pos_inf": int(f["pos_inf"]),
+        "neg_inf": int(f["neg_inf"]),
+        "zeros": int(f["zeros"]),
+        "subnormal": int(f["subnormal"]),
+        "max_abs": jfloat(f["max_abs"]),
+        "min_abs_nonzero": None if min_abs == float("inf") else jfloat(min_abs),
+        "sum_sq": jfloat(f["sum_sq"]),
+        "exp_hist": exp_hist,
+        "to_f16": {"overflow": int(f["f16_over"]), "underflow": int(f["f16_under"])},
+        "to_bf16": {"overflow": int(f["bf16_over"]), "underflow": int(f["bf16_under"])},
+    }

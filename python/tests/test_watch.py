@@ -1,0 +1,186 @@
+"""The companion against the scripts in scripts.py: observing changes nothing, the trace is
+amprobe's and amprobe reads it, origins are where the planted overflow is."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import amprobe_torch
+from amprobe_torch import _stats
+from scripts import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def amprobe_bin():
+    """The amprobe binary: $AMPROBE_BIN (the Rust test harness sets it), else this
+    checkout's release build."""
+    path = os.environ.get("AMPROBE_BIN") or os.path.join(HERE, "..", "..", "target", "release", "amprobe")
+    assert os.path.exists(path), f"no amprobe binary at {path}: build it (cargo build --release) or set AMPROBE_BIN"
+    return path
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def watcher(path, **kw):
+    def w(model, opt, scaler):
+        return amprobe_torch.watch(model, opt, scaler, trace=str(path), **kw)
+
+    return w
+
+
+def close_all():
+    from amprobe_torch import _capture
+
+    for w in _capture._WATCHERS:
+        w.close()
+    _capture._WATCHERS.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_observing_changes_nothing_bitwise(tmp_path, dtype):
+    # Overflow at step 2 in fp16: a skipped step and a lower scale are part of what must match.
+    plain = train(dtype, steps=5, boom_step=2)
+    seen = train(dtype, steps=5, boom_step=2, watch=watcher(tmp_path / "t.jsonl", sample_every=2))
+    close_all()
+    for a, b in zip(plain[0], seen[0]):
+        assert torch.equal(a, b) or (a.isnan() and b.isnan())
+    assert plain[1] == seen[1]
+    for n in plain[2]:
+        assert torch.equal(plain[2][n], seen[2][n]), n
+    if dtype == torch.float16:
+        assert plain[1][2] == plain[1][1] / 2, "the planted overflow skipped step 2"
+
+
+def test_trace_is_amprobes_and_names_the_planted_overflow(tmp_path):
+    path = tmp_path / "t.jsonl"
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(path))
+    close_all()
+    recs = read(path)
+    assert [r["type"] for r in recs] == ["header", "step", "step", "step", "step", "end"]
+    h = recs[0]
+    assert h["schema_version"] == 1 and h["precision"] == "fp16-amp"
+    assert h["autocast_dtype"] == "float16" and h["source"]["kind"] == "pytorch"
+    steps = recs[1:5]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    # Full records in the first step, none in clean later ones, counts in the failing one.
+    assert steps[0]["ops"] and steps[1]["ops"] is None and steps[3]["ops"] is None
+    assert steps[2]["ops"], "a step with a non-finite value keeps its records"
+    assert [s["skipped"] for s in steps] == [False, False, True, False]
+    assert steps[2]["scale_after"] == steps[2]["scale_before"] / 2
+    o = steps[2]["origins"]
+    # The input, scaled by 3e4, overflows fp16 where the first linear casts it.
+    assert o["first_inf"]["module"] == "embed" and o["first_inf"]["phase"] == "forward"
+    assert o["first_inf"]["op"] == "_to_copy"
+    assert o["first_nan"] is not None and o["chain"][0] == o["first_inf"]
+    for s in (steps[0], steps[1], steps[3]):
+        assert s["origins"]["first_inf"] is None and s["origins"]["first_nan"] is None
+    # Records of the first step: every phase, modules named as the model names them.
+    ops = steps[0]["ops"]
+    phases = {r["phase"] for r in ops}
+    assert phases == {"forward", "backward", "optimizer"}
+    modules = {r["module"] for r in ops if r["phase"] == "backward"}
+    assert {"blocks.1.up", "blocks.1.down", "head"} <= modules
+    mm = [r for r in ops if r["phase"] == "forward" and r["module"] == "blocks.1.up" and r["op"] == "addmm"]
+    assert len(mm) == 1 and mm[0]["output"]["dtype"] == "float16"
+    st = mm[0]["stats"]
+    assert st["numel"] == 12 * 64 and st["max_abs"] > 0 and sum(st["exp_hist"]["counts"]) > 0
+    names = [p["name"] for p in steps[0]["params"]]
+    assert names[0] == "embed.weight" and len(names) == 3 * 6 + 4
+    assert all(p["grad_l2"] > 0 for p in steps[0]["params"])
+    # amprobe reads it: its report finds the same origin and the skipped step.
+    out = subprocess.run(
+        [amprobe_bin(), "report", str(path), "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "verdict: forward-nonfinite" in out.stdout
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "`_to_copy` | `embed`" in summary
+    assert "1 of 4 step(s) skipped" in summary
+
+
+def test_statistics_match_a_host_computation():
+    x = torch.tensor(
+        [0.0, -0.0, 1.0, -3.5, 65504.0, 2.0**-20, float("inf"), float("-inf"), float("nan"), 7e-8],
+        dtype=torch.float16,
+    )
+    st = _stats.from_full(_stats.full(x).tolist())
+    assert (st["numel"], st["nan"], st["pos_inf"], st["neg_inf"], st["zeros"]) == (10, 1, 1, 1, 2)
+    # fp16 subnormals: |x| < 2^-14, nonzero: 2^-20 and 7e-8 (which fp16 holds as 2^-24·1).
+    assert st["subnormal"] == 2
+    assert st["max_abs"] == 65504.0 and st["min_abs_nonzero"] == 2.0**-24
+    want = sum(float(v) ** 2 for v in x.float().tolist() if abs(v) != float("inf") and v == v)
+    assert st["sum_sq"] == pytest.approx(want, rel=1e-12)
+    # floor(log2 |x|): -24, -20, 0, 1, 15.
+    h = st["exp_hist"]
+    assert h["lo"] == -24 and len(h["counts"]) == 15 - (-24) + 1
+    assert {h["lo"] + i: c for i, c in enumerate(h["counts"]) if c} == {-24: 1, -20: 1, 0: 1, 1: 1, 15: 1}
+    # 65504 and 2^-24 are fp16 values: rounding to fp16 keeps them.
+    assert st["to_f16"] == {"overflow": 0, "underflow": 0}
+    y = torch.tensor([65520.0, 65519.0, 2.0**-25, 2.0**-24, 1e-40], dtype=torch.float32)
+    st = _stats.from_full(_stats.full(y).tolist())
+    # 65520 rounds to inf in fp16, 65519 to 65504; 2^-25 (a tie) and 1e-40 to zero.
+    assert st["to_f16"] == {"overflow": 1, "underflow": 2}
+    assert st["subnormal"] == 1 and st["to_bf16"] == {"overflow": 0, "underflow": 0}
+
+
+def test_disabled_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPROBE_DISABLE", "1")
+    path = tmp_path / "t.jsonl"
+    assert amprobe_torch.watch(torch.nn.Linear(2, 2), torch.optim.SGD([torch.zeros(1)], lr=1), None, trace=str(path)) is None
+    assert not path.exists()
+
+
+def test_an_error_inside_the_companion_stops_capture_not_training(tmp_path, monkeypatch, capsys):
+    calls = {"n": 0}
+    real = _stats.full
+
+    def broken(t):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("planted")
+        return real(t)
+
+    monkeypatch.setattr(_stats, "full", broken)
+    plain = train(torch.float16, steps=3)
+    seen = train(torch.float16, steps=3, watch=watcher(tmp_path / "t.jsonl"))
+    close_all()
+    for n in plain[2]:
+        assert torch.equal(plain[2][n], seen[2][n])
+    err = capsys.readouterr().err
+    assert err.count("capture stopped") == 1 and "planted" in err
+
+
+def test_a_killed_run_keeps_every_finished_step(tmp_path):
+    path = tmp_path / "t.jsonl"
+    code = f"""
+import os, sys, torch
+sys.path[:0] = [{os.path.join(HERE, '..')!r}, {HERE!r}]
+import amprobe_torch, scripts
+def kill_after(model, opt, scaler):
+    amprobe_torch.watch(model, opt, scaler, trace={str(path)!r})
+    upd = scaler.update
+    n = [0]
+    def update(*a, **k):
+        upd(*a, **k)
+        n[0] += 1
+        if n[0] == 3:
+            os._exit(9)
+    scaler.update = update
+scripts.train(torch.float16, steps=5, watch=kill_after)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 9, r.stderr
+    recs = read(path)
+    assert [r["type"] for r in recs] == ["header", "step", "step", "step"]
+    out = subprocess.run([amprobe_bin(), "report", str(path), "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
