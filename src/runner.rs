@@ -17,7 +17,7 @@ use crate::models::tokens::{load_inputs, synthetic_ids};
 use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore, Pretrained};
 use crate::trace::io::TraceWriter;
-use crate::trace::record::{EndRecord, Header, OpRef, Record, StepRecord};
+use crate::trace::record::{EndRecord, Header, Record};
 use crate::train::confirm::{confirm_device_step, Confirmation};
 use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
 use std::collections::BTreeMap;
@@ -470,68 +470,19 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         w.finish(&end)?;
     }
     send(Record::End(end));
-    let first = |f: fn(&StepRecord) -> Option<&OpRef>| records.iter().find_map(|r| f(r).cloned());
-    let first_inf = first(|r| r.origins.first_inf.as_ref());
-    let first_nan = first(|r| r.origins.first_nan.as_ref());
-    let chain = records
-        .iter()
-        .find(|r| !r.origins.chain.is_empty())
-        .map(|r| r.origins.chain.clone())
-        .unwrap_or_default();
-    let mut params = BTreeMap::new();
-    if let Some(last) = records.last() {
-        for p in &last.params {
-            params.insert(
-                p.name.clone(),
-                ParamSummary {
-                    max_abs_grad: p.max_abs_grad,
-                    grad_norm: p.grad_l2,
-                    max_abs_after: p.param_max_abs_after,
-                },
-            );
-        }
-    }
-    let events = records
-        .iter()
-        .flat_map(|r| {
-            r.events
-                .iter()
-                .map(move |e| format!("step {}: {e}", r.step))
-        })
-        .collect();
-    Ok(RunSummary {
+    Ok(crate::diagnose::summary::summarize(
+        &records,
+        crate::diagnose::summary::RunIdentity {
+            model: trainer.model().describe(),
+            precision: train.precision,
+            backend: resolved.kind,
+            device: resolved.device,
+            backend_warning: resolved.warning,
+            trace: cfg.probe.trace.clone(),
+        },
         verdict,
-        model: trainer.model().describe(),
-        precision: train.precision,
-        backend: resolved.kind,
-        device: resolved.device,
-        backend_warning: resolved.warning,
-        first_inf,
-        first_nan,
-        chain,
-        skipped_steps: records.iter().filter(|r| r.skipped).count() as u64,
-        steps: records
-            .iter()
-            .map(|r| StepSummary {
-                step: r.step,
-                loss: r.loss,
-                scale_before: r.scale_before,
-                scale_after: r.scale_after,
-                found_inf: r.found_inf,
-                skipped: r.skipped,
-                grad_norm: r.grad_norm,
-                skip_cause: r.skip_cause.as_deref().cloned(),
-            })
-            .collect(),
-        params,
-        events,
-        trace: cfg.probe.trace.clone(),
-        scale_collapse: diagnosis.scale_collapse,
-        unclassified_skips: diagnosis.unclassified_skips,
-        headroom: diagnosis.headroom,
-        remedies: diagnosis.remedies,
-        diagnosis_replays: diagnosis.replays,
-    })
+        diagnosis,
+    ))
 }
 
 #[cfg(test)]

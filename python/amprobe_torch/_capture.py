@@ -279,6 +279,18 @@ class Watcher:
                 return r
 
             sc.update = update
+            orig_scale = sc.scale
+
+            def scale(*a, **k):
+                # The loss scaling is the scaler's, not a model op (amprobe's own runs
+                # record none either).
+                was, w.busy = w.busy, True
+                try:
+                    return orig_scale(*a, **k)
+                finally:
+                    w.busy = was
+
+            sc.scale = scale
             sc.unscale_ = self._in_optimizer(sc.unscale_)
             sc.step = self._in_optimizer(sc.step)
         else:
@@ -474,20 +486,38 @@ class Watcher:
                     first_inf = i
                 if first_nan is None and out_nan and not in_nan:
                     first_nan = i
-        reach = [False] * n
-        chain = []
-        start = min(x for x in (first_inf, first_nan) if x is not None) if (first_inf is not None or first_nan is not None) else None
-        if start is not None:
-            for i in range(start, n):
-                bad = has_inf[i] or has_nan[i]
-                if i in (first_inf, first_nan) or (bad and any(reach[p] for p in self.ops[i]["preds"])):
-                    reach[i] = True
-                    chain.append(self._ref(i))
+        chain = [self._ref(i) for i in self._chain(first_inf, first_nan)]
         return {
             "first_inf": self._ref(first_inf) if first_inf is not None else None,
             "first_nan": self._ref(first_nan) if first_nan is not None else None,
             "chain": chain,
         }
+
+    def _chain(self, a, b):
+        """Ops on a data path from the first Inf (a) to the first NaN (b), in execution
+        order; just the origin when there is one, or when the NaN does not descend from
+        the Inf (amprobe's own rule)."""
+        if a is None or b is None:
+            return [x for x in (a, b) if x is not None]
+        if a == b:
+            return [a]
+        if b < a:
+            return [b]
+        parent, seen, stack = {}, {b}, [b]
+        while stack:
+            n = stack.pop()
+            if n == a:
+                path, cur = [a], a
+                while cur in parent:
+                    cur = parent[cur]
+                    path.append(cur)
+                return path
+            for p in self.ops[n]["preds"]:
+                if p >= a and p not in seen:
+                    seen.add(p)
+                    parent[p] = n
+                    stack.append(p)
+        return [a, b]
 
     def _ref(self, i):
         op = self.ops[i]
@@ -504,9 +534,9 @@ class Watcher:
     def _header(self):
         dev = next((p.device for p in self.model.parameters()), torch.device("cpu"))
         if self.autocast_dtype == torch.float16:
-            precision = "fp16-amp"
+            precision = "fp16"
         elif self.autocast_dtype == torch.bfloat16:
-            precision = "bf16-amp"
+            precision = "bf16"
         else:
             precision = "fp32"
         rank, world = 0, 1

@@ -66,7 +66,7 @@ def test_trace_is_amprobes_and_names_the_planted_overflow(tmp_path):
     recs = read(path)
     assert [r["type"] for r in recs] == ["header", "step", "step", "step", "step", "end"]
     h = recs[0]
-    assert h["schema_version"] == 1 and h["precision"] == "fp16-amp"
+    assert h["schema_version"] == 1 and h["precision"] == "fp16"
     assert h["autocast_dtype"] == "float16" and h["source"]["kind"] == "pytorch"
     steps = recs[1:5]
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
@@ -79,7 +79,9 @@ def test_trace_is_amprobes_and_names_the_planted_overflow(tmp_path):
     # The input, scaled by 3e4, overflows fp16 where the first linear casts it.
     assert o["first_inf"]["module"] == "embed" and o["first_inf"]["phase"] == "forward"
     assert o["first_inf"]["op"] == "_to_copy"
+    # The chain runs from the first Inf to the first NaN along the data path (amprobe's rule).
     assert o["first_nan"] is not None and o["chain"][0] == o["first_inf"]
+    assert o["chain"][-1] == o["first_nan"] and len(o["chain"]) == 3
     for s in (steps[0], steps[1], steps[3]):
         assert s["origins"]["first_inf"] is None and s["origins"]["first_nan"] is None
     # Records of the first step: every phase, modules named as the model names them.
@@ -184,3 +186,33 @@ scripts.train(torch.float16, steps=5, watch=kill_after)
     assert [r["type"] for r in recs] == ["header", "step", "step", "step"]
     out = subprocess.run([amprobe_bin(), "report", str(path), "--out", str(tmp_path / "r")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_amprobe_run_runs_the_script_and_gates_it(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"""
+import sys, torch
+sys.path[:0] = [{os.path.join(HERE, '..')!r}, {HERE!r}]
+import amprobe_torch, scripts
+scripts.train(torch.float16, steps=4, boom_step=2, watch=amprobe_torch.watch)
+"""
+    )
+    trace = tmp_path / "captured.jsonl"
+    summary = tmp_path / "summary.json"
+    cmd = [amprobe_bin(), "run", "--trace", str(trace), "--summary-json", str(summary),
+           "--fail-on", "nonfinite", "--", sys.executable, str(script)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "verdict: forward-nonfinite" in r.stdout
+    assert "first Inf: step 2 forward" in r.stdout and "embed" in r.stdout
+    assert "skipped steps: 1 of 4" in r.stdout
+    s = json.loads(summary.read_text())
+    assert s["verdict"] == "forward-nonfinite" and s["first_inf"]["module"] == "embed"
+    assert s["precision"] == "fp16" and s["skipped_steps"] == 1
+    # A clean script passes the gate; one that writes no trace is an error that says why.
+    script.write_text(script.read_text().replace("boom_step=2", "boom_step=None"))
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "verdict: clean" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([amprobe_bin(), "run", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0 and "wrote no trace" in r.stderr and "amprobe_torch.watch" in r.stderr

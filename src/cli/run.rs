@@ -25,6 +25,12 @@ pub struct RunArgs {
     /// underflow>X%, scale-collapse; comma-separated).
     #[arg(long, value_name = "RULES")]
     pub(super) fail_on: Option<String>,
+    /// A PyTorch training script to run instead (after `--`), which calls
+    /// `amprobe_torch.watch(...)`: its captured trace is diagnosed as a run of amprobe's
+    /// own (only --trace, --summary-json, --sample-every and the diagnosis and gate flags
+    /// apply).
+    #[arg(last = true, value_name = "CMD")]
+    pub(super) command: Vec<String>,
 }
 
 /// The flags that override a run configuration, shared by `run` and `tui CONFIG`.
@@ -123,6 +129,12 @@ impl RunFlags {
     /// True when any flag that configures a run is given (`--trace` aside, which `tui` also
     /// uses to name a trace to replay).
     pub fn configures_a_run(&self) -> bool {
+        self.configures_training() || self.summary_json.is_some() || self.sample_every.is_some()
+    }
+
+    /// True when a flag sets the model, data, precision or training of amprobe's own run:
+    /// nothing a script that trains itself (`run -- CMD`) can take.
+    fn configures_training(&self) -> bool {
         let opts = [
             self.hf.is_some(),
             self.hf_config.is_some(),
@@ -147,8 +159,6 @@ impl RunFlags {
             self.seed.is_some(),
             self.policy.is_some(),
             !self.keep_fp32.is_empty(),
-            self.summary_json.is_some(),
-            self.sample_every.is_some(),
             self.no_probes,
             self.backend.is_some(),
         ];
@@ -443,7 +453,82 @@ fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
     Ok(code)
 }
 
+/// `run [flags] -- CMD ARGS...`: runs the command with the companion's trace path set
+/// (`AMPROBE_TRACE`, and `AMPROBE_SAMPLE_EVERY` from --sample-every), then reads the trace
+/// it wrote and prints, writes and gates its summary as for a run of amprobe's own. Exits
+/// with the command's status when it failed, else the gate's.
+fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
+    if a.config.is_some() || a.flags.configures_training() {
+        anyhow::bail!(
+            "a script given after `--` trains itself: a run configuration and the model, data \
+             and training flags do not apply to it (--trace, --summary-json, --sample-every, \
+             the diagnosis flags and --fail-on do)"
+        );
+    }
+    let mut gate = match &a.fail_on {
+        Some(r) => Some(Gate::new(gate::parse_rules(r).context("--fail-on")?)),
+        None => None,
+    };
+    let opts = a.diag.options()?;
+    let trace = a
+        .flags
+        .trace
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("amprobe-trace.jsonl"));
+    let trace =
+        std::path::absolute(&trace).with_context(|| format!("trace path {}", trace.display()))?;
+    // A trace left by an earlier run must not pass for this one's.
+    match std::fs::remove_file(&trace) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing the old trace {}", trace.display()))
+        }
+        _ => {}
+    }
+    let mut cmd = std::process::Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("AMPROBE_TRACE", &trace);
+    if let Some(n) = a.flags.sample_every {
+        cmd.env("AMPROBE_SAMPLE_EVERY", n.to_string());
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("running `{}`", a.command.join(" ")))?;
+    if !trace.exists() {
+        anyhow::bail!(
+            "`{}` wrote no trace at {} ({status}): does it call amprobe_torch.watch(model, \
+             optimizer, scaler) before its training loop, with the companion installed \
+             (pip install ./python)?",
+            a.command.join(" "),
+            trace.display()
+        );
+    }
+    let t = amprobe::trace::io::read_trace(&trace)?;
+    let summary = amprobe::diagnose::summary::summary_of_trace(&t, Some(trace.clone()), opts)?;
+    print_human(&summary)?;
+    if let Some(p) = &a.flags.summary_json {
+        let text = serde_json::to_string_pretty(&summary)?;
+        std::fs::write(p, text + "\n")
+            .with_context(|| format!("writing summary {}", p.display()))?;
+    }
+    let mut code = 0;
+    if let Some(g) = gate.as_mut() {
+        for s in &t.steps {
+            g.observe(s);
+        }
+        let outcomes = g.outcomes();
+        out!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()))?;
+        code = gate::exit_code(&outcomes);
+    }
+    if !status.success() {
+        eprintln!("amprobe: `{}` failed ({status})", a.command.join(" "));
+        return Ok(status.code().unwrap_or(1).max(1));
+    }
+    Ok(code)
+}
+
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    if !a.command.is_empty() {
+        return run_script(&a);
+    }
     if let Some(list) = a.flags.precision.as_deref().filter(|p| p.contains(',')) {
         let ps: Vec<String> = list
             .split(',')

@@ -201,6 +201,25 @@ impl Diagnoser {
         Ok(())
     }
 
+    /// Looks at a step that ran elsewhere (a trace captured from a PyTorch script): the
+    /// headroom from its op records and the collapse flag, as [`Diagnoser::after_step`]
+    /// does; a skip keeps the cause its record gives, as nothing here can re-run it (and
+    /// no limit left it unclassified).
+    pub fn after_recorded_step(&mut self, rec: &mut StepRecord) {
+        if let Some(ops) = &rec.ops {
+            self.headroom.observe(rec.step, rec.scale_before, ops);
+        }
+        if let Some(flag) = self.collapse.observe(rec) {
+            rec.events.push(flag.sentence());
+            if self.out.scale_collapse.is_none() {
+                self.out.scale_collapse = Some(flag);
+            }
+        }
+        if self.failed_at.is_none() && failed(rec) {
+            self.failed_at = Some(rec.step);
+        }
+    }
+
     /// True once the run should stop ([`DiagnoseOptions::stop_at_failure`] and a step
     /// failed).
     pub fn should_stop(&self) -> bool {

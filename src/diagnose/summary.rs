@@ -1,6 +1,7 @@
 //! The machine-readable summary of a run (`--summary-json`) and the one verdict function
 //! that runner, report and terminal UI share.
 
+use super::RunDiagnosis;
 use crate::amp::mode::Precision;
 use crate::backend::BackendKind;
 use crate::trace::record::{OpRef, Phase, StepRecord, Verdict};
@@ -113,4 +114,138 @@ pub struct RunSummary {
     pub remedies: Option<super::remedy::RemedyReport>,
     /// Step re-runs the diagnosis used.
     pub diagnosis_replays: u32,
+}
+
+/// What ran, for a [`RunSummary`]: the model, precision, backend and trace.
+pub struct RunIdentity {
+    /// Model description.
+    pub model: String,
+    /// Precision mode.
+    pub precision: Precision,
+    /// The backend that ran the step.
+    pub backend: BackendKind,
+    /// The device's name, when it was a GPU.
+    pub device: Option<String>,
+    /// Why a GPU found by `--backend auto` did not run the step.
+    pub backend_warning: Option<String>,
+    /// The trace written, if any.
+    pub trace: Option<PathBuf>,
+}
+
+/// The summary of a run from its step records (op records may be dropped by then), what
+/// ran, its verdict and its diagnosis.
+pub fn summarize(
+    records: &[StepRecord],
+    who: RunIdentity,
+    verdict: Verdict,
+    diagnosis: RunDiagnosis,
+) -> RunSummary {
+    let first = |f: fn(&StepRecord) -> Option<&OpRef>| records.iter().find_map(|r| f(r).cloned());
+    let first_inf = first(|r| r.origins.first_inf.as_ref());
+    let first_nan = first(|r| r.origins.first_nan.as_ref());
+    let chain = records
+        .iter()
+        .find(|r| !r.origins.chain.is_empty())
+        .map(|r| r.origins.chain.clone())
+        .unwrap_or_default();
+    let mut params = BTreeMap::new();
+    if let Some(last) = records.last() {
+        for p in &last.params {
+            params.insert(
+                p.name.clone(),
+                ParamSummary {
+                    max_abs_grad: p.max_abs_grad,
+                    grad_norm: p.grad_l2,
+                    max_abs_after: p.param_max_abs_after,
+                },
+            );
+        }
+    }
+    let events = records
+        .iter()
+        .flat_map(|r| {
+            r.events
+                .iter()
+                .map(move |e| format!("step {}: {e}", r.step))
+        })
+        .collect();
+    RunSummary {
+        verdict,
+        model: who.model,
+        precision: who.precision,
+        backend: who.backend,
+        device: who.device,
+        backend_warning: who.backend_warning,
+        first_inf,
+        first_nan,
+        chain,
+        skipped_steps: records.iter().filter(|r| r.skipped).count() as u64,
+        steps: records
+            .iter()
+            .map(|r| StepSummary {
+                step: r.step,
+                loss: r.loss,
+                scale_before: r.scale_before,
+                scale_after: r.scale_after,
+                found_inf: r.found_inf,
+                skipped: r.skipped,
+                grad_norm: r.grad_norm,
+                skip_cause: r.skip_cause.as_deref().cloned(),
+            })
+            .collect(),
+        params,
+        events,
+        trace: who.trace,
+        scale_collapse: diagnosis.scale_collapse,
+        unclassified_skips: diagnosis.unclassified_skips,
+        headroom: diagnosis.headroom,
+        remedies: diagnosis.remedies,
+        diagnosis_replays: diagnosis.replays,
+    }
+}
+
+/// The summary of a run that a trace records, diagnosed as the runner diagnoses its own
+/// (headroom, collapse flag; skip causes as recorded): for traces captured from a PyTorch
+/// script, whose steps amprobe cannot re-run.
+pub fn summary_of_trace(
+    trace: &crate::trace::io::Trace,
+    path: Option<PathBuf>,
+    opts: super::DiagnoseOptions,
+) -> crate::error::Result<RunSummary> {
+    let h = &trace.header;
+    let precision = Precision::parse(&h.precision)?;
+    let backend = match h.backend.as_str() {
+        "cpu" => BackendKind::Cpu,
+        "cuda" => BackendKind::Cuda,
+        other => {
+            return Err(crate::error::Error::config(
+                "header.backend",
+                format!("`{other}` (expected cpu or cuda)"),
+            ))
+        }
+    };
+    let mut diag = super::Diagnoser::new(opts);
+    let mut records = trace.steps.clone();
+    for r in &mut records {
+        diag.after_recorded_step(r);
+    }
+    let params_finite = records.last().is_none_or(|s| {
+        s.params
+            .iter()
+            .all(|p| !p.param_max_abs_after.is_nan() && p.param_max_abs_after.is_finite())
+    });
+    let verdict = verdict(&records, params_finite);
+    Ok(summarize(
+        &records,
+        RunIdentity {
+            model: h.model.clone(),
+            precision,
+            backend,
+            device: h.device.clone(),
+            backend_warning: None,
+            trace: path,
+        },
+        verdict,
+        diag.finish(),
+    ))
 }
