@@ -182,6 +182,18 @@ class Watcher:
         self.check_vecs.append(_stats.check(t))
         return ("check", len(self.check_vecs) - 1)
 
+    def _same_values(self, o, ins):
+        """The statistics of an input whose values the output only moves (a view, a
+        transpose, a detach: same storage, same element count and dtype; never an op that
+        writes in place), shared instead of computed again; None when there is none."""
+        ptr = o.untyped_storage().data_ptr()
+        for t in ins:
+            if t.dtype == o.dtype and t.numel() == o.numel() and t.untyped_storage().data_ptr() == ptr:
+                p = self.producer.get(_key(t))
+                if p is not None:
+                    return self.ops[p]["vec"]
+        return None
+
     def on_op(self, func, args, kwargs, out):
         self.op_count += 1
         outs = [t for t in _tensors(out) if _stats.floating(t)]
@@ -215,7 +227,7 @@ class Watcher:
                         self.external[k] = len(self.check_vecs) - 1
                     ext.append(self.external[k])
             o = outs[0]
-            vec = self._vector(o)
+            vec = (None if func._schema.is_mutable else self._same_values(o, ins)) or self._vector(o)
         idx = len(self.ops)
         self.ops.append(
             {

@@ -216,3 +216,23 @@ scripts.train(torch.float16, steps=4, boom_step=2, watch=amprobe_torch.watch)
     assert r.returncode == 0 and "verdict: clean" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([amprobe_bin(), "run", "--", sys.executable, "-c", "pass"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode != 0 and "wrote no trace" in r.stderr and "amprobe_torch.watch" in r.stderr
+
+
+def test_views_share_statistics_and_in_place_ops_do_not(tmp_path):
+    # A transpose moves values (its statistics are its input's); an in-place add changes
+    # them in the same storage (its statistics are its own).
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = amprobe_torch.watch(model, opt, None, trace=str(tmp_path / "t.jsonl"))
+    x = model(torch.ones(2, 4))
+    y = x.t()
+    y.add_(1000.0)
+    y.sum().backward()
+    opt.step()
+    close_all()
+    ops = read(tmp_path / "t.jsonl")[1]["ops"]
+    by = {r["op"]: r for r in ops if r["phase"] == "forward"}
+    assert by["t"]["stats"] == by["addmm"]["stats"]
+    assert by["add_"]["stats"]["max_abs"] > 900 > by["addmm"]["stats"]["max_abs"]
+    assert w is not None
