@@ -236,3 +236,19 @@ def test_views_share_statistics_and_in_place_ops_do_not(tmp_path):
     assert by["t"]["stats"] == by["addmm"]["stats"]
     assert by["add_"]["stats"]["max_abs"] > 900 > by["addmm"]["stats"]["max_abs"]
     assert w is not None
+
+
+def test_the_check_counts_exactly_whatever_its_shortcut():
+    inf, nan = float("inf"), float("nan")
+    cases = [
+        ([1.0, -2.0, 3.0], (3, 0, 0, 0)),
+        ([1.0, nan, inf, -inf, inf], (5, 1, 2, 1)),
+        ([inf, -inf], (2, 0, 1, 1)),
+        # Finite values whose f32 sum overflows: counted, and found clean.
+        ([3e38, 3e38, 3e38], (3, 0, 0, 0)),
+    ]
+    for values, want in cases:
+        for dtype in (torch.float32, torch.float64):
+            got = tuple(int(v) for v in _stats.check(torch.tensor(values, dtype=dtype)).tolist())
+            assert got == want, (values, dtype)
+    assert tuple(_stats.check(torch.tensor([1.0, inf], dtype=torch.bfloat16)).tolist()) == (2, 0, 1, 0)

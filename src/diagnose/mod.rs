@@ -178,12 +178,7 @@ impl Diagnoser {
                 self.out.unclassified_skips += 1;
             }
         }
-        if let Some(flag) = self.collapse.observe(rec) {
-            rec.events.push(flag.sentence());
-            if self.out.scale_collapse.is_none() {
-                self.out.scale_collapse = Some(flag);
-            }
-        }
+        self.note_collapse(rec);
         if self.failed_at.is_none() && failed(rec) {
             self.failed_at = Some(rec.step);
             if self.opts.remedies != RemedyMode::Off {
@@ -209,14 +204,20 @@ impl Diagnoser {
         if let Some(ops) = &rec.ops {
             self.headroom.observe(rec.step, rec.scale_before, ops);
         }
+        self.note_collapse(rec);
+        if self.failed_at.is_none() && failed(rec) {
+            self.failed_at = Some(rec.step);
+        }
+    }
+
+    /// Raises the collapse flag in `rec.events` (and the run's diagnosis, the first time)
+    /// when the scale has been falling long enough.
+    fn note_collapse(&mut self, rec: &mut StepRecord) {
         if let Some(flag) = self.collapse.observe(rec) {
             rec.events.push(flag.sentence());
             if self.out.scale_collapse.is_none() {
                 self.out.scale_collapse = Some(flag);
             }
-        }
-        if self.failed_at.is_none() && failed(rec) {
-            self.failed_at = Some(rec.step);
         }
     }
 

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""What the PyTorch companion costs: the same AMP training step of a T5 encoder timed in one
+process, the variants interleaved round by round — plain eager, `amprobe_torch.watch` in its
+default mode (full records of the first step, NaN/Inf counts of every op after it), `watch`
+with full statistics every step, and `torch.autograd.detect_anomaly` — and printed as a
+table of median step times and their ratio to eager.
+
+    scripts/bench-capture.py [--device cpu|cuda] [--size mini|base] [--rounds N] [--steps N]
+
+Needs torch and transformers. mini: T5-mini-sized (d_model 384, 4 layers, 8 heads, d_ff
+1536, batch 4, seq 128; CPU default). base: T5-base-sized (d_model 768, 12 layers, 12
+heads, d_ff 3072, batch 8, seq 512; for a GPU). fp16 autocast with a GradScaler on CUDA,
+bf16 autocast on the CPU (CPU autocast's usual dtype).
+"""
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import amprobe_torch  # noqa: E402
+from amprobe_torch import _capture  # noqa: E402
+
+SIZES = {
+    "mini": dict(d_model=384, num_layers=4, num_heads=8, d_ff=1536, d_kv=48, batch=4, seq=128),
+    "base": dict(d_model=768, num_layers=12, num_heads=12, d_ff=3072, d_kv=64, batch=8, seq=512),
+}
+VARIANTS = ("eager", "watch", "watch-full", "anomaly")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", default=None, choices=tuple(SIZES))
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every variant (default 5)")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per variant and round (default 4)")
+    a = ap.parse_args()
+    from transformers import T5Config, T5EncoderModel
+
+    size = a.size or ("base" if a.device == "cuda" else "mini")
+    s = SIZES[size]
+    dev = torch.device(a.device)
+    cfg = T5Config(
+        vocab_size=32128,
+        d_model=s["d_model"],
+        d_kv=s["d_kv"],
+        d_ff=s["d_ff"],
+        num_layers=s["num_layers"],
+        num_heads=s["num_heads"],
+        dropout_rate=0.0,
+        feed_forward_proj="relu",
+    )
+    torch.manual_seed(0)
+    base = T5EncoderModel(cfg).to(dev)
+    ids = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=dev)
+    dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    tmp = tempfile.mkdtemp(prefix="amprobe-bench-")
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run(variant, rnd):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
+        w = None
+        if variant.startswith("watch"):
+            w = amprobe_torch.watch(
+                model, opt, scaler,
+                trace=os.path.join(tmp, f"{variant}-{rnd}.jsonl"),
+                sample_every=1 if variant == "watch-full" else 0,
+            )
+        times = []
+        for step in range(a.steps + 1):
+            sync()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            ctx = torch.autograd.detect_anomaly(check_nan=True) if variant == "anomaly" else _null()
+            with ctx:
+                with torch.autocast(dev.type, dtype=dtype):
+                    h = model(input_ids=ids).last_hidden_state
+                    logits = h @ model.shared.weight.t()
+                    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+                scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sync()
+            if step > 0:  # the first step of each variant warms it up (and is watch's kept step)
+                times.append((time.perf_counter() - t0) * 1000.0)
+        if w is not None:
+            w.close()
+            _capture._WATCHERS.remove(w)
+        return times
+
+    results = {v: [] for v in VARIANTS}
+    for rnd in range(a.rounds):
+        for v in VARIANTS:
+            results[v].extend(run(v, rnd))
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({os.cpu_count()} threads visible)"
+    print(f"device {name}, torch {torch.__version__}; T5 encoder {size}: d_model {s['d_model']}, "
+          f"{s['num_layers']} layers, d_ff {s['d_ff']}, {s['num_heads']} heads, batch {s['batch']}, "
+          f"seq {s['seq']}; {dtype} autocast{' + GradScaler' if dtype == torch.float16 else ''}; "
+          f"{a.rounds} rounds x {a.steps} timed steps per variant, interleaved")
+    eager = statistics.median(results["eager"])
+    print(f"{'variant':<12} {'median ms':>10} {'min ms':>10} {'/ eager':>8}")
+    for v in VARIANTS:
+        m = statistics.median(results[v])
+        print(f"{v:<12} {m:>10.1f} {min(results[v]):>10.1f} {m / eager:>8.2f}")
+    print("watch: records of the first step of each run (not timed), NaN/Inf counts of every op "
+          "after it; watch-full: full statistics of every op every step")
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()
