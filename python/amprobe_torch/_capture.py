@@ -41,6 +41,66 @@ def _tensors(tree):
     return out
 
 
+def param_vector(p, scale, shortcut=True):
+    """The ParamRecord figures of parameter `p` (its gradient unscaled, `scale` the step's
+    loss scale) as a float64 vector on its device: [has a gradient, Σg² over finite values,
+    max finite |g|, zeros, nonzero finite |g| that fp16 flushes, the same of g·scale (in
+    f32), nonzero finite count, non-finite count, max |p| over non-NaN values after the
+    step]. With `shortcut`, a CPU gradient whose sum is finite (so all of it is) takes
+    fewer passes; the figures are the same."""
+    g = p.grad
+    dev = p.device
+    f64 = torch.float64
+    if g is None:
+        return torch.zeros(9, dtype=f64, device=dev)
+    x = g.detach().reshape(-1)
+    x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    pv = p.detach().reshape(-1)
+    n = x.numel()
+    zero = torch.zeros((), dtype=f64, device=dev)
+    if shortcut and dev.type == "cpu" and n and pv.numel():
+        sx, sp = float(x.sum()), float(pv.sum())
+        if sx - sx == 0.0 and sp - sp == 0.0:
+            a = x.abs()
+            zeros = n - int(torch.count_nonzero(x))
+            small = int(torch.count_nonzero(a <= _stats.F16_UNDERFLOW)) - zeros
+            small_scaled = int(torch.count_nonzero((a * float(scale)).float() <= _stats.F16_UNDERFLOW)) - zeros
+            lo, hi = torch.aminmax(pv)
+            return torch.tensor(
+                [
+                    1.0,
+                    float(torch.linalg.vector_norm(x, dtype=f64)) ** 2,
+                    float(a.max()),
+                    float(zeros),
+                    float(small),
+                    float(small_scaled),
+                    float(n - zeros),
+                    0.0,
+                    max(abs(float(lo)), abs(float(hi))),
+                ],
+                dtype=f64,
+            )
+    fin = x.isfinite()
+    a = torch.where(fin, x.abs(), torch.zeros((), dtype=x.dtype, device=dev))
+    nz = fin & (a > 0)
+    scaled = (a * float(scale)).float()
+    pa = pv.abs()
+    pa = torch.where(pv.isnan(), torch.zeros((), dtype=pa.dtype, device=dev), pa)
+    return torch.stack(
+        [
+            torch.ones((), dtype=f64, device=dev),
+            (a.to(f64) ** 2).sum(),
+            a.max().to(f64) if n else zero,
+            (x == 0).sum().to(f64),
+            (nz & (a <= _stats.F16_UNDERFLOW)).sum().to(f64),
+            (nz & (scaled <= _stats.F16_UNDERFLOW)).sum().to(f64),
+            nz.sum().to(f64),
+            (~fin).sum().to(f64),
+            pa.max().to(f64) if pa.numel() else zero,
+        ]
+    )
+
+
 def _scalars(tree):
     out = []
     stack = [tree]
@@ -330,38 +390,10 @@ class Watcher:
             self.losses.append(root.detach().reshape(()).to(torch.float64).clone())
 
     def _param_vectors(self, scale):
-        vecs, names = [], []
+        names, vecs = [], []
         for name, p in self.model.named_parameters():
             names.append((name, p))
-            g = p.grad
-            dev = p.device
-            f64 = torch.float64
-            if g is None:
-                vecs.append(torch.zeros(9, dtype=f64, device=dev))
-                continue
-            x = g.detach().reshape(-1).float() if g.dtype != torch.float64 else g.detach().reshape(-1)
-            fin = x.isfinite()
-            a = torch.where(fin, x.abs(), torch.zeros((), dtype=x.dtype, device=dev))
-            nz = fin & (a > 0)
-            scaled = (a * float(scale)).float()
-            pv = p.detach().reshape(-1)
-            pa = pv.abs()
-            pa = torch.where(pv.isnan(), torch.zeros((), dtype=pa.dtype, device=dev), pa)
-            vecs.append(
-                torch.stack(
-                    [
-                        torch.tensor(1.0, dtype=f64, device=dev),
-                        (a.to(f64) ** 2).sum(),
-                        a.max().to(f64) if a.numel() else torch.zeros((), dtype=f64, device=dev),
-                        (x == 0).sum().to(f64),
-                        (nz & (a <= _stats.F16_UNDERFLOW)).sum().to(f64),
-                        (nz & (scaled <= _stats.F16_UNDERFLOW)).sum().to(f64),
-                        nz.sum().to(f64),
-                        (~fin).sum().to(f64),
-                        pa.max().to(f64) if pa.numel() else torch.zeros((), dtype=f64, device=dev),
-                    ]
-                )
-            )
+            vecs.append(param_vector(p, scale))
         return names, vecs
 
     def _end_step(self, scale_before, found):

@@ -252,3 +252,22 @@ def test_the_check_counts_exactly_whatever_its_shortcut():
             got = tuple(int(v) for v in _stats.check(torch.tensor(values, dtype=dtype)).tolist())
             assert got == want, (values, dtype)
     assert tuple(_stats.check(torch.tensor([1.0, inf], dtype=torch.bfloat16)).tolist()) == (2, 0, 1, 0)
+
+
+def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
+    from amprobe_torch._capture import param_vector
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(1000))
+    g = torch.randn(1000) * 1e-3
+    g[::7] = 0.0
+    g[::11] = 2.0**-27  # flushed by fp16 unscaled; not once scaled by 2^16
+    g[5] = -3.0
+    p.grad = g
+    for scale in (1.0, 65536.0, 0.5):
+        fast = param_vector(p, scale).tolist()
+        slow = param_vector(p, scale, shortcut=False).tolist()
+        assert fast[0] == slow[0] and fast[2:] == slow[2:], scale
+        assert fast[1] == pytest.approx(slow[1], rel=1e-12)
+    v = param_vector(p, 65536.0).tolist()
+    assert v[4] > 0 and v[5] == 0 and v[2] == 3.0
