@@ -6,6 +6,7 @@ with full statistics every step, and `torch.autograd.detect_anomaly` — and pri
 table of median step times and their ratio to eager.
 
     scripts/bench-capture.py [--device cpu|cuda] [--size mini|base] [--rounds N] [--steps N]
+                             [--variants eager,watch,watch-full,anomaly]
 
 Needs torch and transformers. mini: T5-mini-sized (d_model 384, 4 layers, 8 heads, d_ff
 1536, batch 4, seq 128; CPU default). base: T5-base-sized (d_model 768, 12 layers, 12
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--size", default=None, choices=tuple(SIZES))
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every variant (default 5)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per variant and round (default 4)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, eager first (default {','.join(VARIANTS)})")
     a = ap.parse_args()
     from transformers import T5Config, T5EncoderModel
 
@@ -99,9 +102,13 @@ def main():
             _capture._WATCHERS.remove(w)
         return times
 
-    results = {v: [] for v in VARIANTS}
+    variants = [v for v in a.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or variants[:1] != ["eager"]:
+        ap.error(f"--variants: {','.join(VARIANTS)} (eager first), not {a.variants}")
+    results = {v: [] for v in variants}
     for rnd in range(a.rounds):
-        for v in VARIANTS:
+        for v in variants:
             results[v].extend(run(v, rnd))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({os.cpu_count()} threads visible)"
     print(f"device {name}, torch {torch.__version__}; T5 encoder {size}: d_model {s['d_model']}, "
@@ -110,7 +117,7 @@ def main():
           f"{a.rounds} rounds x {a.steps} timed steps per variant, interleaved")
     eager = statistics.median(results["eager"])
     print(f"{'variant':<12} {'median ms':>10} {'min ms':>10} {'/ eager':>8}")
-    for v in VARIANTS:
+    for v in variants:
         m = statistics.median(results[v])
         print(f"{v:<12} {m:>10.1f} {min(results[v]):>10.1f} {m / eager:>8.2f}")
     print("watch: records of the first step of each run (not timed), NaN/Inf counts of every op "

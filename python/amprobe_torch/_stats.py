@@ -69,7 +69,8 @@ def check(t):
     a finite sum means no NaN and no infinity (any of them makes the sum NaN or infinite),
     so the three counts are zero without counting; a non-finite sum (or one that merely
     overflowed) has them counted."""
-    x = t.detach().reshape(-1)
+    # No reshape: flattening a transposed tensor would copy it.
+    x = t.detach()
     inf = float("inf")
     if x.device.type == "cpu":
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
