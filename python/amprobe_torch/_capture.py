@@ -193,6 +193,7 @@ class Watcher:
         self.param_keys = {_key(p) for p in self.model.parameters()}
         self.op_count = 0
         self.losses = []
+        self.scaling_nodes = []
         self.t0 = time.perf_counter()
 
     def _autocast_state(self, module, args):
@@ -256,6 +257,10 @@ class Watcher:
 
     def on_op(self, func, args, kwargs, out):
         self.op_count += 1
+        if self.scaling_nodes and torch._C._current_graph_task_id() != -1:
+            node = torch._C._current_autograd_node()
+            if node is not None and any(node is n for n in self.scaling_nodes):
+                return
         outs = [t for t in _tensors(out) if _stats.floating(t)]
         if not outs:
             return
@@ -355,12 +360,15 @@ class Watcher:
 
             def scale(*a, **k):
                 # The loss scaling is the scaler's, not a model op (amprobe's own runs
-                # record none either).
+                # record none either): neither it nor its gradient is recorded.
                 was, w.busy = w.busy, True
                 try:
-                    return orig_scale(*a, **k)
+                    out = orig_scale(*a, **k)
                 finally:
                     w.busy = was
+                if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+                    w.scaling_nodes.append(out.grad_fn)
+                return out
 
             sc.scale = scale
             sc.unscale_ = self._in_optimizer(sc.unscale_)

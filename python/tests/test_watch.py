@@ -88,6 +88,10 @@ def test_trace_is_amprobes_and_names_the_planted_overflow(tmp_path):
     ops = steps[0]["ops"]
     phases = {r["phase"] for r in ops}
     assert phases == {"forward", "backward", "optimizer"}
+    # The loss scaling and its gradient are the scaler's, not the model's: not recorded.
+    first_backward = next(r for r in ops if r["phase"] == "backward")
+    assert first_backward["stats"]["max_abs"] != steps[0]["scale_before"]
+    assert not any(r["op"] == "mul" and r["module"] == "" and r["phase"] == "backward" for r in ops)
     modules = {r["module"] for r in ops if r["phase"] == "backward"}
     assert {"blocks.1.up", "blocks.1.down", "head"} <= modules
     mm = [r for r in ops if r["phase"] == "forward" and r["module"] == "blocks.1.up" and r["op"] == "addmm"]
