@@ -6,7 +6,8 @@
 # beside `--backend cpu`, and what `--backend auto` picks), and the T5-base step-time
 # benchmark: PyTorch eager AMP and anomaly mode, then amprobe's device step with probes off,
 # on and full, the ratios of the two (benches/t5_base_gpu.rs says which) and peak memory;
-# then the same for a LLaMA of about 1B parameters in bf16 (eager only).
+# then the same for a LLaMA of about 1B parameters in bf16 (eager only); then what the
+# PyTorch companion (python/) costs there (scripts/bench-capture.py).
 # Each part runs under its own time limit, so one that hangs costs its limit, not the
 # machine. Prints one summary table; results go to $OUT (or gpu-results/) as text and JSON.
 #
@@ -76,6 +77,11 @@ step torch_llama 240 python3 scripts/bench_t5_gpu_torch.py --model llama --layer
     --bw-log2 "" --json "$out/torch_llama.json"
 step amprobe_llama 300 gpu-bin/t5_base_gpu --model llama --layers "$llama_layers" \
     --json "$out/amprobe_llama.json" --torch "$out/torch_llama.json"
+# The PyTorch companion's cost on the GPU (T5-base size): eager, watch, watch with full
+# statistics, detect_anomaly, interleaved (the mini size with --quick).
+capture_size=base; [ "$quick" = "--quick" ] && capture_size=mini
+step bench_capture 240 python3 scripts/bench-capture.py --device cuda --size "$capture_size" \
+    --rounds 3 --steps 3
 
 echo
 echo "== summary ($(tail -n 1 "$out/nvidia-smi.txt"))"
