@@ -250,7 +250,7 @@ pub fn binary_grad_of<'a>(
         (Binary::Mul, true) => 4,
         (Binary::Div, true) => 5,
     };
-    let (reads_a, reads_b) = (term == 4 || term == 5, matches!(term, 2 | 3 | 5));
+    let (reads_a, reads_b) = op.grad_reads([!wrt_b, wrt_b]);
     let value = |s: Side<'a>, reads: bool, which: &str| -> Result<&'a Tensor> {
         match s.values {
         Some(t) => Ok(t),

@@ -392,6 +392,18 @@ impl Engine {
         let (shape_a, shape_b, dt) = (a.shape().to_vec(), b.shape().to_vec(), a.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, op.name())?;
+            // The gradient of an operand that is the output's shape and dtype (an add's
+            // either, a subtraction's left one), passed through unchanged: the same
+            // storage, nothing rounds, no kernel (host and device alike).
+            let pass = |target: &[usize]| -> Result<Option<crate::engine::Computed>> {
+                if target != out_shape.as_slice() || g.dtype() != dt || g.shape() != target {
+                    return Ok(None);
+                }
+                Ok(Some(crate::engine::Computed::new(
+                    Tensor::from_storage(g.storage().clone(), target, dt)?,
+                    Default::default(),
+                )))
+            };
             if g.storage().is_device() {
                 let sides = [
                     cuda::Side {
@@ -409,15 +421,12 @@ impl Engine {
                         grads.push(None);
                         continue;
                     }
-                    // The gradient of an add's operand of the output's shape and dtype (or a
-                    // subtraction's left one) is g itself, as on the host: the same storage,
-                    // nothing rounds, no kernel.
                     let shape = if wrt_b { &shape_b } else { &shape_a };
-                    let passes = matches!((op, wrt_b), (Binary::Add, _) | (Binary::Sub, false));
-                    if passes && shape == &out_shape && g.dtype() == dt {
-                        let same = Tensor::from_storage(g.storage().clone(), shape, dt)?;
-                        grads.push(grad(Computed::new(same, Default::default())));
-                        continue;
+                    if matches!((op, wrt_b), (Binary::Add, _) | (Binary::Sub, false)) {
+                        if let Some(c) = pass(shape)? {
+                            grads.push(grad(c));
+                            continue;
+                        }
                     }
                     let (slot, sink) = device_out(g)?;
                     let d = cuda::binary_grad_of(op, sides, g, wrt_b, sink)?;
@@ -431,17 +440,6 @@ impl Engine {
             let bt = kept_b.as_ref().unwrap_or(g);
             let (sa, sb) = (shape_a.as_slice(), shape_b.as_slice());
             let (na, nb) = (crate::tensor::numel(sa), crate::tensor::numel(sb));
-            // The gradient of an operand that is the output's shape and dtype, passed
-            // through unchanged: the same storage, nothing rounds.
-            let pass = |target: &[usize]| -> Result<Option<crate::engine::Computed>> {
-                if target != out_shape.as_slice() || g.dtype() != dt || g.shape() != target {
-                    return Ok(None);
-                }
-                Ok(Some(crate::engine::Computed::new(
-                    Tensor::from_storage(g.storage().clone(), target, dt)?,
-                    Default::default(),
-                )))
-            };
             macro_rules! grads {
                 ($x:ident, $y:ident, $gg:ident) => {{
                     // The gradient of the operand of shape `$t` from `$k(a, b, g)` per element.
