@@ -27,12 +27,13 @@ def _key(t):
     return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
 
 
-def _tensors(tree):
+def _leaves(tree, kind):
+    """The leaves of type `kind` in a tree of lists, tuples and dicts, in order."""
     out = []
     stack = [tree]
     while stack:
         x = stack.pop()
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, kind):
             out.append(x)
         elif isinstance(x, (list, tuple)):
             stack.extend(reversed(x))
@@ -101,20 +102,6 @@ def param_vector(p, scale, shortcut=True):
     )
 
 
-def _scalars(tree):
-    out = []
-    stack = [tree]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, float):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-    return out
-
-
 def _mask_like(x):
     """A scalar that masks: -inf or a dtype's most negative value."""
     return x == float("-inf") or x <= -65504.0
@@ -161,12 +148,10 @@ class Watcher:
         self.step = 0
         self.writer = None
         self.autocast_dtype = None
-        self.autocast_seen = False
         self.optimizer_depth = 0
         self.closed = False
         self.root_prefix = type(model).__name__ + "."
         self.started = time.perf_counter()
-        self.names = {id(p): n for n, p in model.named_parameters()}
         self._begin_step()
         self.tracker = ModTracker() if ModTracker is not None else None
         if self.tracker is not None:
@@ -197,11 +182,10 @@ class Watcher:
         self.t0 = time.perf_counter()
 
     def _autocast_state(self, module, args):
-        if self.autocast_seen or not self.active:
+        if self.autocast_dtype is not None or not self.active:
             return
         dev = next((p.device.type for p in module.parameters()), "cpu")
         if torch.is_autocast_enabled(dev):
-            self.autocast_seen = True
             self.autocast_dtype = torch.get_autocast_dtype(dev)
 
     def fail(self):
@@ -261,17 +245,17 @@ class Watcher:
             node = torch._C._current_autograd_node()
             if node is not None and any(node is n for n in self.scaling_nodes):
                 return
-        outs = [t for t in _tensors(out) if _stats.floating(t)]
+        outs = [t for t in _leaves(out, torch.Tensor) if _stats.floating(t)]
         if not outs:
             return
         phase = self._phase()
-        ins = [t for t in _tensors((args, kwargs)) if _stats.observed(t)]
+        ins = [t for t in _leaves((args, kwargs), torch.Tensor) if _stats.observed(t)]
         # What the output derives from: the parameters or the batch (then its Inf or NaN
         # can be an origin), or only constants the model made (T5's log(0) = -inf in its
         # position buckets is not); and whether it is, or reads, a mask.
         preds, ext = [], []
         derived = False
-        mask_scalar = any(_mask_like(a) for a in _scalars((args, kwargs)))
+        mask_scalar = any(_mask_like(a) for a in _leaves((args, kwargs), float))
         maskish_in = const_in = param_in = False
         with torch.no_grad():
             for t in ins:
