@@ -10,12 +10,18 @@ Environment:
     AMPROBE_DISABLE=1     `watch` does nothing
     AMPROBE_SAMPLE_EVERY  keep full op records every N steps besides the first (default 0:
                           the first step only; steps with a non-finite value keep theirs)
+
+The plan (`amprobe compare -- CMD` and `amprobe fix -- CMD` set it; see _plan.py): with none
+of these set, watching changes nothing.
+    AMPROBE_AUTOCAST      fp16 or bf16: every autocast region casts to it; fp32: autocast off
+    AMPROBE_FP32_MODULES  comma-separated module patterns whose forward runs outside autocast
+    AMPROBE_INIT_SCALE    the GradScaler's initial loss scale
 """
 
 import atexit
 import os
 
-from . import _capture
+from . import _capture, _plan
 
 __all__ = ["watch"]
 __version__ = _capture.TOOL_VERSION
@@ -26,9 +32,13 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None):
     script uses one) from now on. Steps end at `scaler.update()` when the scaler is enabled
     (a skipped step never reaches `optimizer.step()`), else at `optimizer.step()`. Returns
     the watcher (its `close()` ends the trace; it is also called at exit), or None when
-    AMPROBE_DISABLE=1."""
+    AMPROBE_DISABLE=1. A plan in the environment (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES,
+    AMPROBE_INIT_SCALE) is applied first; a value it cannot apply raises ValueError."""
     if os.environ.get("AMPROBE_DISABLE") == "1":
         return None
+    plan = _plan.from_env()
+    if plan is not None:
+        _plan.apply(plan, model, scaler)
     path = trace or _capture.trace_path()
     if sample_every is None:
         sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
