@@ -1,6 +1,7 @@
 """The capture: every ATen op of the user's steps seen through a TorchDispatchMode, named by
-the module that ran it (ModTracker, backward included), reduced on its device, read back
-once per step and written as an amprobe step record."""
+the module that ran it (forward: the innermost module whose forward is running; backward:
+the module whose forward made the autograd node running it), reduced on its device, read
+back once per step and written as an amprobe step record."""
 
 import os
 import sys
@@ -13,18 +14,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _stats
 from ._trace import SCHEMA_VERSION, TraceWriter, jfloat
 
-try:
-    from torch.distributed._tools.mod_tracker import ModTracker
-except ImportError:  # pragma: no cover - older torch
-    ModTracker = None
-
 TOOL_VERSION = "0.1.0"
 
 
 def _key(t):
     """Identity of a tensor's values within a step: where they are and how they are laid out
     (the Python objects that reach the dispatcher are not stable)."""
-    return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
+    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
 
 
 def _leaves(tree, kind):
@@ -42,13 +38,39 @@ def _leaves(tree, kind):
     return out
 
 
-def param_vector(p, scale, shortcut=True):
+class Scratch:
+    """Reusable host buffers for the parameters' figures on the CPU, sized by the largest
+    gradient seen (so a step allocates no gradient-sized temporaries: the statistics' memory
+    is one f32 or f64 buffer and one bool buffer of the largest parameter's size)."""
+
+    def __init__(self):
+        self.values = {}
+        self.flags = None
+
+    def abs_of(self, x):
+        buf = self.values.get(x.dtype)
+        if buf is None or buf.numel() < x.numel():
+            buf = torch.empty(x.numel(), dtype=x.dtype)
+            self.values[x.dtype] = buf
+        return torch.abs(x, out=buf[: x.numel()])
+
+    def count_le(self, a, bound):
+        """How many values of `a` are at most `bound`."""
+        if self.flags is None or self.flags.numel() < a.numel():
+            self.flags = torch.empty(a.numel(), dtype=torch.bool)
+        return int(torch.count_nonzero(torch.le(a, bound, out=self.flags[: a.numel()])))
+
+
+def param_vector(p, scale, shortcut=True, scratch=None):
     """The ParamRecord figures of parameter `p` (its gradient unscaled, `scale` the step's
-    loss scale) as a float64 vector on its device: [has a gradient, Σg² over finite values,
-    max finite |g|, zeros, nonzero finite |g| that fp16 flushes, the same of g·scale (in
-    f32), nonzero finite count, non-finite count, max |p| over non-NaN values after the
-    step]. With `shortcut`, a CPU gradient whose sum is finite (so all of it is) takes
-    fewer passes; the figures are the same."""
+    loss scale) as a float64 vector: [has a gradient, Σg² over finite values, max finite
+    |g|, zeros, nonzero finite |g| that fp16 flushes, the same of g·scale (in f32), nonzero
+    finite count, non-finite count, max |p| over non-NaN values after the step]. On the
+    device, a vector there (read back with the step). With `shortcut`, a CPU gradient and
+    parameter whose extremes are finite (so all of their values are) take a few passes
+    without temporaries of their size; the figures are the same, Σg² accumulated in f32
+    by torch's cascade summation (relative error far below 1e-6) where no square can
+    overflow or vanish in f32."""
     g = p.grad
     dev = p.device
     f64 = torch.float64
@@ -59,26 +81,31 @@ def param_vector(p, scale, shortcut=True):
     pv = p.detach().reshape(-1)
     n = x.numel()
     zero = torch.zeros((), dtype=f64, device=dev)
-    if shortcut and dev.type == "cpu" and n and pv.numel():
-        sx, sp = float(x.sum()), float(pv.sum())
-        if sx - sx == 0.0 and sp - sp == 0.0:
-            a = x.abs()
+    if shortcut and dev.type == "cpu" and n and pv.numel() and 0.0 < float(scale) < float("inf"):
+        lo, hi = (float(v) for v in torch.aminmax(x))
+        plo, phi = (float(v) for v in torch.aminmax(pv))
+        # NaN or an infinity anywhere shows in the extremes.
+        if lo - lo == 0.0 and hi - hi == 0.0 and plo - plo == 0.0 and phi - phi == 0.0:
+            scratch = scratch or Scratch()
+            amax = max(-lo, hi)
             zeros = n - int(torch.count_nonzero(x))
-            small = int(torch.count_nonzero(a <= _stats.F16_UNDERFLOW)) - zeros
-            small_scaled = int(torch.count_nonzero((a * float(scale)).float() <= _stats.F16_UNDERFLOW)) - zeros
-            lo, hi = torch.aminmax(pv)
+            small = small_scaled = 0
+            # One count bounds both flush counts: a nonzero |g| flushed unscaled or scaled
+            # is at most this; when none is, both are zero.
+            bound = _stats.F16_UNDERFLOW * max(1.0, 2.0 / float(scale))
+            if zeros < n and amax > 0:
+                a = scratch.abs_of(x)
+                if scratch.count_le(a, bound) > zeros:
+                    small = scratch.count_le(a, _stats.F16_UNDERFLOW) - zeros
+                    scaled = torch.mul(a, float(scale), out=a).float()
+                    small_scaled = scratch.count_le(scaled, _stats.F16_UNDERFLOW) - zeros
+            if 2.0**-60 <= amax <= 2.0**60:
+                sum_sq = float(torch.linalg.vector_norm(x)) ** 2
+            else:
+                sum_sq = float(torch.linalg.vector_norm(x, dtype=f64)) ** 2
             return torch.tensor(
-                [
-                    1.0,
-                    float(torch.linalg.vector_norm(x, dtype=f64)) ** 2,
-                    float(a.max()),
-                    float(zeros),
-                    float(small),
-                    float(small_scaled),
-                    float(n - zeros),
-                    0.0,
-                    max(abs(float(lo)), abs(float(hi))),
-                ],
+                [1.0, sum_sq, amax, float(zeros), float(small), float(small_scaled), float(n - zeros), 0.0,
+                 max(-plo, phi)],
                 dtype=f64,
             )
     fin = x.isfinite()
@@ -107,8 +134,71 @@ def _mask_like(x):
     return x == float("-inf") or x <= -65504.0
 
 
-def _meta(t):
-    return {"dtype": _stats.DTYPE_NAMES[t.dtype], "shape": list(t.shape)}
+def _meta(m):
+    """A record's tensor description of a (dtype, shape) pair."""
+    return {"dtype": _stats.DTYPE_NAMES[m[0]], "shape": list(m[1])}
+
+
+def _gather(vecs):
+    """Host lists of statistics vectors: those on the host as they are, those on a device
+    read back in one transfer per device."""
+    out = list(vecs)
+    by_dev = {}
+    for i, v in enumerate(vecs):
+        if isinstance(v, torch.Tensor):
+            by_dev.setdefault(v.device, []).append(i)
+    for idx in by_dev.values():
+        rows = torch.stack([vecs[i] for i in idx]).cpu().tolist()
+        for i, row in zip(idx, rows):
+            out[i] = row
+    return out
+
+
+class _Names:
+    """Module names as the model names them: a stack of the modules whose forward is running
+    (global module hooks), and for the backward, the module whose forward made each autograd
+    node."""
+
+    def __init__(self, model):
+        root = model
+        # A DDP or FSDP wrapper's names carry its `module.` prefix; the user's model's do not.
+        if hasattr(root, "module") and type(root).__name__ in (
+            "DistributedDataParallel",
+            "FullyShardedDataParallel",
+        ):
+            root = root.module
+        self.names = {id(m): n for n, m in root.named_modules()}
+        if id(model) not in self.names:
+            self.names[id(model)] = ""
+        self.params = {}
+        for n, p in root.named_parameters():
+            self.params[id(p)] = n.rpartition(".")[0]
+        self.stack = []
+        self.handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+            torch.nn.modules.module.register_module_forward_hook(self._leave, always_call=True),
+        ]
+
+    def _enter(self, module, args):
+        name = self.names.get(id(module))
+        self.stack.append(type(module).__name__ if name is None else name)
+
+    def _leave(self, module, args, out):
+        if self.stack:
+            self.stack.pop()
+
+    def current(self):
+        return self.stack[-1] if self.stack else ""
+
+    def of_node(self, node):
+        """The module of a parameter's gradient accumulation, or None."""
+        var = getattr(node, "variable", None)
+        return None if var is None else self.params.get(id(var))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
 
 
 class _Mode(TorchDispatchMode):
@@ -153,9 +243,9 @@ class Watcher:
         self.root_prefix = type(model).__name__ + "."
         self.started = time.perf_counter()
         self._begin_step()
-        self.tracker = ModTracker() if ModTracker is not None else None
-        if self.tracker is not None:
-            self.tracker.__enter__()
+        self.names = _Names(model)
+        self.fn_info = {}
+        self.scratch = Scratch()
         # Autocast's state is read where the model's forward starts: inside the dispatcher,
         # autocast's own kernels hide it.
         model.register_forward_pre_hook(self._autocast_state)
@@ -172,6 +262,7 @@ class Watcher:
         self.check_vecs = []
         self.producer = {}
         self.external = {}
+        self.integers = {}
         self.derived = set()
         self.param_dep = set()
         self.maskish = set()
@@ -179,6 +270,8 @@ class Watcher:
         self.op_count = 0
         self.losses = []
         self.scaling_nodes = []
+        # Autograd node -> the module whose forward made it (backward ops are named by it).
+        self.node_module = {}
         self.t0 = time.perf_counter()
 
     def _autocast_state(self, module, args):
@@ -200,26 +293,6 @@ class Watcher:
 
     # ---- op by op
 
-    def _module(self):
-        if self.tracker is None:
-            return ""
-        best = ""
-        for name in self.tracker.parents:
-            if name == "Global":
-                continue
-            if name.count(".") >= best.count(".") and len(name) > len(best):
-                best = name
-        if best.startswith(self.root_prefix):
-            return best[len(self.root_prefix) :]
-        return "" if best == type(self.model).__name__ else best
-
-    def _phase(self):
-        if self.optimizer_depth:
-            return "optimizer"
-        if torch._C._current_graph_task_id() != -1:
-            return "backward"
-        return "forward"
-
     def _vector(self, t):
         if self.kept:
             self.full_vecs.append(_stats.full(t))
@@ -227,64 +300,143 @@ class Watcher:
         self.check_vecs.append(_stats.check(t))
         return ("check", len(self.check_vecs) - 1)
 
-    def _same_values(self, o, ins):
-        """The statistics of an input whose values the output only moves (a view, a
-        transpose, a detach: same storage, same element count and dtype; never an op that
-        writes in place), shared instead of computed again; None when there is none."""
-        ptr = o.untyped_storage().data_ptr()
-        for t in ins:
-            if t.dtype == o.dtype and t.numel() == o.numel() and t.untyped_storage().data_ptr() == ptr:
-                p = self.producer.get(_key(t))
-                if p is not None:
-                    return self.ops[p]["vec"]
-        return None
+    def _info(self, func):
+        info = self.fn_info.get(func)
+        if info is None:
+            info = (func.overloadpacket.__name__, func._schema.is_mutable)
+            self.fn_info[func] = info
+        return info
 
     def on_op(self, func, args, kwargs, out):
         self.op_count += 1
-        if self.scaling_nodes and torch._C._current_graph_task_id() != -1:
+        node = None
+        if self.optimizer_depth:
+            phase = "optimizer"
+        elif torch._C._current_graph_task_id() != -1:
+            phase = "backward"
             node = torch._C._current_autograd_node()
-            if node is not None and any(node is n for n in self.scaling_nodes):
+            if node is not None and self.scaling_nodes and any(node is n for n in self.scaling_nodes):
                 return
-        outs = [t for t in _leaves(out, torch.Tensor) if _stats.floating(t)]
-        if not outs:
-            return
-        phase = self._phase()
-        ins = [t for t in _leaves((args, kwargs), torch.Tensor) if _stats.observed(t)]
+        else:
+            phase = "forward"
+        if isinstance(out, torch.Tensor):
+            if not _stats.floating(out):
+                if _stats.observed(out):
+                    self._note_integer((out,), args, kwargs)
+                return
+            o = out
+            outs = (out,)
+        else:
+            every = _leaves(out, torch.Tensor)
+            outs = [t for t in every if _stats.floating(t)]
+            if not outs:
+                self._note_integer([t for t in every if _stats.observed(t)], args, kwargs)
+                return
+            o = outs[0]
+        ins = []
+        mask_scalar = False
+        scalars_finite = True
+        for a in (args, kwargs.values()) if kwargs else (args,):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    if _stats.observed(x):
+                        ins.append(x)
+                elif isinstance(x, float):
+                    mask_scalar = mask_scalar or _mask_like(x)
+                    scalars_finite = scalars_finite and x - x == 0.0
+                elif isinstance(x, (list, tuple)):
+                    ins.extend(t for t in _leaves(x, torch.Tensor) if _stats.observed(t))
+                    for f in _leaves(x, float):
+                        mask_scalar = mask_scalar or _mask_like(f)
+                        scalars_finite = scalars_finite and f - f == 0.0
         # What the output derives from: the parameters or the batch (then its Inf or NaN
         # can be an origin), or only constants the model made (T5's log(0) = -inf in its
         # position buckets is not); and whether it is, or reads, a mask.
         preds, ext = [], []
-        derived = False
-        mask_scalar = any(_mask_like(a) for a in _leaves((args, kwargs), float))
-        maskish_in = const_in = param_in = False
-        with torch.no_grad():
-            for t in ins:
-                k = _key(t)
-                p = self.producer.get(k)
-                if p is not None:
-                    preds.append(p)
-                    derived |= p in self.derived
-                    const_in |= p not in self.derived
-                    maskish_in |= p in self.maskish
-                    param_in |= p in self.param_dep
-                    continue
-                derived = True
-                param_in |= k in self.param_keys
-                if _stats.floating(t):
-                    if k not in self.external:
-                        self.check_vecs.append(_stats.check(t))
-                        self.external[k] = len(self.check_vecs) - 1
-                    ext.append(self.external[k])
-            o = outs[0]
-            vec = (None if func._schema.is_mutable else self._same_values(o, ins)) or self._vector(o)
-        idx = len(self.ops)
-        self.ops.append(
+        derived = maskish_in = const_in = param_in = False
+        module = None
+        producer, ops, checks = self.producer, self.ops, self.check_vecs
+        same = None
+        optr = o.data_ptr()
+        # Whether every floating input is known finite on the host now (the CPU's checks
+        # are host lists; a kept step's full vectors and a device's are not read yet).
+        known_finite = not self.kept
+        for t in ins:
+            k = _key(t)
+            p = producer.get(k)
+            if p is not None:
+                preds.append(p)
+                if known_finite:
+                    kind, i = ops[p]["vec"]
+                    v = checks[i]
+                    known_finite = kind == "check" and type(v) is list and v[1] + v[2] + v[3] == 0
+                if p in self.derived:
+                    derived = True
+                else:
+                    const_in = True
+                maskish_in = maskish_in or p in self.maskish
+                param_in = param_in or p in self.param_dep
+                if phase == "forward":
+                    gf = t.grad_fn
+                    if gf is not None and gf not in self.node_module:
+                        self.node_module[gf] = ops[p]["module"]
+                if same is None and k[0] == optr and t.dtype == o.dtype and t.numel() == o.numel():
+                    same = ops[p]["vec"]
+                continue
+            made = self.integers.get(k)
+            if made is not None:
+                if made[0]:
+                    derived = True
+                else:
+                    const_in = True
+                param_in = param_in or made[1]
+                maskish_in = maskish_in or made[2]
+                continue
+            derived = True
+            param_in = param_in or k in self.param_keys
+            if k[1] in _stats.FLOATING:
+                e = self.external.get(k)
+                if e is None:
+                    checks.append(_stats.check(t))
+                    e = self.external[k] = len(checks) - 1
+                ext.append(e)
+                if known_finite:
+                    v = checks[e]
+                    known_finite = type(v) is list and v[1] + v[2] + v[3] == 0
+        name, mutable = self._info(func)
+        if phase == "backward":
+            module = self.node_module.get(node) if node is not None else None
+            if module is None:
+                module = self.names.of_node(node) if node is not None else None
+                if module is None:
+                    module = self.names.current()
+        else:
+            module = self.names.current()
+        # An output that only moves an input's values (a view, a transpose, a detach: same
+        # storage start, element count and dtype; never an op that writes in place) shares
+        # that input's statistics instead of computing them again.
+        if same is not None and not mutable:
+            vec = same
+        elif (
+            known_finite
+            and scalars_finite
+            and name in _stats.FINITE_PRESERVING
+            and all(_stats.RANGE[t.dtype] <= _stats.RANGE[o.dtype] for t in ins if t.dtype in _stats.RANGE)
+        ):
+            # Finite inputs through an op that cannot make a non-finite value: counted as
+            # clean without reading the output.
+            checks.append([float(o.numel()), 0.0, 0.0, 0.0])
+            vec = ("check", len(checks) - 1)
+        else:
+            vec = self._vector(o)
+        idx = len(ops)
+        ops.append(
             {
                 "phase": phase,
-                "op": func.overloadpacket.__name__,
-                "module": self._module(),
-                "inputs": [_meta(t) for t in ins],
-                "output": _meta(o),
+                "op": name,
+                "module": module,
+                "inputs": [(t.dtype, t.shape) for t in ins],
+                "output": (o.dtype, o.shape),
                 "vec": vec,
                 "preds": preds,
                 "ext": ext,
@@ -296,13 +448,48 @@ class Watcher:
             }
         )
         for t in outs:
-            self.producer[_key(t)] = idx
+            producer[_key(t)] = idx
         if derived:
             self.derived.add(idx)
         if param_in:
             self.param_dep.add(idx)
         if (mask_scalar or maskish_in) and not param_in:
             self.maskish.add(idx)
+
+    def _note_integer(self, outs, args, kwargs):
+        """What an op's integer outputs derive from (they have no record, but a float made
+        from them later, such as T5's position buckets made from `arange`, must know whether
+        it comes from the batch or only from constants)."""
+        if not outs:
+            return
+        derived = param_in = maskish_in = False
+        for t in _leaves((args, kwargs), torch.Tensor):
+            if not _stats.observed(t):
+                continue
+            k = _key(t)
+            p = self.producer.get(k)
+            if p is not None:
+                derived = derived or p in self.derived
+                param_in = param_in or p in self.param_dep
+                maskish_in = maskish_in or p in self.maskish
+                continue
+            made = self.integers.get(k)
+            if made is not None:
+                derived, param_in, maskish_in = derived or made[0], param_in or made[1], maskish_in or made[2]
+                continue
+            derived = True
+            param_in = param_in or k in self.param_keys
+        for t in outs:
+            self.integers[_key(t)] = (derived, param_in, maskish_in)
+
+    def _name_loss(self, loss):
+        """Names the loss's own autograd node (no op of the forward consumes the loss, so
+        the forward did not name it)."""
+        gf = getattr(loss, "grad_fn", None)
+        if gf is not None and gf not in self.node_module:
+            p = self.producer.get(_key(loss))
+            if p is not None:
+                self.node_module[gf] = self.ops[p]["module"]
 
     # ---- step boundaries
 
@@ -347,6 +534,8 @@ class Watcher:
                 # record none either): neither it nor its gradient is recorded.
                 was, w.busy = w.busy, True
                 try:
+                    if w.active and a and isinstance(a[0], torch.Tensor):
+                        w._name_loss(a[0])
                     out = orig_scale(*a, **k)
                 finally:
                     w.busy = was
@@ -378,6 +567,7 @@ class Watcher:
         return torch.cat(found).sum() if found else None
 
     def on_backward(self, root):
+        self._name_loss(root)
         if self.active and root.numel() == 1:
             self.losses.append(root.detach().reshape(()).to(torch.float64).clone())
 
@@ -385,7 +575,7 @@ class Watcher:
         names, vecs = [], []
         for name, p in self.model.named_parameters():
             names.append((name, p))
-            vecs.append(param_vector(p, scale))
+            vecs.append(param_vector(p, scale, scratch=self.scratch))
         return names, vecs
 
     def _end_step(self, scale_before, found):
@@ -406,9 +596,9 @@ class Watcher:
             scale_after = sc._scale.detach().clone() if sc is not None else None
             scale_host = float(scale_before.item()) if scale_before is not None else 1.0
             names, pvecs = self._param_vectors(scale_host)
-            pv = [v.cpu().tolist() for v in pvecs]
-            full = [v.cpu().tolist() for v in self.full_vecs]
-            check = [v.cpu().tolist() for v in self.check_vecs]
+            pv = _gather(pvecs)
+            full = _gather(self.full_vecs)
+            check = _gather(self.check_vecs)
             losses = [float(l.item()) for l in self.losses]
             found_inf = bool(found is not None and float(found.item()) > 0)
             scale_after_host = float(scale_after.item()) if scale_after is not None else 1.0
@@ -439,8 +629,8 @@ class Watcher:
                         "phase": op["phase"],
                         "op": op["op"],
                         "module": op["module"],
-                        "inputs": op["inputs"],
-                        "output": op["output"],
+                        "inputs": [_meta(m) for m in op["inputs"]],
+                        "output": _meta(op["output"]),
                         "stats": st,
                         "rounding": {"overflow": 0, "underflow": 0},
                         "forward_op": None,
@@ -624,11 +814,10 @@ class Watcher:
             self.mode.__exit__(None, None, None)
         except Exception:
             pass
-        if self.tracker is not None:
-            try:
-                self.tracker.__exit__(None, None, None)
-            except Exception:
-                pass
+        try:
+            self.names.close()
+        except Exception:
+            pass
         if self.writer is not None:
             wall = (time.perf_counter() - self.started) * 1000.0
             self.writer.write("end", {"steps": self.step, "verdict": "", "wall_ms": wall})

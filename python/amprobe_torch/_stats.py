@@ -53,6 +53,33 @@ DTYPE_NAMES = {
 }
 
 
+FLOATING = frozenset(_NORMAL_MIN)
+
+# The largest finite value of each dtype: a conversion to a dtype that reaches as far as
+# the source cannot overflow.
+RANGE = {
+    torch.float16: 65504.0,
+    torch.bfloat16: BF16_OVERFLOW,
+    torch.float32: 3.4028234663852886e38,
+    torch.float64: 1.7976931348623157e308,
+}
+
+# Ops whose floating outputs are finite whenever their floating inputs and scalars are
+# finite and the output's dtype reaches as far as every input's: they move, select,
+# compare, clamp or normalise values, or convert them to a dtype at least as wide; none
+# multiplies, adds or divides values of its own.
+FINITE_PRESERVING = frozenset(
+    """
+    _to_copy copy_ clone contiguous expand view _unsafe_view reshape t transpose permute
+    squeeze unsqueeze slice select split split_with_sizes chunk unbind as_strided alias
+    detach cat stack index_select gather embedding index where masked_fill fill fill_
+    zeros zeros_like ones ones_like full full_like new_zeros new_ones new_full
+    relu threshold_backward clamp clamp_min clamp_max maximum minimum max min amax amin
+    abs neg sign softmax _softmax _safe_softmax
+    """.split()
+)
+
+
 def observed(t):
     """True for the tensors a record describes (amprobe's dtypes)."""
     return isinstance(t, torch.Tensor) and t.dtype in DTYPE_NAMES and t.layout == torch.strided
@@ -63,20 +90,27 @@ def floating(t):
 
 
 def check(t):
-    """[numel, NaN, +inf, -inf] of a floating tensor, as a float64 vector on its device.
+    """[numel, NaN, +inf, -inf] of a floating tensor: on a device, a float64 vector there;
+    on the CPU, where reading a value back costs no synchronisation, a host list.
 
-    On the CPU, where reading a value back costs no synchronisation, one sum decides first:
-    a finite sum means no NaN and no infinity (any of them makes the sum NaN or infinite),
-    so the three counts are zero without counting; a non-finite sum (or one that merely
-    overflowed) has them counted."""
+    On the CPU one sum decides first: a finite sum means no NaN and no infinity (any of
+    them makes the sum NaN or infinite), so the three counts are zero without counting; a
+    non-finite sum (or one that merely overflowed) has them counted."""
     # No reshape: flattening a transposed tensor would copy it.
     x = t.detach()
     inf = float("inf")
     if x.device.type == "cpu":
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        s = float(x.sum(dtype=acc))
+        # bf16, f32 and f64 sum in their own dtype (bf16 accumulates in f32 and reaches as
+        # far); fp16 would overflow its sum at 65504 and take the slow path needlessly.
+        s = float(x.sum(dtype=torch.float32) if x.dtype == torch.float16 else x.sum())
         if s - s == 0.0:
-            return torch.tensor([float(x.numel()), 0.0, 0.0, 0.0], dtype=torch.float64)
+            return [float(x.numel()), 0.0, 0.0, 0.0]
+        return [
+            float(x.numel()),
+            float(x.isnan().sum()),
+            float((x == inf).sum()),
+            float((x == -inf).sum()),
+        ]
     return torch.stack(
         [
             torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
