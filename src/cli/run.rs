@@ -455,9 +455,12 @@ fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
 
 /// `run [flags] -- CMD ARGS...`: runs the command with the companion's trace path set
 /// (`AMPROBE_TRACE`, and `AMPROBE_SAMPLE_EVERY` from --sample-every), then reads the trace
-/// it wrote and prints, writes and gates its summary as for a run of amprobe's own. Exits
-/// with the command's status when it failed, else the gate's.
+/// it wrote and prints, writes and gates its summary as for a run of amprobe's own. Under
+/// torchrun each rank writes its own trace next to the path (`.rank{N}` before the suffix):
+/// they are read together (`diagnose::ranks`). Exits with the command's status when it
+/// failed, else the gate's.
 fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
+    use amprobe::diagnose::ranks;
     if a.config.is_some() || a.flags.configures_training() {
         anyhow::bail!(
             "a script given after `--` trains itself: a run configuration and the model, data \
@@ -477,12 +480,16 @@ fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
         .unwrap_or_else(|| PathBuf::from("amprobe-trace.jsonl"));
     let trace =
         std::path::absolute(&trace).with_context(|| format!("trace path {}", trace.display()))?;
-    // A trace left by an earlier run must not pass for this one's.
-    match std::fs::remove_file(&trace) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing the old trace {}", trace.display()))
+    // Traces left by an earlier run (one file or one per rank) must not pass for this one's.
+    let old = std::iter::once(trace.clone())
+        .chain(ranks::rank_files(&trace)?.into_iter().map(|(_, p)| p));
+    for p in old {
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing the old trace {}", p.display()))
+            }
+            _ => {}
         }
-        _ => {}
     }
     let mut cmd = std::process::Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("AMPROBE_TRACE", &trace);
@@ -492,17 +499,38 @@ fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
     let status = cmd
         .status()
         .with_context(|| format!("running `{}`", a.command.join(" ")))?;
-    if !trace.exists() {
+    let (summary, steps) = if trace.exists() {
+        let t = amprobe::trace::io::read_trace(&trace)?;
+        if let Some(src) = t.header.source.as_ref().filter(|s| s.world_size > 1) {
+            anyhow::bail!(
+                "{} was written by rank {} of {}, in the one file every rank was given: \
+                 initialize torch.distributed before amprobe_torch.watch, so that each rank \
+                 writes its own ({}, …)",
+                trace.display(),
+                src.rank,
+                src.world_size,
+                ranks::rank_path(&trace, 0).display()
+            );
+        }
+        let summary = amprobe::diagnose::summary::summary_of_trace(&t, Some(trace.clone()), opts)?;
+        (summary, t.steps)
+    } else if !ranks::rank_files(&trace)?.is_empty() {
+        let rs = ranks::read_rank_traces(&trace)?;
+        let summary = ranks::summary_of_ranks(&rs, opts)?;
+        (
+            summary,
+            rs.into_iter().flat_map(|r| r.trace.steps).collect(),
+        )
+    } else {
         anyhow::bail!(
-            "`{}` wrote no trace at {} ({status}): does it call amprobe_torch.watch(model, \
-             optimizer, scaler) before its training loop, with the companion installed \
-             (pip install ./python)?",
+            "`{}` wrote no trace at {} (nor one per rank, {}) ({status}): does it call \
+             amprobe_torch.watch(model, optimizer, scaler) before its training loop, with the \
+             companion installed (pip install ./python)?",
             a.command.join(" "),
-            trace.display()
+            trace.display(),
+            ranks::rank_path(&trace, 0).display()
         );
-    }
-    let t = amprobe::trace::io::read_trace(&trace)?;
-    let summary = amprobe::diagnose::summary::summary_of_trace(&t, Some(trace.clone()), opts)?;
+    };
     print_human(&summary)?;
     if let Some(p) = &a.flags.summary_json {
         let text = serde_json::to_string_pretty(&summary)?;
@@ -511,7 +539,8 @@ fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
     }
     let mut code = 0;
     if let Some(g) = gate.as_mut() {
-        for s in &t.steps {
+        // Over several ranks the gate sees every rank's steps.
+        for s in &steps {
             g.observe(s);
         }
         let outcomes = g.outcomes();

@@ -18,6 +18,8 @@ pub mod bisect;
 pub mod cause;
 pub mod collapse;
 pub mod headroom;
+pub mod rank_summary;
+pub mod ranks;
 pub mod remedy;
 pub mod summary;
 pub mod text;

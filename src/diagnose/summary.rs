@@ -114,6 +114,10 @@ pub struct RunSummary {
     pub remedies: Option<super::remedy::RemedyReport>,
     /// Step re-runs the diagnosis used.
     pub diagnosis_replays: u32,
+    /// A run over several ranks: which rank made the first Inf and NaN, which received
+    /// them, and whether the ranks agreed on found_inf; absent for one trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<super::rank_summary::RanksSummary>,
 }
 
 /// What ran, for a [`RunSummary`]: the model, precision, backend and trace.
@@ -201,6 +205,7 @@ pub fn summarize(
         headroom: diagnosis.headroom,
         remedies: diagnosis.remedies,
         diagnosis_replays: diagnosis.replays,
+        ranks: None,
     }
 }
 

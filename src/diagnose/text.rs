@@ -4,10 +4,131 @@ use super::bisect::Bisection;
 use super::cause::{SkipCause, SkipKind};
 use super::collapse::short;
 use super::headroom::{HeadroomKind, HeadroomWarning};
+use super::rank_summary::{RankOrigin, RanksSummary};
 use super::remedy::RemedyReport;
 use super::summary::RunSummary;
 use crate::dtype::FP16;
 use crate::trace::record::{OpRef, Phase};
+
+fn ranks_words(rs: &[u32]) -> String {
+    let list: Vec<String> = rs.iter().map(|r| r.to_string()).collect();
+    match rs.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
+    }
+}
+
+/// `rank R, step S phase op #I `op` in `module``, and whether it was made there.
+fn rank_origin_words(o: &RankOrigin) -> String {
+    let at = format!(
+        "rank {}, step {} {} op #{} {}",
+        o.rank,
+        o.op.step,
+        phase(o.op.phase),
+        o.op.op_index,
+        op_words(&o.op)
+    );
+    if o.received {
+        format!(
+            "{at}, after {} collective(s) of the step: received from another rank, where no \
+             origin was recorded",
+            o.collectives_before
+        )
+    } else {
+        format!("{at}, made on rank {}", o.rank)
+    }
+}
+
+/// The lines of a run over several ranks: the first Inf and NaN with their rank, which
+/// ranks made and which received the first failing step's values, and the agreement on
+/// found_inf.
+pub fn rank_lines(r: &RanksSummary) -> Vec<String> {
+    let mut out = Vec::new();
+    let files: Vec<String> = r
+        .ranks
+        .iter()
+        .map(|f| f.trace.display().to_string())
+        .collect();
+    out.push(format!(
+        "Ranks: {} (the steps above are rank {}'s); traces: {}.",
+        r.world_size,
+        r.shown_rank,
+        files.join(", ")
+    ));
+    for (what, o) in [("Inf", &r.first_inf), ("NaN", &r.first_nan)] {
+        if let Some(o) = o {
+            out.push(format!("  first {what}: {}.", rank_origin_words(o)));
+        }
+    }
+    if let Some(f) = &r.first_failure {
+        let mut line = format!("  step {}: ", f.step);
+        if f.made_by.is_empty() {
+            line.push_str("no rank made its non-finite values itself");
+        } else {
+            line.push_str(&format!("made on {}", ranks_words(&f.made_by)));
+        }
+        if !f.received_by.is_empty() {
+            let through: Vec<String> = f.through.iter().map(|n| format!("`{n}`")).collect();
+            line.push_str(&format!(
+                "; {} received them through a collective{}",
+                ranks_words(&f.received_by),
+                if through.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", through.join(", "))
+                }
+            ));
+        }
+        out.push(line + ".");
+    }
+    if r.found_inf_agreed {
+        let found: Vec<String> = r.found_inf.iter().map(|s| s.step.to_string()).collect();
+        out.push(if found.is_empty() {
+            "  found_inf: the ranks agreed at every step (none found an Inf or NaN).".into()
+        } else {
+            format!(
+                "  found_inf: the ranks agreed at every step (all found an Inf or NaN at \
+                 step(s) {}).",
+                found.join(", ")
+            )
+        });
+    }
+    for s in r.found_inf.iter().filter(|s| !s.agreed) {
+        let mut parts = Vec::new();
+        if !s.found.is_empty() {
+            parts.push(format!("found by {}", ranks_words(&s.found)));
+        }
+        if !s.not_found.is_empty() {
+            parts.push(format!("not by {}", ranks_words(&s.not_found)));
+        }
+        if !s.missing.is_empty() {
+            parts.push(format!("no record from {}", ranks_words(&s.missing)));
+        }
+        let tail = if !s.found.is_empty() && !s.not_found.is_empty() {
+            ": the ranks that found none stepped and the others skipped, so their weights \
+             differ from here on"
+        } else {
+            ""
+        };
+        out.push(format!(
+            "  found_inf: the ranks DISAGREED at step {} ({}){tail}.",
+            s.step,
+            parts.join(", ")
+        ));
+    }
+    let each: Vec<String> = r
+        .ranks
+        .iter()
+        .map(|f| {
+            format!(
+                "rank {} {} ({} steps, {} skipped)",
+                f.rank, f.verdict, f.steps, f.skipped_steps
+            )
+        })
+        .collect();
+    out.push(format!("  each: {}.", each.join("; ")));
+    out
+}
 
 /// Modules shown per headroom kind in the text (the JSON has all).
 const SHOWN: usize = 12;
@@ -313,6 +434,9 @@ pub fn bisection_lines(b: &Bisection) -> Vec<String> {
 /// The whole diagnosis of a run in plain words: skip causes, collapse, headroom, remedies.
 pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(r) = &s.ranks {
+        out.extend(rank_lines(r));
+    }
     // Skip causes, consecutive steps with the same cause and op together.
     let mut i = 0;
     let steps = &s.steps;

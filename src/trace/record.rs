@@ -61,6 +61,37 @@ pub struct Header {
     /// that the run can be reproduced from its trace (absent when unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_dir: Option<std::path::PathBuf>,
+    /// Where a trace captured outside amprobe came from (the PyTorch companion); absent in
+    /// amprobe's own runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+}
+
+/// The `source` of a header written by the PyTorch companion: which process of which run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// What captured the run (`"pytorch"`).
+    pub kind: String,
+    /// The torch version, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<String>,
+    /// This process's rank in torch.distributed (0 outside it).
+    #[serde(default)]
+    pub rank: u32,
+    /// Processes in the run (1 outside torch.distributed).
+    #[serde(default = "one")]
+    pub world_size: u32,
+    /// The companion's AMPROBE_SAMPLE_EVERY.
+    #[serde(default)]
+    pub sample_every: u64,
+    /// An identifier all ranks of one launch share (torchrun's run id), when the writer
+    /// knows one: rank traces of different runs are told apart by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Header {
@@ -84,6 +115,7 @@ impl Header {
             command_line: Vec::new(),
             config: serde_json::Value::Null,
             config_dir: None,
+            source: None,
         }
     }
 }
