@@ -50,6 +50,7 @@ def parse(argv=None):
     p.add_argument("--spike", type=float, default=1000.0)
     p.add_argument("--head-fp32", action="store_true", help="the head in a nested autocast(enabled=False)")
     p.add_argument("--no-watch", action="store_true")
+    p.add_argument("--exec", default=None, help="a file of code run once the model is built (`model` in scope)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -58,6 +59,9 @@ def main(argv=None):
     a = parse(argv)
     torch.manual_seed(0)
     model = Tower(a.gain, a.head_fp32)
+    if a.exec:
+        with open(a.exec, encoding="utf-8") as f:
+            exec(f.read(), {"model": model, "torch": torch})
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler_on = (a.scaler or ("on" if a.dtype == "fp16" else "off")) == "on"
     scaler = torch.amp.GradScaler("cpu", init_scale=a.init_scale, enabled=scaler_on)

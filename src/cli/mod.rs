@@ -6,10 +6,12 @@ mod diagnose_args;
 mod doctor;
 mod export;
 mod fix;
+mod fix_script;
 mod out;
 mod report;
 mod run;
 mod scaler;
+mod script;
 mod tui;
 
 use clap::{Parser, Subcommand};

@@ -1,7 +1,10 @@
-//! `amprobe tui CONFIG [run flags]` (train on a worker thread and watch it live) and
-//! `amprobe tui --trace FILE` (replay a recorded trace; `--follow` to watch it grow).
+//! `amprobe tui CONFIG [run flags]` (train on a worker thread and watch it live),
+//! `amprobe tui --trace FILE` (replay a recorded trace; `--follow` to watch it grow) and
+//! `amprobe tui [--trace FILE] -- CMD ARGS...` (run a PyTorch script that calls
+//! `amprobe_torch.watch` and watch its trace grow).
 
 use super::run::{apply_flags, RunFlags};
+use super::script::{Script, TraceFollower, POLL};
 use amprobe::config::RunConfig;
 use amprobe::runner::{run as run_training, RunOptions};
 use amprobe::trace::io::read_trace;
@@ -39,7 +42,10 @@ impl Input for Keys {
 #[command(
     about = "Watch a run live (CONFIG) or replay a trace (--trace FILE) in a terminal UI",
     after_help = "With CONFIG, every run flag applies and --trace writes the trace as in \
-                  `amprobe run`; without CONFIG, --trace names the trace to replay."
+                  `amprobe run`; without CONFIG, --trace names the trace to replay. After \
+                  `--`, a PyTorch script that calls amprobe_torch.watch is run and watched: \
+                  --trace is where its trace goes (default amprobe-trace.jsonl), its output \
+                  goes next to it (TRACE.log)."
 )]
 pub struct TuiArgs {
     /// Run configuration (TOML) to train live; omit it to replay --trace FILE.
@@ -55,6 +61,10 @@ pub struct TuiArgs {
     /// No colours (also when NO_COLOR is set or TERM is dumb).
     #[arg(long)]
     no_color: bool,
+    /// A PyTorch training script to run and watch live (after `--`), which calls
+    /// `amprobe_torch.watch(...)` (only --trace, --compare and --no-color apply).
+    #[arg(last = true, value_name = "CMD", conflicts_with_all = ["config", "follow"])]
+    command: Vec<String>,
 }
 
 fn load(path: &Path) -> anyhow::Result<Model> {
@@ -68,6 +78,10 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
     } else {
         Theme::detect()
     };
+    if !a.command.is_empty() {
+        let other = a.compare.as_deref().map(load).transpose()?;
+        return run_script(&a, other, theme);
+    }
     if a.config.is_none() && a.flags.configures_a_run() {
         eprintln!("error: run flags need a <CONFIG> to train live; `tui --trace FILE` replays a trace as it is");
         return Ok(2);
@@ -150,6 +164,92 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
             );
         }
         _ => {}
+    }
+    Ok(0)
+}
+
+/// `tui -- CMD`: the script runs with its trace at --trace (and its output in TRACE.log, off
+/// the screen), and the UI follows the trace as it grows. Leaving the UI stops the script.
+fn run_script(a: &TuiArgs, other: Option<Model>, theme: Theme) -> anyhow::Result<i32> {
+    if a.flags.configures_a_run() {
+        bail!(
+            "a script given after `--` trains itself: only --trace (where its trace goes), \
+             --compare and --no-color apply to `tui -- CMD` (set AMPROBE_SAMPLE_EVERY in the \
+             environment to keep more op records)"
+        );
+    }
+    let trace = a
+        .flags
+        .trace
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("amprobe-trace.jsonl"));
+    let mut script = Script::new(&a.command, &trace)?;
+    let log = script.trace.with_extension("log");
+    script.log = Some(log.clone());
+    let mut app = App::new(
+        Model::waiting(script.label(), SourceKind::Live),
+        other,
+        theme,
+    );
+    let mut session = TerminalSession::start()?;
+    let running = script.start()?;
+    let child = running.child();
+    let mut follower = TraceFollower::new(&script.trace);
+    let s = script.clone();
+    let mut feed = Feed::spawn(move |tx| loop {
+        let exited = child.try_wait().map_err(|e| e.to_string())?;
+        for r in follower.read_new().map_err(|e| e.to_string())? {
+            if tx.send(r).is_err() {
+                return Ok(None);
+            }
+        }
+        match exited {
+            Some(st) if !st.success() => {
+                return Err(format!(
+                    "`{}` failed ({st}); its output is in {}",
+                    s.label(),
+                    log.display()
+                ))
+            }
+            Some(st) if !s.trace.exists() => {
+                return Err(format!(
+                    "`{}` wrote no trace ({st}): does it call amprobe_torch.watch? Its output \
+                     is in {}",
+                    s.label(),
+                    log.display()
+                ))
+            }
+            Some(_) => return Ok(None),
+            None => std::thread::sleep(POLL),
+        }
+    })?;
+    run_loop(
+        session.terminal(),
+        &mut app,
+        Some(&mut feed),
+        &mut Keys {
+            panic_key: std::env::var(PANIC_KEY_VAR)
+                .ok()
+                .and_then(|v| v.chars().next()),
+        },
+        &mut |_| {},
+    )?;
+    drop(session);
+    let stopped = running.child().stop()?;
+    drop(running);
+    let m = app.model();
+    if let RunState::Failed(e) = &m.state {
+        eprintln!("error: {e}");
+        return Ok(1);
+    }
+    if stopped {
+        eprintln!(
+            "amprobe tui: left while `{}` was at step {}; it was stopped ({} keeps the finished \
+             steps)",
+            script.label(),
+            m.steps.len(),
+            script.trace.display()
+        );
     }
     Ok(0)
 }

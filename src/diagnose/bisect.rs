@@ -138,8 +138,10 @@ fn split(c: &[usize], n: usize) -> Vec<Vec<usize>> {
 }
 
 /// ddmin from a passing set `c` (the empty set is known to fail): a 1-minimal passing
-/// subset, and whether the search finished within the budget.
-fn ddmin(
+/// subset, and whether the search finished within the budget. `test` says whether a
+/// subset passes, `None` once the budget is spent; it is also how `amprobe fix -- CMD`
+/// bisects a script, whose tests are whole runs of it.
+pub fn ddmin(
     mut test: impl FnMut(&[usize]) -> Result<Option<bool>>,
     mut c: Vec<usize>,
 ) -> Result<(Vec<usize>, bool)> {
