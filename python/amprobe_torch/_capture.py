@@ -210,13 +210,23 @@ class _Mode(TorchDispatchMode):
         self.watcher = watcher
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         w = self.watcher
+        kwargs = kwargs or {}
+        seen = None
         if w.active and not w.busy:
             w.busy = True
             try:
-                w.on_op(func, args, kwargs or {}, out)
+                seen = w.read_inputs(args, kwargs)
             except Exception:  # never kill the user's training
+                w.fail()
+            finally:
+                w.busy = False
+        out = func(*args, **kwargs)
+        if seen is not None and w.active and not w.busy:
+            w.busy = True
+            try:
+                w.on_op(func, seen, out)
+            except Exception:
                 w.fail()
             finally:
                 w.busy = False
@@ -301,13 +311,19 @@ class Watcher:
         return ("check", len(self.check_vecs) - 1)
 
     def _info(self, func):
+        """(name, whether it writes an argument) of an op, cached."""
         info = self.fn_info.get(func)
         if info is None:
             info = (func.overloadpacket.__name__, func._schema.is_mutable)
             self.fn_info[func] = info
         return info
 
-    def on_op(self, func, args, kwargs, out):
+    def read_inputs(self, args, kwargs):
+        """Before an op runs: its phase and what its inputs are (made by which earlier op;
+        derived from the parameters or the batch, or only from constants; masks; known
+        finite), with the inputs no op of this step made checked now, as the op reads them
+        (an op may write them: a batch norm's running statistics). None for an op not
+        recorded (the loss scaling's gradient)."""
         self.op_count += 1
         node = None
         if self.optimizer_depth:
@@ -316,23 +332,9 @@ class Watcher:
             phase = "backward"
             node = torch._C._current_autograd_node()
             if node is not None and self.scaling_nodes and any(node is n for n in self.scaling_nodes):
-                return
+                return None
         else:
             phase = "forward"
-        if isinstance(out, torch.Tensor):
-            if not _stats.floating(out):
-                if _stats.observed(out):
-                    self._note_integer((out,), args, kwargs)
-                return
-            o = out
-            outs = (out,)
-        else:
-            every = _leaves(out, torch.Tensor)
-            outs = [t for t in every if _stats.floating(t)]
-            if not outs:
-                self._note_integer([t for t in every if _stats.observed(t)], args, kwargs)
-                return
-            o = outs[0]
         ins = []
         mask_scalar = False
         scalars_finite = True
@@ -349,15 +351,12 @@ class Watcher:
                     for f in _leaves(x, float):
                         mask_scalar = mask_scalar or _mask_like(f)
                         scalars_finite = scalars_finite and f - f == 0.0
-        # What the output derives from: the parameters or the batch (then its Inf or NaN
-        # can be an origin), or only constants the model made (T5's log(0) = -inf in its
-        # position buckets is not); and whether it is, or reads, a mask.
-        preds, ext = [], []
+        # What the output will derive from: the parameters or the batch (then its Inf or
+        # NaN can be an origin), or only constants the model made (T5's log(0) = -inf in
+        # its position buckets is not); and whether it is, or reads, a mask.
+        preds, ext, moved = [], [], []
         derived = maskish_in = const_in = param_in = False
-        module = None
         producer, ops, checks = self.producer, self.ops, self.check_vecs
-        same = None
-        optr = o.data_ptr()
         # Whether every floating input is known finite on the host now (the CPU's checks
         # are host lists; a kept step's full vectors and a device's are not read yet).
         known_finite = not self.kept
@@ -366,6 +365,7 @@ class Watcher:
             p = producer.get(k)
             if p is not None:
                 preds.append(p)
+                moved.append((k[0], t, p))
                 if known_finite:
                     kind, i = ops[p]["vec"]
                     v = checks[i]
@@ -380,8 +380,6 @@ class Watcher:
                     gf = t.grad_fn
                     if gf is not None and gf not in self.node_module:
                         self.node_module[gf] = ops[p]["module"]
-                if same is None and k[0] == optr and t.dtype == o.dtype and t.numel() == o.numel():
-                    same = ops[p]["vec"]
                 continue
             made = self.integers.get(k)
             if made is not None:
@@ -403,6 +401,38 @@ class Watcher:
                 if known_finite:
                     v = checks[e]
                     known_finite = type(v) is list and v[1] + v[2] + v[3] == 0
+        return (
+            phase,
+            node,
+            ins,
+            preds,
+            ext,
+            moved,
+            derived,
+            const_in,
+            maskish_in,
+            param_in,
+            mask_scalar,
+            scalars_finite and known_finite,
+            self.op_count - 1,
+        )
+
+    def on_op(self, func, seen, out):
+        """After an op ran: its record (the statistics of its first floating output) from
+        what `read_inputs` saw of its inputs."""
+        (phase, node, ins, preds, ext, moved, derived, const_in, maskish_in, param_in, mask_scalar,
+         finite_in, index) = seen
+        outs = (out,) if isinstance(out, torch.Tensor) else _leaves(out, torch.Tensor)
+        floats = [t for t in outs if _stats.floating(t)]
+        if not floats:
+            # Integer outputs have no record, but a float made from them later must know
+            # where they come from.
+            for t in outs:
+                if _stats.observed(t):
+                    self.integers[_key(t)] = (derived, param_in, maskish_in)
+            return
+        o = floats[0]
+        ops, checks = self.ops, self.check_vecs
         name, mutable = self._info(func)
         if phase == "backward":
             module = self.node_module.get(node) if node is not None else None
@@ -415,11 +445,17 @@ class Watcher:
         # An output that only moves an input's values (a view, a transpose, a detach: same
         # storage start, element count and dtype; never an op that writes in place) shares
         # that input's statistics instead of computing them again.
-        if same is not None and not mutable:
+        same = None
+        if not mutable and moved:
+            optr = o.data_ptr()
+            for ptr, t, p in moved:
+                if ptr == optr and t.dtype == o.dtype and t.numel() == o.numel():
+                    same = ops[p]["vec"]
+                    break
+        if same is not None:
             vec = same
         elif (
-            known_finite
-            and scalars_finite
+            finite_in
             and name in _stats.FINITE_PRESERVING
             and all(_stats.RANGE[t.dtype] <= _stats.RANGE[o.dtype] for t in ins if t.dtype in _stats.RANGE)
         ):
@@ -444,10 +480,11 @@ class Watcher:
                 # -inf written by a mask (a scalar like finfo.min or -inf, a mask built from
                 # one, or a constant the model made) is not an overflow.
                 "masked": phase == "forward" and (mask_scalar or maskish_in or const_in),
-                "index": self.op_count - 1,
+                "index": index,
             }
         )
-        for t in outs:
+        producer = self.producer
+        for t in floats:
             producer[_key(t)] = idx
         if derived:
             self.derived.add(idx)
@@ -455,32 +492,6 @@ class Watcher:
             self.param_dep.add(idx)
         if (mask_scalar or maskish_in) and not param_in:
             self.maskish.add(idx)
-
-    def _note_integer(self, outs, args, kwargs):
-        """What an op's integer outputs derive from (they have no record, but a float made
-        from them later, such as T5's position buckets made from `arange`, must know whether
-        it comes from the batch or only from constants)."""
-        if not outs:
-            return
-        derived = param_in = maskish_in = False
-        for t in _leaves((args, kwargs), torch.Tensor):
-            if not _stats.observed(t):
-                continue
-            k = _key(t)
-            p = self.producer.get(k)
-            if p is not None:
-                derived = derived or p in self.derived
-                param_in = param_in or p in self.param_dep
-                maskish_in = maskish_in or p in self.maskish
-                continue
-            made = self.integers.get(k)
-            if made is not None:
-                derived, param_in, maskish_in = derived or made[0], param_in or made[1], maskish_in or made[2]
-                continue
-            derived = True
-            param_in = param_in or k in self.param_keys
-        for t in outs:
-            self.integers[_key(t)] = (derived, param_in, maskish_in)
 
     def _name_loss(self, loss):
         """Names the loss's own autograd node (no op of the forward consumes the loss, so
