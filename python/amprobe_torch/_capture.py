@@ -267,6 +267,9 @@ class Watcher:
 
     def _begin_step(self):
         self.kept = self.step == 0 or (self.sample_every > 0 and self.step % self.sample_every == 0)
+        # Set (on the CPU, where a check is read at once) when an op of this step makes a
+        # non-finite value that can be an origin: the ops from there on get full statistics.
+        self.failing = False
         self.ops = []
         self.full_vecs = []
         self.check_vecs = []
@@ -304,7 +307,7 @@ class Watcher:
     # ---- op by op
 
     def _vector(self, t):
-        if self.kept:
+        if self.kept or self.failing:
             self.full_vecs.append(_stats.full(t))
             return ("full", len(self.full_vecs) - 1)
         self.check_vecs.append(_stats.check(t))
@@ -368,8 +371,11 @@ class Watcher:
                 moved.append((k[0], t, p))
                 if known_finite:
                     kind, i = ops[p]["vec"]
-                    v = checks[i]
-                    known_finite = kind == "check" and type(v) is list and v[1] + v[2] + v[3] == 0
+                    if kind == "check":
+                        v = checks[i]
+                        known_finite = type(v) is list and v[1] + v[2] + v[3] == 0
+                    else:
+                        known_finite = False
                 if p in self.derived:
                     derived = True
                 else:
@@ -465,6 +471,14 @@ class Watcher:
             vec = ("check", len(checks) - 1)
         else:
             vec = self._vector(o)
+            if vec[0] == "check" and not self.failing and (phase != "forward" or derived):
+                v = checks[vec[1]]
+                masked = phase == "forward" and (mask_scalar or maskish_in or const_in)
+                if type(v) is list and v[1] + v[2] + (0 if masked else v[3]) > 0:
+                    # The step's first Inf or NaN that can be an origin: this op and the
+                    # rest of the step are recorded in full.
+                    self.failing = True
+                    vec = self._vector(o)
         idx = len(ops)
         ops.append(
             {

@@ -331,3 +331,22 @@ def test_a_constant_made_from_integers_is_no_origin(tmp_path):
     # An overflow of the batch through the parameters still is one: 4 x 3e38 in f32.
     o = steps[1]["origins"]["first_inf"]
     assert o is not None and (o["module"], o["op"], o["phase"]) == ("lin", "addmm", "forward")
+
+
+def test_a_failing_step_is_recorded_in_full_from_its_first_nonfinite_value(tmp_path):
+    # Step 2 is not a kept step: its ops are checked until the planted overflow, and
+    # recorded with full statistics from that op on.
+    path = tmp_path / "t.jsonl"
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(path))
+    close_all()
+    s = read(path)[3]
+    assert s["step"] == 2 and s["skipped"]
+    ops = s["ops"]
+    first = next(i for i, r in enumerate(ops) if r["index"] == s["origins"]["first_inf"]["op_index"])
+    assert first > 0
+    assert all(r["stats"]["exp_hist"]["counts"] == [] and r["stats"]["max_abs"] == 0.0 for r in ops[:first])
+    origin = ops[first]["stats"]
+    assert origin["pos_inf"] + origin["neg_inf"] > 0 and origin["max_abs"] > 0
+    assert sum(origin["exp_hist"]["counts"]) > 0
+    full = [r for r in ops[first:] if r["stats"]["exp_hist"]["counts"]]
+    assert len(full) > len(ops[first:]) // 2
