@@ -258,10 +258,23 @@ impl ChildHandle {
     }
 
     /// Stops the script if it is still running and waits for it; true if it was running.
+    /// It is asked first (SIGTERM, which a launcher such as torchrun passes on to its
+    /// workers), then killed after a grace period.
     pub fn stop(&self) -> std::io::Result<bool> {
         let mut c = self.lock();
         if c.try_wait()?.is_some() {
             return Ok(false);
+        }
+        if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+            // SAFETY: kill(2) on the child's own pid, which has not been waited for, so it
+            // cannot have been reused.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            for _ in 0..60 {
+                if c.try_wait()?.is_some() {
+                    return Ok(true);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         match c.kill() {
             Ok(()) => {}
@@ -415,8 +428,14 @@ mod tests {
     #[test]
     fn a_run_stops_once_the_step_it_needs_is_written() {
         let d = tmp("stop");
-        // Without the stop the script would write 6 steps and sleep for a minute.
-        let cmd = writer(&d, &trace_lines(6), 0.1, "sleep 60");
+        // Without the stop the script would write 6 steps and wait for a minute; asked to
+        // stop, it notes it (as torchrun stops its workers).
+        let marker = d.join("asked");
+        let tail = format!(
+            "trap \"echo asked > '{}'; exit 0\" TERM; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+            marker.display()
+        );
+        let cmd = writer(&d, &trace_lines(6), 0.1, &tail);
         let s = Script::new(&cmd, &d.join("t.jsonl")).unwrap();
         std::fs::write(&s.trace, "left by an earlier run\n").unwrap();
         let t0 = Instant::now();
