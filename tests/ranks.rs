@@ -201,7 +201,15 @@ fn the_rank_that_made_the_nan_is_first_and_the_one_that_received_it_is_not() {
         &[
             clean(0),
             step(1, true, Some(ddp_step_ops(false)), None, Some(4)),
-            clean(2),
+            // Uninitialized memory that held a NaN (a buffer for a collective's output): no
+            // origin.
+            step(
+                2,
+                false,
+                Some(vec![op(0, Phase::Backward, "empty_like", "", 8)]),
+                None,
+                Some(0),
+            ),
         ],
     );
     write(
@@ -411,16 +419,28 @@ fn a_clean_run_over_ranks_has_no_origin_and_agrees() {
     let d = tempfile::tempdir().unwrap();
     let t = d.path().join("t.jsonl");
     for r in 0..3 {
-        write(
-            &rank_path(&t, r),
-            &header(r, 3, "Net"),
-            &[clean(0), clean(1)],
-        );
+        // Rank 2's buffer for a collective's output held a NaN before the collective wrote
+        // it: uninitialized memory, not an origin.
+        let second = if r == 2 {
+            step(
+                1,
+                false,
+                Some(vec![op(0, Phase::Backward, "empty_like", "", 8)]),
+                None,
+                Some(0),
+            )
+        } else {
+            clean(1)
+        };
+        write(&rank_path(&t, r), &header(r, 3, "Net"), &[clean(0), second]);
     }
     let s = summarize(d.path());
     let r = ranks_of(&s);
     assert_eq!(r.world_size, 3);
-    assert!(r.first_inf.is_none() && r.first_nan.is_none() && r.first_failure.is_none());
+    assert!(
+        r.first_inf.is_none() && r.first_nan.is_none() && r.first_failure.is_none(),
+        "{r:?}"
+    );
     assert!(r.found_inf_agreed && r.found_inf.is_empty());
     assert!(s.first_inf.is_none() && s.first_nan.is_none() && s.chain.is_empty());
     assert_eq!(s.verdict, "clean");

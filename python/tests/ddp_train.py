@@ -1,9 +1,11 @@
 """A data-parallel training script for the distributed tests, run by torchrun with the gloo
-backend on the CPU: scripts.Net in DistributedDataParallel under fp16 CPU autocast with a
+backend on the CPU: scripts.Net in DistributedDataParallel (or FSDP: FullyShardedDataParallel
+with a ShardedGradScaler, or fully_shard per block) under fp16 CPU autocast with a
 GradScaler, each rank on its own fixed batches. At step BOOM_STEP the input of rank
 BOOM_RANK only is scaled so that its first cast to fp16 overflows.
 
-    torchrun --standalone --nproc-per-node 2 ddp_train.py [--watch wrapper|model] [--steps N]
+    torchrun --standalone --nproc-per-node 2 ddp_train.py [--wrap ddp|fsdp|fsdp2]
+        [--watch wrapper|model] [--steps N]
 """
 
 import argparse
@@ -25,6 +27,7 @@ BOOM_RANK = 1
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--wrap", choices=["ddp", "fsdp", "fsdp2"], default="ddp")
     ap.add_argument("--watch", choices=["wrapper", "model"], default="wrapper")
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()
@@ -32,9 +35,22 @@ def main():
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = Net()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu")
+    if a.wrap == "ddp":
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+    elif a.wrap == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        ddp = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+        scaler = ShardedGradScaler("cpu")
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for b in model.blocks:
+            fully_shard(b)
+        ddp = fully_shard(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     # The batches exist before the capture starts, as a data loader's would.
     g = torch.Generator().manual_seed(1 + rank)
     xs = torch.randn(a.steps, 12, 8, generator=g)

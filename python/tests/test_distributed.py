@@ -1,7 +1,7 @@
-"""`amprobe run -- torchrun ...`: a data-parallel script on two ranks (gloo, CPU), with an
-overflow planted in rank 1's batch only, is summarized from the two rank traces: the first
-Inf is rank 1's, made there, at the planted step, op and module; rank 0 did not make one;
-the ranks agreed on found_inf."""
+"""`amprobe run -- torchrun ...`: a data-parallel script (DDP, FSDP) on two ranks (gloo, CPU),
+with an overflow planted in rank 1's batch only, is summarized from the two rank traces: the
+first Inf is rank 1's, made there, at the planted step, op and module; rank 0 did not make
+one; the ranks agreed on found_inf."""
 
 import json
 import os
@@ -26,12 +26,22 @@ def torchrun(*args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT, *args]
 
 
-@pytest.mark.parametrize("watched", ["wrapper", "model"])
-def test_the_rank_that_made_the_overflow_is_named(tmp_path, watched):
+FSDP2_WAITS = pytest.mark.xfail(
+    strict=True,
+    reason="the capture computes statistics of FSDP2's sharded parameters (DTensor) with "
+    "float(x.sum()), which DTensor refuses (aten.item on a Partial(sum) placement), and stops",
+)
+
+
+@pytest.mark.parametrize(
+    "wrap,watched",
+    [("ddp", "wrapper"), ("ddp", "model"), ("fsdp", "wrapper"), pytest.param("fsdp2", "model", marks=FSDP2_WAITS)],
+)
+def test_the_rank_that_made_the_overflow_is_named(tmp_path, wrap, watched):
     trace = tmp_path / "t.jsonl"
     summary = tmp_path / "summary.json"
     cmd = [amprobe_bin(), "run", "--trace", str(trace), "--summary-json", str(summary),
-           "--fail-on", "nonfinite", "--", *torchrun("--watch", watched, "--steps", "4")]
+           "--fail-on", "nonfinite", "--", *torchrun("--wrap", wrap, "--watch", watched, "--steps", "4")]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     out = r.stdout
     assert r.returncode == 1, out + r.stderr
@@ -48,7 +58,8 @@ def test_the_rank_that_made_the_overflow_is_named(tmp_path, watched):
     assert inf["op"]["step"] == 2 and inf["op"]["phase"] == "forward"
     assert inf["op"]["op"] == "_to_copy" and inf["op"]["module"] == "embed"
     assert s["first_inf"] == inf["op"] and s["verdict"] == "forward-nonfinite"
-    # Rank 0 made nothing: what reached it came through the gradients' all-reduce.
+    # Rank 0 made nothing: what reached it came through a collective (DDP's all-reduce of
+    # the gradients, FSDP's reduce-scatter).
     r0 = next(f for f in ranks["ranks"] if f["rank"] == 0)
     for o in (r0["first_inf"], r0["first_nan"]):
         assert o is None or (o["received"] and o["collectives_before"] >= 1), r0
@@ -56,7 +67,8 @@ def test_the_rank_that_made_the_overflow_is_named(tmp_path, watched):
     f = ranks["first_failure"]
     assert f["step"] == 2 and f["made_by"] == [1]
     assert f["received_by"] in ([], [0])
-    # DDP averaged the non-finite gradient into both ranks: both skipped step 2.
+    # The collective spread the non-finite gradient to both ranks (FSDP's scaler all-reduces
+    # found_inf too): both skipped step 2.
     assert ranks["found_inf_agreed"] is True
     assert ranks["found_inf"] == [{"step": 2, "found": [0, 1], "not_found": [], "missing": [], "agreed": True}]
     assert "first Inf: rank 1, step 2 forward op #" in out

@@ -55,6 +55,18 @@ pub const COLLECTIVES: &[&str] = &[
     "wait_tensor",
 ];
 
+/// Ops that allocate a tensor without writing its values (FSDP's buffers for a collective's
+/// output): what their output holds is whatever the memory held, so an Inf or NaN in it is
+/// no origin.
+pub const ALLOCATIONS: &[&str] = &[
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "empty_permuted",
+    "new_empty",
+    "new_empty_strided",
+];
+
 /// True when `op` is a collective of torch.distributed ([`COLLECTIVES`]).
 pub fn is_collective(op: &str) -> bool {
     COLLECTIVES.contains(&op)
@@ -358,7 +370,7 @@ fn origins_at(ranks: &[RankTrace], step: u64) -> Vec<Found> {
             (true, &rec.origins.first_inf),
             (false, &rec.origins.first_nan),
         ] {
-            if let Some(o) = o {
+            if let Some(o) = o.as_ref().filter(|o| !ALLOCATIONS.contains(&o.op.as_str())) {
                 let (n, names) = collectives_up_to(rec, o.op_index);
                 out.push((r.rank, is_inf, o.clone(), n, names));
             }
@@ -402,7 +414,10 @@ pub fn merge(ranks: &[RankTrace], shown_rank: u32) -> RanksSummary {
     steps_with_origins.dedup();
     let mut by_step: BTreeMap<u64, Vec<Found>> = BTreeMap::new();
     for &s in &steps_with_origins {
-        by_step.insert(s, origins_at(ranks, s));
+        let found = origins_at(ranks, s);
+        if !found.is_empty() {
+            by_step.insert(s, found);
+        }
     }
     let mut facts = Vec::new();
     let mut all_inf = Vec::new();
