@@ -3,6 +3,7 @@ the module that ran it (forward: the innermost module whose forward is running; 
 the module whose forward made the autograd node running it), reduced on its device, read
 back once per step and written as an amprobe step record."""
 
+import math
 import os
 import sys
 import time
@@ -10,6 +11,13 @@ import traceback
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+try:
+    from torch.utils._python_dispatch import _disable_current_modes
+except ImportError:  # pragma: no cover - older torch: the mode sees the step's own figures
+    import contextlib
+
+    _disable_current_modes = contextlib.nullcontext
 
 from . import _stats
 from ._trace import SCHEMA_VERSION, TraceWriter, jfloat
@@ -54,6 +62,17 @@ class Scratch:
             self.values[x.dtype] = buf
         return torch.abs(x, out=buf[: x.numel()])
 
+    def scaled(self, x, k):
+        """x·2^k in a reused buffer (two factors: 2^k itself may not be an f32)."""
+        buf = self.values.get(x.dtype)
+        if buf is None or buf.numel() < x.numel():
+            buf = torch.empty(x.numel(), dtype=x.dtype)
+            self.values[x.dtype] = buf
+        out = buf[: x.numel()]
+        half = k // 2
+        torch.mul(x, 2.0**half, out=out)
+        return out.mul_(2.0 ** (k - half))
+
     def count_le(self, a, bound):
         """How many values of `a` are at most `bound`."""
         if self.flags is None or self.flags.numel() < a.numel():
@@ -61,16 +80,12 @@ class Scratch:
         return int(torch.count_nonzero(torch.le(a, bound, out=self.flags[: a.numel()])))
 
 
-def param_vector(p, scale, shortcut=True, scratch=None):
+def param_vector(p, scale):
     """The ParamRecord figures of parameter `p` (its gradient unscaled, `scale` the step's
-    loss scale) as a float64 vector: [has a gradient, Σg² over finite values, max finite
-    |g|, zeros, nonzero finite |g| that fp16 flushes, the same of g·scale (in f32), nonzero
-    finite count, non-finite count, max |p| over non-NaN values after the step]. On the
-    device, a vector there (read back with the step). With `shortcut`, a CPU gradient and
-    parameter whose extremes are finite (so all of their values are) take a few passes
-    without temporaries of their size; the figures are the same, Σg² accumulated in f32
-    by torch's cascade summation (relative error far below 1e-6) where no square can
-    overflow or vanish in f32."""
+    loss scale) as a float64 vector on its device (read back with the step): [has a
+    gradient, Σg² over finite values, max finite |g|, zeros, nonzero finite |g| that fp16
+    flushes, the same of g·scale (in f32), nonzero finite count, non-finite count, max |p|
+    over non-NaN values after the step]."""
     g = p.grad
     dev = p.device
     f64 = torch.float64
@@ -81,33 +96,6 @@ def param_vector(p, scale, shortcut=True, scratch=None):
     pv = p.detach().reshape(-1)
     n = x.numel()
     zero = torch.zeros((), dtype=f64, device=dev)
-    if shortcut and dev.type == "cpu" and n and pv.numel() and 0.0 < float(scale) < float("inf"):
-        lo, hi = (float(v) for v in torch.aminmax(x))
-        plo, phi = (float(v) for v in torch.aminmax(pv))
-        # NaN or an infinity anywhere shows in the extremes.
-        if lo - lo == 0.0 and hi - hi == 0.0 and plo - plo == 0.0 and phi - phi == 0.0:
-            scratch = scratch or Scratch()
-            amax = max(-lo, hi)
-            zeros = n - int(torch.count_nonzero(x))
-            small = small_scaled = 0
-            # One count bounds both flush counts: a nonzero |g| flushed unscaled or scaled
-            # is at most this; when none is, both are zero.
-            bound = _stats.F16_UNDERFLOW * max(1.0, 2.0 / float(scale))
-            if zeros < n and amax > 0:
-                a = scratch.abs_of(x)
-                if scratch.count_le(a, bound) > zeros:
-                    small = scratch.count_le(a, _stats.F16_UNDERFLOW) - zeros
-                    scaled = torch.mul(a, float(scale), out=a).float()
-                    small_scaled = scratch.count_le(scaled, _stats.F16_UNDERFLOW) - zeros
-            if 2.0**-60 <= amax <= 2.0**60:
-                sum_sq = float(torch.linalg.vector_norm(x)) ** 2
-            else:
-                sum_sq = float(torch.linalg.vector_norm(x, dtype=f64)) ** 2
-            return torch.tensor(
-                [1.0, sum_sq, amax, float(zeros), float(small), float(small_scaled), float(n - zeros), 0.0,
-                 max(-plo, phi)],
-                dtype=f64,
-            )
     fin = x.isfinite()
     a = torch.where(fin, x.abs(), torch.zeros((), dtype=x.dtype, device=dev))
     nz = fin & (a > 0)
@@ -127,6 +115,90 @@ def param_vector(p, scale, shortcut=True, scratch=None):
             pa.max().to(f64) if pa.numel() else zero,
         ]
     )
+
+
+# Gradients up to this many elements are reduced together by multi-tensor norms (their
+# cost is the calls); larger ones one by one, by reductions that make no temporary of
+# their size (their cost is the passes over memory).
+_FOREACH_MAX = 4096
+
+
+def _extremes(gs, ps):
+    """[Σg² in f32, max |g|, nonzero count, min |g| (None: not read), max |p|] of each
+    gradient and parameter, read back to the host."""
+    inf = float("inf")
+    small = [j for j, g in enumerate(gs) if g.numel() <= _FOREACH_MAX]
+    out = [None] * len(gs)
+    if small:
+        sg = [gs[j] for j in small]
+        l2, amax, nnz, amin = (torch.stack(torch._foreach_norm(sg, o)).tolist() for o in (2, inf, 0, -inf))
+        pmax = torch.stack(torch._foreach_norm([ps[j] for j in small], inf)).tolist()
+        for k, j in enumerate(small):
+            out[j] = [l2[k], amax[k], nnz[k], amin[k], pmax[k]]
+    for j, g in enumerate(gs):
+        if out[j] is None:
+            lo, hi = torch.aminmax(g)
+            plo, phi = torch.aminmax(ps[j])
+            figures = torch.stack([torch.linalg.vector_norm(g), torch.maximum(-lo, hi), torch.maximum(-plo, phi)])
+            l2, amax, pmax = figures.tolist()
+            out[j] = [l2, amax, None, None, pmax]
+    return out
+
+
+def param_vectors(params, scale, scratch=None):
+    """`param_vector` of every parameter. Those on the CPU with f32 or f64 gradients take
+    a few reductions without temporaries of their size (for small ones, multi-tensor norms
+    of them all at once), the flush counts read only where the smallest |g| may be small
+    enough to be flushed; one whose figures are not all finite, and every other one, goes
+    through `param_vector`. The figures are the same; Σg² accumulates in f32 by torch's
+    cascade summation (relative error far below 1e-6), of g·2^k where squares would vanish
+    or overflow."""
+    scratch = scratch or Scratch()
+    out = [None] * len(params)
+    fast = [
+        i
+        for i, p in enumerate(params)
+        if p.device.type == "cpu"
+        and p.grad is not None
+        and p.grad.dtype in (torch.float32, torch.float64)
+        and p.numel()
+        and p.grad.numel() == p.numel()
+    ]
+    scale = float(scale)
+    if fast and 0.0 < scale < float("inf"):
+        gs = [params[i].grad.detach().reshape(-1) for i in fast]
+        ps = [params[i].detach().reshape(-1) for i in fast]
+        bound = _stats.F16_UNDERFLOW * max(1.0, 2.0 / scale)
+        for j, (l2, amax, nnz, amin, pmax) in enumerate(_extremes(gs, ps)):
+            # NaN or an infinity anywhere shows in the extremes and the norm.
+            if l2 - l2 != 0.0 or amax - amax != 0.0 or pmax - pmax != 0.0:
+                continue
+            n = gs[j].numel()
+            if not (amax == 0.0 or 2.0**-60 <= amax <= 2.0**60):
+                k = -math.frexp(amax)[1]
+                l2 = math.ldexp(float(torch.linalg.vector_norm(scratch.scaled(gs[j], k))), -k)
+            small = small_scaled = 0
+            # Values at most `bound` are zeros or may flush. A small gradient's smallest |g|
+            # tells at once whether it has any; a large one's is one count, and none (the
+            # common case) means no zeros and nothing to flush either.
+            low = None
+            if nnz is None or (nnz and amin <= bound):
+                a = scratch.abs_of(gs[j])
+                low = scratch.count_le(a, bound)
+            if nnz is None:
+                nnz = torch.count_nonzero(gs[j]) if low else n
+            nonzero = int(nnz)
+            zeros = n - nonzero
+            if low is not None and low > zeros:
+                small = scratch.count_le(a, _stats.F16_UNDERFLOW) - zeros
+                scaled = torch.mul(a, scale, out=a).float()
+                small_scaled = scratch.count_le(scaled, _stats.F16_UNDERFLOW) - zeros
+            out[fast[j]] = [1.0, l2**2, amax, float(n - nonzero), float(small), float(small_scaled),
+                            float(nonzero), 0.0, pmax]
+    for i, p in enumerate(params):
+        if out[i] is None:
+            out[i] = param_vector(p, scale)
+    return out
 
 
 def _mask_like(x):
@@ -597,16 +669,15 @@ class Watcher:
             self.losses.append(root.detach().reshape(()).to(torch.float64).clone())
 
     def _param_vectors(self, scale):
-        names, vecs = [], []
-        for name, p in self.model.named_parameters():
-            names.append((name, p))
-            vecs.append(param_vector(p, scale, scratch=self.scratch))
-        return names, vecs
+        names = list(self.model.named_parameters())
+        return names, param_vectors([p for _, p in names], scale, self.scratch)
 
     def _end_step(self, scale_before, found):
         self.busy = True
         try:
-            self._finish(scale_before, found)
+            # The step's own figures are not ops of the script: no mode sees them.
+            with _disable_current_modes():
+                self._finish(scale_before, found)
         except Exception:
             self.fail()
         finally:
@@ -628,11 +699,8 @@ class Watcher:
             found_inf = bool(found is not None and float(found.item()) > 0)
             scale_after_host = float(scale_after.item()) if scale_after is not None else 1.0
             growth = int(sc._growth_tracker.item()) if sc is not None else 0
-        stats = []
-        for op in self.ops:
-            kind, i = op["vec"]
-            stats.append(_stats.from_full(full[i]) if kind == "full" else _stats.from_check(check[i]))
-        origins = self._origins(stats, check)
+        vecs = [full[i] if kind == "full" else check[i] for kind, i in (op["vec"] for op in self.ops)]
+        origins = self._origins(vecs, check)
         # A failing step: a value of it went non-finite, or the scaler found one, or the
         # loss is. (A non-finite value that only passes through, such as the last step's
         # loss kept by the script, does not make a step fail.)
@@ -645,7 +713,8 @@ class Watcher:
         records = None
         if self.kept or failing:
             records = []
-            for op, st in zip(self.ops, stats):
+            for op, v in zip(self.ops, vecs):
+                st = _stats.from_full(v) if op["vec"][0] == "full" else _stats.from_check(v)
                 masked = st["neg_inf"] if op["masked"] else 0
                 records.append(
                     {
@@ -717,17 +786,19 @@ class Watcher:
             },
         )
 
-    def _origins(self, stats, check):
+    def _origins(self, vecs, check):
         """First Inf and first NaN (an op whose output has one that none of its inputs had)
-        and the chain of ops that carried them on, from the records of this step."""
+        and the chain of ops that carried them on, from the vectors of this step's ops
+        (full or check: both begin numel, NaN, +inf, -inf)."""
         n = len(self.ops)
         has_inf = [False] * n
         has_nan = [False] * n
         first_inf = first_nan = None
-        for i, (op, st) in enumerate(zip(self.ops, stats)):
-            masked = st["neg_inf"] if op["masked"] else 0
-            out_inf = st["pos_inf"] + st["neg_inf"] - masked > 0
-            out_nan = st["nan"] > 0
+        if not any(v[1] + v[2] + v[3] for v in vecs):
+            return {"first_inf": None, "first_nan": None, "chain": []}
+        for i, (op, v) in enumerate(zip(self.ops, vecs)):
+            out_inf = v[2] + (0 if op["masked"] else v[3]) > 0
+            out_nan = v[1] > 0
             in_inf = any(has_inf[p] for p in op["preds"]) or any(check[e][2] + check[e][3] > 0 for e in op["ext"])
             in_nan = any(has_nan[p] for p in op["preds"]) or any(check[e][1] > 0 for e in op["ext"])
             has_inf[i] = out_inf

@@ -259,7 +259,7 @@ def test_the_check_counts_exactly_whatever_its_shortcut():
 
 
 def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
-    from amprobe_torch._capture import param_vector
+    from amprobe_torch._capture import param_vector, param_vectors
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(1000))
@@ -268,14 +268,35 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
     g[::11] = 2.0**-27  # flushed by fp16 unscaled; not once scaled by 2^16
     g[5] = -3.0
     p.grad = g
+    clean = torch.nn.Parameter(torch.randn(50))  # no zeros, nothing small: no count read
+    clean.grad = torch.randn(50).sign() * (1.0 + torch.rand(50))
+    bad = torch.nn.Parameter(torch.randn(20))  # non-finite: the general path
+    bad.grad = torch.randn(20)
+    bad.grad[3] = float("inf")
+    bad.grad[4] = float("nan")
+    none = torch.nn.Parameter(torch.randn(3))  # no gradient
+    # Past the multi-tensor size: reduced one by one.
+    big = torch.nn.Parameter(torch.randn(10000))
+    big.grad = torch.randn(10000) * 1e-3
+    big.grad[::5] = 0.0
+    big.grad[::13] = 2.0**-27
+    big_clean = torch.nn.Parameter(torch.randn(10000))
+    big_clean.grad = torch.randn(10000).sign() * (1.0 + torch.rand(10000))
+    tiny = torch.nn.Parameter(torch.randn(10000))  # squares vanish in f32: scaled norm
+    tiny.grad = torch.randn(10000) * 1e-30
+    params = [p, clean, bad, none, big, big_clean, tiny]
     for scale in (1.0, 65536.0, 0.5):
-        fast = param_vector(p, scale).tolist()
-        slow = param_vector(p, scale, shortcut=False).tolist()
-        assert fast[0] == slow[0] and fast[2:] == slow[2:], scale
-        # Σg² accumulates in f32 on the shortcut (torch's cascade summation), in f64 off it.
-        assert fast[1] == pytest.approx(slow[1], rel=1e-6)
-    v = param_vector(p, 65536.0).tolist()
+        fast = param_vectors(params, scale)
+        for q, f in zip(params, fast):
+            slow = param_vector(q, scale).tolist()
+            f = list(f) if isinstance(f, list) else f.tolist()
+            assert f[0] == slow[0] and f[2:] == slow[2:], (scale, q.numel())
+            # Σg² accumulates in f32 on the shortcut (torch's cascade summation), in f64 off it.
+            assert f[1] == pytest.approx(slow[1], rel=1e-6)
+    v = param_vectors([p], 65536.0)[0]
     assert v[4] > 0 and v[5] == 0 and v[2] == 3.0
+    b = param_vectors([bad], 1.0)[0].tolist()
+    assert b[7] == 2 and b[6] == 18
 
 
 def test_a_checked_step_counts_what_full_statistics_count(tmp_path):
