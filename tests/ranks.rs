@@ -31,6 +31,7 @@ fn header(rank: u32, world: u32, model: &str) -> Header {
             world_size: world,
             sample_every: 0,
             run_id: None,
+            transformers: None,
         }),
         ..Header::new()
     }

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - older torch: the mode sees the step's 
 
     _disable_current_modes = contextlib.nullcontext
 
-from . import _stats
+from . import _plan, _stats
 from ._trace import SCHEMA_VERSION, TraceWriter, jfloat
 
 TOOL_VERSION = "0.1.0"
@@ -226,6 +226,11 @@ def _gather(vecs):
     return out
 
 
+def _own_name(name):
+    """A module or parameter name without FSDP's inner wrappers."""
+    return ".".join(part for part in name.split(".") if part != "_fsdp_wrapped_module")
+
+
 class _Names:
     """Module names as the model names them: a stack of the modules whose forward is running
     (global module hooks), and for the backward, the module whose forward made each autograd
@@ -233,18 +238,20 @@ class _Names:
 
     def __init__(self, model):
         root = model
-        # A DDP or FSDP wrapper's names carry its `module.` prefix; the user's model's do not.
+        # A DDP or FSDP wrapper's names carry its `module.` prefix and FSDP's inner
+        # wrappers their `_fsdp_wrapped_module`; the user's model's names have neither.
         if hasattr(root, "module") and type(root).__name__ in (
             "DistributedDataParallel",
             "FullyShardedDataParallel",
         ):
             root = root.module
-        self.names = {id(m): n for n, m in root.named_modules()}
+        self.root = root
+        self.names = {id(m): _own_name(n) for n, m in root.named_modules()}
         if id(model) not in self.names:
             self.names[id(model)] = ""
         self.params = {}
         for n, p in root.named_parameters():
-            self.params[id(p)] = n.rpartition(".")[0]
+            self.params[id(p)] = _own_name(n).rpartition(".")[0]
         self.stack = []
         self.handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
@@ -386,10 +393,19 @@ class Watcher:
         return ("check", len(self.check_vecs) - 1)
 
     def _info(self, func):
-        """(name, whether it writes an argument) of an op, cached."""
+        """(name, whether it writes an argument, what it is: "collective" for an op that
+        moves values between ranks, "pending" for one whose output is not written yet (an
+        allocation, or a functional collective before its wait), None for others) of an
+        op, cached."""
         info = self.fn_info.get(func)
         if info is None:
-            info = (func.overloadpacket.__name__, func._schema.is_mutable)
+            name = func.overloadpacket.__name__
+            kind = None
+            if func.namespace == "c10d" or (func.namespace == "_c10d_functional" and name == "wait_tensor"):
+                kind = "collective"
+            elif func.namespace == "_c10d_functional" or name in _stats.ALLOCATING:
+                kind = "pending"
+            info = (name, func._schema.is_mutable, kind)
             self.fn_info[func] = info
         return info
 
@@ -511,7 +527,7 @@ class Watcher:
             return
         o = floats[0]
         ops, checks = self.ops, self.check_vecs
-        name, mutable = self._info(func)
+        name, mutable, kind = self._info(func)
         if phase == "backward":
             module = self.node_module.get(node) if node is not None else None
             if module is None:
@@ -530,7 +546,21 @@ class Watcher:
                 if ptr == optr and t.dtype == o.dtype and t.numel() == o.numel():
                     same = ops[p]["vec"]
                     break
-        if same is not None:
+        if kind == "collective":
+            # Its output holds what other ranks sent once the transfer is done: wait for
+            # it, and its Inf or NaN is received, never made here.
+            stack = [out]
+            while stack:
+                x = stack.pop()
+                if isinstance(x, (list, tuple)):
+                    stack.extend(x)
+                elif not isinstance(x, torch.Tensor) and hasattr(x, "wait"):
+                    x.wait()
+        if kind == "pending":
+            # Uninitialised memory or values still in flight: nothing to read, no origin.
+            checks.append([float(o.numel()), 0.0, 0.0, 0.0])
+            vec = ("check", len(checks) - 1)
+        elif same is not None:
             vec = same
         elif (
             finite_in
@@ -543,7 +573,7 @@ class Watcher:
             vec = ("check", len(checks) - 1)
         else:
             vec = self._vector(o)
-            if vec[0] == "check" and not self.failing and (phase != "forward" or derived):
+            if vec[0] == "check" and not self.failing and kind is None and (phase != "forward" or derived):
                 v = checks[vec[1]]
                 masked = phase == "forward" and (mask_scalar or maskish_in or const_in)
                 if type(v) is list and v[1] + v[2] + (0 if masked else v[3]) > 0:
@@ -562,7 +592,7 @@ class Watcher:
                 "vec": vec,
                 "preds": preds,
                 "ext": ext,
-                "eligible": phase != "forward" or derived,
+                "eligible": kind is None and (phase != "forward" or derived),
                 # -inf written by a mask (a scalar like finfo.min or -inf, a mask built from
                 # one, or a constant the model made) is not an overflow.
                 "masked": phase == "forward" and (mask_scalar or maskish_in or const_in),
@@ -669,7 +699,7 @@ class Watcher:
             self.losses.append(root.detach().reshape(()).to(torch.float64).clone())
 
     def _param_vectors(self, scale):
-        names = list(self.model.named_parameters())
+        names = [(_own_name(n), p) for n, p in self.names.root.named_parameters()]
         return names, param_vectors([p for _, p in names], scale, self.scratch)
 
     def _end_step(self, scale_before, found):
@@ -870,7 +900,7 @@ class Watcher:
             "schema_version": SCHEMA_VERSION,
             "tool": "amprobe",
             "tool_version": TOOL_VERSION,
-            "model": type(self.model).__name__,
+            "model": type(self.names.root).__name__,
             "precision": precision,
             "autocast_dtype": _stats.DTYPE_NAMES.get(self.autocast_dtype) if self.autocast_dtype else None,
             "policy_device": dev.type,
@@ -894,6 +924,8 @@ class Watcher:
                 "rank": rank,
                 "world_size": world,
                 "sample_every": self.sample_every,
+                "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+                "transformers": _plan.is_transformers(self.names.root),
             },
         }
         if device_name is not None:

@@ -64,6 +64,9 @@ RANGE = {
     torch.float64: 1.7976931348623157e308,
 }
 
+# Ops that only allocate: their output holds whatever the memory held.
+ALLOCATING = frozenset("empty empty_like empty_strided new_empty new_empty_strided".split())
+
 # Ops whose floating outputs are finite whenever their floating inputs and scalars are
 # finite and the output's dtype reaches as far as every input's: they move, select,
 # compare, clamp or normalise values, or convert them to a dtype at least as wide; none

@@ -16,7 +16,7 @@
 //! differently each time; the costs then include that noise.
 
 use super::out::outln;
-use super::script::{header_field, Autocast, Finished, Plan, Script};
+use super::script::{header_of, Autocast, Finished, Plan, Script};
 use amprobe::diagnose::cause::safe_pow2_scale;
 use amprobe::diagnose::remedy::{RemedyKind, RemedyResult};
 use amprobe::diagnose::text::op_words;
@@ -596,8 +596,7 @@ pub fn run(
                 .map_or("?".into(), |v| format!("{v:.1e}"))
         )?;
     }
-    let transformers =
-        header_field(&own_trace, "/source/transformers") == Some(serde_json::Value::Bool(true));
+    let transformers = header_of(&own_trace).and_then(|h| h.source?.transformers) == Some(true);
     outln!()?;
     outln!(
         "Fix: {} (what {} did). Paste into the script:",

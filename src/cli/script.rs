@@ -367,15 +367,17 @@ impl TraceFollower {
     }
 }
 
-/// A field of the trace's header as written (`/source/transformers`), for what the typed
-/// header does not hold; `None` when the file or the field is missing.
-pub fn header_field(trace: &Path, pointer: &str) -> Option<serde_json::Value> {
+/// The header of a trace (its first line); `None` when the file is missing or its first
+/// line is not a header.
+pub fn header_of(trace: &Path) -> Option<amprobe::trace::record::Header> {
     use std::io::BufRead;
     let f = std::fs::File::open(trace).ok()?;
     let mut line = String::new();
     std::io::BufReader::new(f).read_line(&mut line).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-    v.pointer(pointer).cloned()
+    match serde_json::from_str(&line).ok()? {
+        Record::Header(h) => Some(h),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -543,10 +545,8 @@ mod tests {
         writeln!(h, "{}", &lines[1][half..]).unwrap();
         let r = f.read_new().unwrap();
         assert!(matches!(&r[..], [Record::Step(s)] if s.step == 0));
-        assert_eq!(
-            header_field(&p, "/schema_version"),
-            Some(serde_json::json!(1))
-        );
-        assert_eq!(header_field(&p, "/source/transformers"), None);
+        let h = header_of(&p).unwrap();
+        assert_eq!(h.schema_version, amprobe::trace::record::SCHEMA_VERSION);
+        assert!(h.source.is_none());
     }
 }

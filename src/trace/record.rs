@@ -88,6 +88,10 @@ pub struct Source {
     /// knows one: rank traces of different runs are told apart by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// Whether the watched model is a transformers `PreTrainedModel` (a fix is then a
+    /// `_keep_in_fp32_modules` list), when the writer told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformers: Option<bool>,
 }
 
 fn one() -> u32 {
