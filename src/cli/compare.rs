@@ -92,20 +92,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    let out = write_compare(
-        &traces,
-        &CompareOptions {
-            out_dir,
-            threshold: a.threshold,
-            reference,
-        },
-    )?;
-    for line in first_divergence_lines(&out.comparison) {
-        outln!("{line}")?;
-    }
-    outln!("report: {}", out.index_html.display())?;
-    outln!("summary: {}", out.summary_md.display())?;
-    Ok(0)
+    write_and_tell(&traces, out_dir, a.threshold, reference)
 }
 
 /// `compare -- CMD`: the script run in its own precision, then forced to bf16 and to fp32
@@ -178,11 +165,24 @@ fn run_script(a: &CompareArgs) -> anyhow::Result<i32> {
     let reference = traces
         .iter()
         .position(|t| t.trace.header.precision == "fp32");
+    write_and_tell(&traces, out_dir, a.threshold, reference)
+}
+
+/// Re-runs the configuration recorded in the first trace's header in fp32, writing the
+/// trace into `out`; fails, saying why, when the traces do not share one configuration or
+/// its files are not reachable.
+/// Writes the comparison's report and prints its first divergences and where it went.
+fn write_and_tell(
+    traces: &[TraceFile],
+    out_dir: PathBuf,
+    threshold: f64,
+    reference: Option<usize>,
+) -> anyhow::Result<i32> {
     let out = write_compare(
-        &traces,
+        traces,
         &CompareOptions {
             out_dir,
-            threshold: a.threshold,
+            threshold,
             reference,
         },
     )?;
@@ -194,9 +194,6 @@ fn run_script(a: &CompareArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Re-runs the configuration recorded in the first trace's header in fp32, writing the
-/// trace into `out`; fails, saying why, when the traces do not share one configuration or
-/// its files are not reachable.
 fn rerun_fp32(traces: &[TraceFile], out: &Path) -> Result<PathBuf, String> {
     let h = &traces[0].trace.header;
     let same_run = |v: &serde_json::Value| {

@@ -169,13 +169,18 @@ impl Script {
     }
 
     /// Runs the script, following its trace, until `stop` says a step record is the last
-    /// one needed (the script is then stopped) or the script exits; then reads the whole
-    /// trace. Fails when the script wrote no trace, or failed before `stop` was satisfied.
+    /// one needed (the script is then stopped) or the script exits; then reads the trace
+    /// up to that step (a script may write another before it stops). Fails when the
+    /// script wrote no trace, or failed before `stop` was satisfied.
     pub fn run_until(&self, mut stop: impl FnMut(&StepRecord) -> bool) -> anyhow::Result<Finished> {
         let mut reached = false;
+        let mut last = None;
         let ended = self.start()?.follow(POLL, |r| {
             if let Record::Step(s) = r {
                 reached = stop(s);
+                if reached {
+                    last = Some(s.step);
+                }
             }
             reached
         })?;
@@ -187,8 +192,14 @@ impl Script {
                 bail!("`{}` failed ({status}){}", self.label(), self.log_note());
             }
         }
-        let trace = read_trace(&self.trace)
+        let mut trace = read_trace(&self.trace)
             .with_context(|| format!("reading the trace of `{}`", self.label()))?;
+        if let Some(last) = last {
+            if trace.steps.iter().any(|s| s.step > last) {
+                trace.steps.retain(|s| s.step <= last);
+                trace.end = None;
+            }
+        }
         Ok(Finished { trace, ended })
     }
 
@@ -445,10 +456,19 @@ mod tests {
         assert_eq!(f.ended, Ended::Stopped, "stopped, not failed");
         assert!(t0.elapsed() < Duration::from_secs(20));
         let steps: Vec<u64> = f.trace.steps.iter().map(|s| s.step).collect();
-        assert!(
-            steps.starts_with(&[0, 1, 2]) && steps.len() <= 4,
-            "{steps:?}"
-        );
+        assert_eq!(steps, [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_run_hands_over_the_steps_up_to_the_one_it_needs_however_many_were_written() {
+        let d = tmp("past");
+        // The script writes all its steps before the stop can reach it.
+        let cmd = writer(&d, &trace_lines(5), 0.0, "exit 0");
+        let s = Script::new(&cmd, &d.join("t.jsonl")).unwrap();
+        let f = s.run_until(|st| st.step == 1).unwrap();
+        let steps: Vec<u64> = f.trace.steps.iter().map(|s| s.step).collect();
+        assert_eq!(steps, [0, 1]);
+        assert!(f.trace.end.is_none());
     }
 
     #[test]

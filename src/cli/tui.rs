@@ -25,6 +25,17 @@ struct Keys {
     panic_key: Option<char>,
 }
 
+impl Keys {
+    /// The terminal's keys, with the panic key of `PANIC_KEY_VAR` when it is set.
+    fn from_env() -> Self {
+        Keys {
+            panic_key: std::env::var(PANIC_KEY_VAR)
+                .ok()
+                .and_then(|v| v.chars().next()),
+        }
+    }
+}
+
 impl Input for Keys {
     fn next_event(&mut self, timeout: Duration) -> std::io::Result<Option<Event>> {
         let ev = TerminalInput.next_event(timeout)?;
@@ -137,11 +148,7 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
             session.terminal(),
             &mut app,
             feed.as_mut(),
-            &mut Keys {
-                panic_key: std::env::var(PANIC_KEY_VAR)
-                    .ok()
-                    .and_then(|v| v.chars().next()),
-            },
+            &mut Keys::from_env(),
             &mut |_| {},
         )?;
     }
@@ -227,11 +234,7 @@ fn run_script(a: &TuiArgs, other: Option<Model>, theme: Theme) -> anyhow::Result
         session.terminal(),
         &mut app,
         Some(&mut feed),
-        &mut Keys {
-            panic_key: std::env::var(PANIC_KEY_VAR)
-                .ok()
-                .and_then(|v| v.chars().next()),
-        },
+        &mut Keys::from_env(),
         &mut |_| {},
     )?;
     drop(session);
