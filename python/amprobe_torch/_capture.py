@@ -516,6 +516,8 @@ class Watcher:
         what `read_inputs` saw of its inputs."""
         (phase, node, ins, preds, ext, moved, derived, const_in, maskish_in, param_in, mask_scalar,
          finite_in, index) = seen
+        name, mutable, kind = self._info(func)
+        derived = derived or name in _stats.RANDOM
         outs = (out,) if isinstance(out, torch.Tensor) else _leaves(out, torch.Tensor)
         floats = [t for t in outs if _stats.floating(t)]
         if not floats:
@@ -527,7 +529,6 @@ class Watcher:
             return
         o = floats[0]
         ops, checks = self.ops, self.check_vecs
-        name, mutable, kind = self._info(func)
         if phase == "backward":
             module = self.node_module.get(node) if node is not None else None
             if module is None:

@@ -64,6 +64,15 @@ RANGE = {
     torch.float64: 1.7976931348623157e308,
 }
 
+# Ops that draw random values: data, like the batch (a script that makes its batch with
+# them inside the step), never constants of the model.
+RANDOM = frozenset(
+    """
+    rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform_
+    bernoulli bernoulli_ multinomial exponential_ geometric_ log_normal_ cauchy_ random_
+    """.split()
+)
+
 # Ops that only allocate: their output holds whatever the memory held.
 ALLOCATING = frozenset("empty empty_like empty_strided new_empty new_empty_strided".split())
 

@@ -371,3 +371,21 @@ def test_a_failing_step_is_recorded_in_full_from_its_first_nonfinite_value(tmp_p
     assert sum(origin["exp_hist"]["counts"]) > 0
     full = [r for r in ops[first:] if r["stats"]["exp_hist"]["counts"]]
     assert len(full) > len(ops[first:]) // 2
+
+
+def test_a_batch_drawn_inside_the_step_is_the_batch(tmp_path):
+    # A script that draws its batch with torch ops after the previous step's update: the
+    # values are data, not constants of the model, so their own overflow is an origin.
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    amprobe_torch.watch(model, opt, None, trace=str(tmp_path / "t.jsonl"))
+    for scale in (1.0, 1.0e39):
+        opt.zero_grad()
+        x = torch.rand(2, 4) * 0.5 + 0.5
+        model(x * scale).sum().backward()
+        opt.step()
+    close_all()
+    steps = read(tmp_path / "t.jsonl")[1:3]
+    assert steps[0]["origins"]["first_inf"] is None
+    o = steps[1]["origins"]["first_inf"]
+    assert o is not None and (o["phase"], o["module"], o["op"]) == ("forward", "", "mul"), o
