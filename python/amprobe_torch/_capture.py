@@ -28,6 +28,7 @@ TOOL_VERSION = "0.1.0"
 def _key(t):
     """Identity of a tensor's values within a step: where they are and how they are laid out
     (the Python objects that reach the dispatcher are not stable)."""
+    t = _stats.local(t)
     return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
 
 
@@ -87,10 +88,12 @@ def param_vector(p, scale):
     flushes, the same of g·scale (in f32), nonzero finite count, non-finite count, max |p|
     over non-NaN values after the step]."""
     g = p.grad
+    p = _stats.local(p)
     dev = p.device
     f64 = torch.float64
     if g is None:
         return torch.zeros(9, dtype=f64, device=dev)
+    g = _stats.local(g)
     x = g.detach().reshape(-1)
     x = x if x.dtype in (torch.float32, torch.float64) else x.float()
     pv = p.detach().reshape(-1)
@@ -155,18 +158,22 @@ def param_vectors(params, scale, scratch=None):
     or overflow."""
     scratch = scratch or Scratch()
     out = [None] * len(params)
+    # Each process's own shard of a distributed parameter.
+    given = params
+    grads = [None if p.grad is None else _stats.local(p.grad) for p in params]
+    params = [_stats.local(p) for p in params]
     fast = [
         i
         for i, p in enumerate(params)
         if p.device.type == "cpu"
-        and p.grad is not None
-        and p.grad.dtype in (torch.float32, torch.float64)
+        and grads[i] is not None
+        and grads[i].dtype in (torch.float32, torch.float64)
         and p.numel()
-        and p.grad.numel() == p.numel()
+        and grads[i].numel() == p.numel()
     ]
     scale = float(scale)
     if fast and 0.0 < scale < float("inf"):
-        gs = [params[i].grad.detach().reshape(-1) for i in fast]
+        gs = [grads[i].detach().reshape(-1) for i in fast]
         ps = [params[i].detach().reshape(-1) for i in fast]
         bound = _stats.F16_UNDERFLOW * max(1.0, 2.0 / scale)
         for j, (l2, amax, nnz, amin, pmax) in enumerate(_extremes(gs, ps)):
@@ -195,7 +202,7 @@ def param_vectors(params, scale, scratch=None):
                 small_scaled = scratch.count_le(scaled, _stats.F16_UNDERFLOW) - zeros
             out[fast[j]] = [1.0, l2**2, amax, float(n - nonzero), float(small), float(small_scaled),
                             float(nonzero), 0.0, pmax]
-    for i, p in enumerate(params):
+    for i, p in enumerate(given):
         if out[i] is None:
             out[i] = param_vector(p, scale)
     return out
@@ -767,15 +774,17 @@ class Watcher:
         for (name, p), v in zip(names, pv):
             has_grad = v[0] > 0
             finite_nonzero = v[6]
+            # A distributed parameter's figures are of this rank's shard.
+            n = _stats.local(p).numel()
             params.append(
                 {
                     "name": name,
                     "dtype": _stats.DTYPE_NAMES.get(p.dtype, "float32"),
                     "grad_dtype": _stats.DTYPE_NAMES.get(p.grad.dtype) if has_grad and p.grad is not None else None,
-                    "numel": p.numel(),
+                    "numel": n,
                     "grad_l2": jfloat(v[1] ** 0.5),
                     "max_abs_grad": jfloat(v[2]),
-                    "zero_frac": v[3] / p.numel() if p.numel() else 0.0,
+                    "zero_frac": v[3] / n if n else 0.0,
                     "f16_underflow_frac_unscaled": v[4] / finite_nonzero if finite_nonzero else 0.0,
                     "f16_underflow_frac_scaled": v[5] / finite_nonzero if finite_nonzero else 0.0,
                     "nonfinite": int(v[7]),

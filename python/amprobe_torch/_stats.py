@@ -8,6 +8,17 @@ import torch
 
 from ._trace import jfloat
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - torch without distributed tensors
+    DTensor = None
+
+
+def local(t):
+    """The values this process holds of `t`: its shard when it is a distributed tensor
+    (FSDP2's parameters), else `t` itself."""
+    return t._local_tensor if DTensor is not None and isinstance(t, DTensor) else t
+
 # Exponent histogram bins: floor(log2 |x|) from EXP_LO to EXP_HI - 1. fp32's subnormals
 # reach 2^-149 and its largest values 2^127; f64 values outside are counted in the end bins.
 EXP_LO, EXP_HI = -150, 128
@@ -109,7 +120,7 @@ def check(t):
     them makes the sum NaN or infinite), so the three counts are zero without counting; a
     non-finite sum (or one that merely overflowed) has them counted."""
     # No reshape: flattening a transposed tensor would copy it.
-    x = t.detach()
+    x = local(t).detach()
     inf = float("inf")
     if x.device.type == "cpu":
         # bf16, f32 and f64 sum in their own dtype (bf16 accumulates in f32 and reaches as
@@ -137,6 +148,7 @@ def full(t):
     """The full statistics of a floating tensor (FIELDS, then the exponent histogram), as a
     float64 vector on its device; values are read from the tensor's own bits (fp16 and bf16
     widen exactly to f32)."""
+    t = local(t)
     dt = t.dtype
     x = t.detach().reshape(-1)
     if dt in (torch.float16, torch.bfloat16):

@@ -26,16 +26,9 @@ def torchrun(*args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT, *args]
 
 
-FSDP2_WAITS = pytest.mark.xfail(
-    strict=True,
-    reason="the capture computes statistics of FSDP2's sharded parameters (DTensor) with "
-    "float(x.sum()), which DTensor refuses (aten.item on a Partial(sum) placement), and stops",
-)
-
-
 @pytest.mark.parametrize(
     "wrap,watched",
-    [("ddp", "wrapper"), ("ddp", "model"), ("fsdp", "wrapper"), pytest.param("fsdp2", "model", marks=FSDP2_WAITS)],
+    [("ddp", "wrapper"), ("ddp", "model"), ("fsdp", "wrapper"), ("fsdp2", "model")],
 )
 def test_the_rank_that_made_the_overflow_is_named(tmp_path, wrap, watched):
     trace = tmp_path / "t.jsonl"
