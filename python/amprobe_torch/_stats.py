@@ -144,11 +144,172 @@ def check(t):
     )
 
 
+# Each dtype's bits: (integer dtype of the same width, mantissa bits, exponent field's
+# largest value (Inf and NaN), exponent bias).
+_LAYOUT = {
+    torch.float16: (torch.int16, 10, 0x1F, 15),
+    torch.bfloat16: (torch.int16, 7, 0xFF, 127),
+    torch.float32: (torch.int32, 23, 0xFF, 127),
+    torch.float64: (torch.int64, 52, 0x7FF, 1023),
+}
+_SIGN_CLEARED = {torch.int16: 0x7FFF, torch.int32: 0x7FFFFFFF, torch.int64: 0x7FFFFFFFFFFFFFFF}
+_BOUNDS = {}
+
+
+def _bounds(dt):
+    """Bit patterns (sign cleared) in dtype `dt` of: +inf, the smallest value at least
+    65520, at least BF16_OVERFLOW (None when `dt` holds none below inf), the largest
+    nonzero value at most 2^-25, at most 2^-134 (None when `dt` holds none above zero)."""
+    b = _BOUNDS.get(dt)
+    if b is None:
+        ib = _LAYOUT[dt][0]
+
+        def bits(v):
+            return int(torch.tensor([v], dtype=torch.float64).to(dt).view(ib)[0]) & _SIGN_CLEARED[ib]
+
+        inf = bits(float("inf"))
+
+        def at_least(v):
+            x = bits(v)
+            x = x + 1 if torch.tensor([x], dtype=ib).view(dt).double()[0] < v else x
+            return x if x < inf else None
+
+        def at_most(v):
+            x = bits(v)
+            x = x - 1 if torch.tensor([x], dtype=ib).view(dt).double()[0] > v else x
+            return x if x > 0 else None
+
+        b = (inf, at_least(F16_OVERFLOW), at_least(BF16_OVERFLOW), at_most(F16_UNDERFLOW), at_most(BF16_UNDERFLOW))
+        _BOUNDS[dt] = b
+    return b
+
+
+def _count(mask):
+    return int(torch.count_nonzero(mask))
+
+
+def _full_host(t):
+    """`full` on the CPU, where a count can decide what to compute next without a device
+    synchronisation: the exponent histogram from the exponent field of the values' bits
+    (one integer pass and one bincount), and the rarer figures (non-finite values,
+    subnormals, values that round to inf or zero in fp16 or bf16) read only when the
+    histogram says some are there. The same figures as the general path; Σx² accumulates
+    in f32 (torch's cascade summation, relative error far below 1e-6) unless a square could
+    overflow or vanish there."""
+    dt = t.dtype
+    x = t.detach().reshape(-1)
+    n = x.numel()
+    f64 = torch.float64
+    out = [0.0] * len(FIELDS)
+    out[0] = float(n)
+    hist = torch.zeros(N_BINS, dtype=f64)
+    if n == 0:
+        out[7] = float("inf")
+        return torch.cat([torch.tensor(out, dtype=f64), hist])
+    ib, mant, emax, bias = _LAYOUT[dt]
+    inf_bits, over16, over_bf, under16, under_bf = _bounds(dt)
+    bits = x.view(ib)
+    field = torch.bitwise_right_shift(bits, mant).bitwise_and_(emax)
+    h = torch.bincount(field, minlength=emax + 1).tolist()
+    special, low = h[emax], h[0]
+    ab = None
+
+    def abs_bits():
+        nonlocal ab
+        if ab is None:
+            ab = bits.bitwise_and(_SIGN_CLEARED[ib])
+        return ab
+
+    nan = pos_inf = neg_inf = 0
+    if special:
+        nan = _count(x.isnan())
+        pos_inf = _count(x == float("inf"))
+        neg_inf = special - nan - pos_inf
+    zeros = subnormal = 0
+    if low:
+        zeros = n - _count(x)  # count_nonzero counts NaN as nonzero, and NaN is not in field 0
+        subnormal = low - zeros
+    finite = n - special
+    # Extremes of the finite values from their bits (ordered as the magnitudes are).
+    if finite:
+        if special:
+            fin_bits = abs_bits().masked_fill(abs_bits() >= inf_bits, 0)
+            hi_bits = int(fin_bits.max())
+        else:
+            lo, hi = torch.aminmax(x)
+            hi_bits = None
+            max_abs = max(-float(lo), float(hi))
+        if hi_bits is not None:
+            max_abs = float(torch.tensor([hi_bits], dtype=ib).view(dt).double()[0])
+        if finite > zeros:
+            # min over nonzero finite magnitudes: zero's bits become the largest by a
+            # wrap-around subtraction, non-finite ones are past every finite one.
+            m = abs_bits().sub(1).bitwise_and_(_SIGN_CLEARED[ib])
+            lo_bits = int(m.min()) + 1
+            min_abs = float(torch.tensor([lo_bits], dtype=ib).view(dt).double()[0])
+        else:
+            min_abs = float("inf")
+    else:
+        max_abs, min_abs = 0.0, float("inf")
+    if max_abs == 0.0 or 2.0**-60 <= max_abs <= 2.0**60:
+        y = x if not special else x.masked_fill(~x.isfinite(), 0.0)
+        acc = f64 if dt == f64 else torch.float32
+        sum_sq = float(torch.linalg.vector_norm(y, dtype=acc)) ** 2 if max_abs else 0.0
+    else:
+        y = x.double()
+        y = y if not special else y.masked_fill(~y.isfinite(), 0.0)
+        sum_sq = float((y * y).sum())
+    # Values that rounding to fp16 or bf16 sends to inf (finite, at least the bound) or to
+    # zero (nonzero, at most the bound): counted only where the histogram has any that
+    # high or that low.
+    top = max((i for i, c in enumerate(h[:emax]) if c), default=0)
+    bottom = min((i for i, c in enumerate(h[1:emax], start=1) if c), default=emax)
+    if subnormal:
+        bottom = 0
+
+    def count_between(lo_bits, hi_bits):
+        a = abs_bits()
+        return _count((a >= lo_bits) & (a <= hi_bits))
+
+    f16_over = bf16_over = f16_under = bf16_under = 0
+    if over16 is not None and top >= over16 >> mant:
+        f16_over = count_between(over16, inf_bits - 1)
+    if over_bf is not None and top >= over_bf >> mant:
+        bf16_over = count_between(over_bf, inf_bits - 1)
+    if under16 is not None and bottom <= under16 >> mant:
+        f16_under = count_between(1, under16)
+    if under_bf is not None and bottom <= under_bf >> mant:
+        bf16_under = count_between(1, under_bf)
+    # The histogram: normal values' binades from their exponent field; subnormals' from
+    # their leading mantissa bit.
+    exps = torch.arange(emax + 1) - bias
+    counts = torch.tensor(h, dtype=f64)
+    idx = exps.clamp(EXP_LO, EXP_HI - 1) - EXP_LO
+    hist.index_add_(0, idx[1:emax], counts[1:emax])
+    if subnormal:
+        sub = abs_bits()[(field == 0) & (abs_bits() != 0)]
+        _, e = torch.frexp(sub.to(f64))
+        sub_exp = (e.to(torch.int64) - 1) + (1 - bias - mant)
+        sub_idx = sub_exp.clamp(EXP_LO, EXP_HI - 1) - EXP_LO
+        hist.index_add_(0, sub_idx, torch.ones(sub_idx.numel(), dtype=f64))
+    out[1:] = [nan, pos_inf, neg_inf, zeros, subnormal, max_abs, min_abs, sum_sq, f16_over, f16_under, bf16_over,
+               bf16_under]
+    return torch.cat([torch.tensor([float(v) for v in out], dtype=f64), hist])
+
+
 def full(t):
     """The full statistics of a floating tensor (FIELDS, then the exponent histogram), as a
     float64 vector on its device; values are read from the tensor's own bits (fp16 and bf16
     widen exactly to f32)."""
     t = local(t)
+    # Below a few thousand values the calls cost more than the passes they save.
+    if t.device.type == "cpu" and t.numel() >= 4096:
+        return _full_host(t)
+    return _full_device(t)
+
+
+def _full_device(t):
+    """`full` with no host synchronisation: every figure by its own reduction."""
     dt = t.dtype
     x = t.detach().reshape(-1)
     if dt in (torch.float16, torch.bfloat16):
