@@ -605,6 +605,9 @@ class Watcher:
                 # one, or a constant the model made) is not an overflow.
                 "masked": phase == "forward" and (mask_scalar or maskish_in or const_in),
                 "index": index,
+                # The micro-batch: backwards of the step before this op (a backward op
+                # belongs to the backward running, a forward op to the next one).
+                "micro": max(0, len(self.losses) - (phase != "forward")),
             }
         )
         producer = self.producer
@@ -738,6 +741,12 @@ class Watcher:
             scale_after_host = float(scale_after.item()) if scale_after is not None else 1.0
             growth = int(sc._growth_tracker.item()) if sc is not None else 0
         vecs = [full[i] if kind == "full" else check[i] for kind, i in (op["vec"] for op in self.ops)]
+        # Ops after the last backward (the script's own bookkeeping) belong to the last
+        # micro-batch, not to one that never ran.
+        last = max(0, len(losses) - 1)
+        for op in self.ops:
+            if op["micro"] > last:
+                op["micro"] = last
         origins = self._origins(vecs, check)
         # A failing step: a value of it went non-finite, or the scaler found one, or the
         # loss is. (A non-finite value that only passes through, such as the last step's
@@ -756,7 +765,7 @@ class Watcher:
                 masked = st["neg_inf"] if op["masked"] else 0
                 records.append(
                     {
-                        "micro": 0,
+                        "micro": op["micro"],
                         "index": op["index"],
                         "phase": op["phase"],
                         "op": op["op"],
@@ -885,7 +894,7 @@ class Watcher:
         op = self.ops[i]
         return {
             "step": self.step,
-            "micro": 0,
+            "micro": op["micro"],
             "phase": op["phase"],
             "op_index": op["index"],
             "op": op["op"],

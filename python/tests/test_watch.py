@@ -416,3 +416,60 @@ def test_the_cpu_statistics_are_the_general_paths():
                 assert a == pytest.approx(b, rel=1e-6), (dt, n)
             else:
                 assert a == b or (a != a and b != b), (dt, n, k)
+
+
+def accumulate(dtype, watch=None, boom=None, steps=3, micro=2):
+    """Net trained with `micro` backwards a step (gradient accumulation) under CPU autocast
+    and a GradScaler; at `boom` = (step, micro-batch) the input overflows fp16. Returns the
+    micro-batches' losses, the scales and the final parameters."""
+    from scripts import Net
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+    if watch is not None:
+        watch(model, opt, scaler)
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(steps, micro, 12, 8, generator=g)
+    ys = torch.randint(0, 5, (steps, micro, 12), generator=g)
+    losses, scales = [], []
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for m in range(micro):
+            x = xs[s, m] * (3.0e4 if (s, m) == boom else 1.0)
+            with torch.autocast("cpu", dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(x).float(), ys[s, m]) / micro
+            scaler.scale(loss).backward()
+            losses.append(loss.detach().clone())
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return losses, scales, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_gradient_accumulation_is_one_step_of_several_micro_batches(tmp_path):
+    path = tmp_path / "t.jsonl"
+    plain = accumulate(torch.float16, boom=(1, 1))
+    seen = accumulate(torch.float16, boom=(1, 1), watch=watcher(path, sample_every=1))
+    close_all()
+    for a, b in zip(plain[0], seen[0]):
+        assert torch.equal(a, b) or (a.isnan() and b.isnan())
+    assert plain[1] == seen[1]
+    for n in plain[2]:
+        assert torch.equal(plain[2][n], seen[2][n]), n
+    steps = [r for r in read(path) if r["type"] == "step"]
+    assert [s["micro_batches"] for s in steps] == [2, 2, 2]
+    assert [s["skipped"] for s in steps] == [False, True, False]
+    # The step's loss is the mean of its micro-batches' (each already divided by 2 here).
+    want = (float(plain[0][0]) + float(plain[0][1])) / 2
+    assert steps[0]["loss"] == pytest.approx(want, rel=1e-6)
+    # Ops carry their micro-batch; the overflow is in the second one of step 1.
+    micros = {r["micro"] for r in steps[0]["ops"]}
+    assert micros == {0, 1}
+    o = steps[1]["origins"]["first_inf"]
+    assert (o["step"], o["micro"], o["phase"], o["module"]) == (1, 1, "forward", "embed")
+    first_backward = next(r for r in steps[0]["ops"] if r["phase"] == "backward")
+    assert first_backward["micro"] == 0
+    last_forward = [r for r in steps[0]["ops"] if r["phase"] == "forward"][-1]
+    assert last_forward["micro"] == 1
