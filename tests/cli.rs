@@ -290,6 +290,22 @@ fn scaler_simulate_prints_the_sequence() {
     let bad = amprobe(&["scaler", "simulate", "--overflow-steps", "3,x"]);
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains('x'), "{}", stderr(&bad));
+    // No flag: no step overflows, the scale grows every interval.
+    let none = amprobe(&[
+        "scaler",
+        "simulate",
+        "--steps",
+        "5",
+        "--growth-interval",
+        "2",
+        "--json",
+    ]);
+    assert!(none.status.success(), "{}", stderr(&none));
+    let v: serde_json::Value = serde_json::from_slice(&none.stdout).unwrap();
+    let scales: Vec<f64> = (0..5)
+        .map(|i| v[i]["scale_after"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scales, [65536.0, 131072.0, 131072.0, 262144.0, 262144.0]);
 }
 
 #[cfg(unix)]

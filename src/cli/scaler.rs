@@ -15,9 +15,10 @@ pub enum ScalerCommand {
 
 #[derive(Args, Debug)]
 pub struct SimArgs {
-    /// Steps that overflow: a list like `3,5,10-12`, or a file (JSON array or list).
+    /// Steps that overflow: a list like `3,5,10-12`, or a file (JSON array or list);
+    /// default none.
     #[arg(long)]
-    overflow_steps: String,
+    overflow_steps: Option<String>,
     /// Initial scale.
     #[arg(long, default_value_t = 65536.0)]
     init_scale: f32,
@@ -46,10 +47,10 @@ pub struct SimArgs {
 
 pub fn run(cmd: ScalerCommand) -> anyhow::Result<i32> {
     let ScalerCommand::Simulate(a) = cmd;
-    let overflow = if Path::new(&a.overflow_steps).is_file() {
-        load_overflow_steps(Path::new(&a.overflow_steps))?
-    } else {
-        parse_overflow_steps(&a.overflow_steps).context("--overflow-steps")?
+    let overflow = match a.overflow_steps.as_deref() {
+        None => Default::default(),
+        Some(p) if Path::new(p).is_file() => load_overflow_steps(Path::new(p))?,
+        Some(list) => parse_overflow_steps(list).context("--overflow-steps")?,
     };
     let kind = match a.scaler.as_str() {
         "default" => ScalerKind::Default,
