@@ -7,8 +7,10 @@
 //! inf). An op *underflows* when more than `underflow_share` of its finite nonzero values
 //! would round to zero in fp16 (`|x| ≤ 2^-25`). Forward and backward ops are scanned
 //! (backward values carry the step's loss scale, reported beside them); optimizer-phase
-//! ops are not. Each (kind, module, op, phase) is reported once, at its worst.
+//! ops are not, nor the loss scaling's own ops (the `scaler` module: fp32 in every mode).
+//! Each (kind, module, op, phase) is reported once, at its worst.
 
+use super::align::is_scaler_op;
 use crate::dtype::{DType, FP16};
 use crate::trace::record::{float_json, OpRecord, Phase};
 use serde::{Deserialize, Serialize};
@@ -147,7 +149,9 @@ impl Headroom {
     pub fn observe(&mut self, step: u64, scale: f64, ops: &[OpRecord]) {
         self.steps.push(step);
         for o in ops {
-            if o.phase == Phase::Optimizer || !o.output.dtype.is_float() {
+            // The loss scaling's multiply and its backward hold the scale itself and run in
+            // fp32 in every precision mode: nothing there would be cast to fp16.
+            if o.phase == Phase::Optimizer || !o.output.dtype.is_float() || is_scaler_op(o) {
                 continue;
             }
             // An attention mask's lowest finite value (and the −inf it makes of a masked
@@ -292,6 +296,9 @@ mod tests {
                     v
                 }),
                 op(4, Phase::Optimizer, "unscale", "e", DType::F32, &[1e9]),
+                // loss × scale and its backward: the scale, not a model value.
+                op(5, Phase::Forward, "mul", "scaler", DType::F32, &[150667.0]),
+                op(6, Phase::Backward, "mul", "scaler", DType::F32, &[65536.0]),
             ],
         );
         let mut big = op(1, Phase::Forward, "linear", "b", DType::F16, &[40000.0]);
