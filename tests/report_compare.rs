@@ -333,6 +333,49 @@ fn compare_cli_writes_table_overlays_and_diff_chart() {
 }
 
 #[test]
+fn a_run_compared_in_some_of_its_steps_says_which() {
+    // The bf16 run kept op records for step 0 only (the default): it is compared there
+    // alone, and the line and the chart say so.
+    let r = runs();
+    let bf16_first = mlp_trace(&r.root, "bf16-first", "bf16", 3, vec![], |_| {});
+    let out = r.root.join("cmp-first");
+    let o = Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .arg("compare")
+        .args([&bf16_first, &r.fp32])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        stdout.contains("(compared in step(s) 0 of 3 only: where both runs kept op records"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        md.contains("bf16 (bf16-first): step(s) 0 of 3 only"),
+        "{md}"
+    );
+    // A run compared in every step says nothing of the kind.
+    let all = Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .arg("compare")
+        .args([&r.bf16, &r.fp32])
+        .arg("--out")
+        .arg(r.root.join("cmp-all"))
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8(all.stdout)
+        .unwrap()
+        .contains("compared in step(s)"));
+}
+
+#[test]
 fn compare_refuses_bad_inputs() {
     let r = runs();
     let e = compare(&[open(&r.fp16_inf), open(&r.bf16)], 0.05, None)

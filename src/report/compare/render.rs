@@ -144,8 +144,15 @@ pub fn write_compare(traces: &[TraceFile], opts: &CompareOptions) -> Result<Comp
                 dir,
                 "op_diff",
             )?,
-            "Relative difference of each aligned op's max |x| or L2 norm from the reference"
-                .to_string(),
+            format!(
+                "Relative difference of each aligned op's max |x| or L2 norm from the \
+                 reference{}",
+                cmp.diffs
+                    .iter()
+                    .filter_map(|d| partial_steps(&cmp, d)
+                        .map(|s| format!("; {}: {s}", cmp.runs[d.run].label)))
+                    .collect::<String>()
+            ),
         ));
     }
     let doc = build_doc(traces, &cmp, &charts);
@@ -179,7 +186,7 @@ pub fn first_divergence_lines(cmp: &Comparison) -> Vec<String> {
         .iter()
         .map(|d| {
             let label = &cmp.runs[d.run].label;
-            match d.first_divergence() {
+            let line = match d.first_divergence() {
                 Some(o) => format!(
                     "{label} vs {r}: first divergence at {}: {} ({})",
                     o.describe(),
@@ -194,9 +201,25 @@ pub fn first_divergence_lines(cmp: &Comparison) -> Vec<String> {
                     fmt_pct(cmp.threshold),
                     d.ops.len()
                 ),
-            }
+            };
+            format!("{line}{}", partial_note(cmp, d))
         })
         .collect()
+}
+
+/// When a run was compared in only some of its steps (op records kept in both runs in
+/// those alone), which: a comparison of step 0 is not one of the whole run.
+fn partial_note(cmp: &Comparison, d: &super::RunDiff) -> String {
+    partial_steps(cmp, d).map_or(String::new(), |s| {
+        format!(" (compared in {s}: where both runs kept op records; --sample-every keeps more)")
+    })
+}
+
+/// `step(s) 0 of 3 only` when a run was compared in fewer steps than it has.
+fn partial_steps(cmp: &Comparison, d: &super::RunDiff) -> Option<String> {
+    let steps = cmp.runs[d.run].steps;
+    (!d.steps_compared.is_empty() && d.steps_compared.len() < steps)
+        .then(|| format!("step(s) {} of {steps} only", step_ranges(&d.steps_compared)))
 }
 
 fn file_name(p: &Path) -> String {
