@@ -60,6 +60,7 @@ fn each_form_refuses_what_does_not_apply_to_a_script() {
         "cannot be used with",
     );
     refused(&with(&["tui", "--precision", "bf16"]), "only --trace");
+    refused(&with(&["tui", "--summary-json", "s.json"]), "only --trace");
 }
 
 #[test]
@@ -96,6 +97,12 @@ fn tui_without_a_terminal_refuses_before_starting_the_script() {
     let body = format!("touch '{}'", marker.display());
     let o = amprobe(d.path(), &["tui", "--", "sh", "-c", &body]);
     assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("needs a terminal"), "{}", stderr(&o));
+    // --sample-every is for the script: taken, not refused.
+    let o = amprobe(
+        d.path(),
+        &["tui", "--sample-every", "2", "--", "sh", "-c", &body],
+    );
     assert!(stderr(&o).contains("needs a terminal"), "{}", stderr(&o));
     assert!(!marker.exists(), "the script was not started");
 }

@@ -111,10 +111,10 @@ pub struct RunFlags {
     pub trace: Option<PathBuf>,
     /// Write the summary JSON here.
     #[arg(long)]
-    summary_json: Option<PathBuf>,
+    pub summary_json: Option<PathBuf>,
     /// Keep full op records every N steps.
     #[arg(long)]
-    sample_every: Option<u64>,
+    pub sample_every: Option<u64>,
     /// Switch probes off (to measure their cost).
     #[arg(long)]
     no_probes: bool,
@@ -134,7 +134,7 @@ impl RunFlags {
 
     /// True when a flag sets the model, data, precision or training of amprobe's own run:
     /// nothing a script that trains itself (`run -- CMD`) can take.
-    fn configures_training(&self) -> bool {
+    pub fn configures_training(&self) -> bool {
         let opts = [
             self.hf.is_some(),
             self.hf_config.is_some(),

@@ -73,7 +73,8 @@ pub struct TuiArgs {
     #[arg(long)]
     no_color: bool,
     /// A PyTorch training script to run and watch live (after `--`), which calls
-    /// `amprobe_torch.watch(...)` (only --trace, --compare and --no-color apply).
+    /// `amprobe_torch.watch(...)` (only --trace, --sample-every, --compare and --no-color
+    /// apply).
     #[arg(last = true, value_name = "CMD", conflicts_with_all = ["config", "follow"])]
     command: Vec<String>,
 }
@@ -178,11 +179,10 @@ pub fn run(a: TuiArgs) -> anyhow::Result<i32> {
 /// `tui -- CMD`: the script runs with its trace at --trace (and its output in TRACE.log, off
 /// the screen), and the UI follows the trace as it grows. Leaving the UI stops the script.
 fn run_script(a: &TuiArgs, other: Option<Model>, theme: Theme) -> anyhow::Result<i32> {
-    if a.flags.configures_a_run() {
+    if a.flags.configures_training() || a.flags.summary_json.is_some() {
         bail!(
             "a script given after `--` trains itself: only --trace (where its trace goes), \
-             --compare and --no-color apply to `tui -- CMD` (set AMPROBE_SAMPLE_EVERY in the \
-             environment to keep more op records)"
+             --sample-every, --compare and --no-color apply to `tui -- CMD`"
         );
     }
     let trace = a
@@ -191,6 +191,7 @@ fn run_script(a: &TuiArgs, other: Option<Model>, theme: Theme) -> anyhow::Result
         .clone()
         .unwrap_or_else(|| PathBuf::from("amprobe-trace.jsonl"));
     let mut script = Script::new(&a.command, &trace)?;
+    script.sample_every = a.flags.sample_every;
     let log = script.trace.with_extension("log");
     script.log = Some(log.clone());
     let mut app = App::new(
