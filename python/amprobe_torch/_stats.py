@@ -90,11 +90,12 @@ ALLOCATING = frozenset("empty empty_like empty_strided new_empty new_empty_strid
 # Ops whose floating outputs are finite whenever their floating inputs and scalars are
 # finite and the output's dtype reaches as far as every input's: they move, select,
 # compare, clamp or normalise values, or convert them to a dtype at least as wide; none
-# multiplies, adds or divides values of its own.
+# multiplies, adds or divides values of its own. (Not as_strided: it may read storage
+# outside its input's view.)
 FINITE_PRESERVING = frozenset(
     """
     _to_copy copy_ clone contiguous expand view _unsafe_view reshape t transpose permute
-    squeeze unsqueeze slice select split split_with_sizes chunk unbind as_strided alias
+    squeeze unsqueeze slice select split split_with_sizes chunk unbind alias
     detach cat stack index_select gather embedding index where masked_fill fill fill_
     zeros zeros_like ones ones_like full full_like new_zeros new_ones new_full
     relu threshold_backward clamp clamp_min clamp_max maximum minimum max min amax amin
