@@ -1,7 +1,7 @@
 //! GEMM on the host: the gemm crate accumulates in f32 (f64 for the reference dtype); the
 //! result is rounded once to the output dtype.
 
-use super::MmShape;
+use super::shape::MmShape;
 use crate::engine::{Computed, Grad};
 use crate::error::Result;
 use crate::ops::grad;

@@ -7,57 +7,14 @@
 
 mod cpu;
 pub mod cuda;
+mod shape;
+
+pub(crate) use shape::{mm_shape, MmShape};
 
 use super::{expect_float, grad, with_float2, FData};
 use crate::engine::{Computed, Engine};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-
-/// Shapes of a batched matmul.
-#[derive(Clone, Debug)]
-pub(crate) struct MmShape {
-    pub batch: usize,
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-    pub b_shared: bool,
-    pub out: Vec<usize>,
-}
-
-pub(crate) fn mm_shape(a: &[usize], b: &[usize], op: &str) -> Result<MmShape> {
-    if a.len() < 2 || b.len() < 2 {
-        return Err(Error::shape(
-            op,
-            format!("needs operands of rank >= 2, got {a:?} and {b:?}"),
-        ));
-    }
-    let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
-    let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
-    if k != k2 {
-        return Err(Error::shape(
-            op,
-            format!("inner dimensions differ: {a:?} @ {b:?}"),
-        ));
-    }
-    let b_shared = b.len() == 2;
-    if !b_shared && a[..a.len() - 2] != b[..b.len() - 2] {
-        return Err(Error::shape(
-            op,
-            format!("batch dimensions differ: {a:?} @ {b:?}"),
-        ));
-    }
-    let batch: usize = a[..a.len() - 2].iter().product();
-    let mut out = a[..a.len() - 2].to_vec();
-    out.extend([m, n]);
-    Ok(MmShape {
-        batch,
-        m,
-        k,
-        n,
-        b_shared,
-        out,
-    })
-}
 
 /// The operands of a device GEMM: `a` as [batch, m, k] (or [m, k]), `b` as [k, n] when
 /// shared or [batch, k, n].
