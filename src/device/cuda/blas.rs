@@ -4,7 +4,7 @@
 //! result once, to nearest even, and counts nothing). The f32 mode computes true f32
 //! unless TF32 is asked for.
 
-use super::dev_err;
+use super::driver_error::dev_err;
 use crate::error::Result;
 use cudarc::cublas::{sys, CudaBlas};
 use cudarc::driver::CudaStream;

@@ -9,9 +9,11 @@ pub mod arena;
 pub mod blas;
 pub mod buffer;
 pub mod counters;
+mod driver_error;
 pub mod program;
 
 pub use buffer::DeviceBuffer;
+pub use driver_error::dev_err;
 pub use program::Program;
 
 use crate::device::detect::{detect, Detection, GpuDevice};
@@ -22,11 +24,6 @@ use std::sync::{Arc, Mutex};
 
 /// Threads per block of the elementwise kernels.
 pub const THREADS: u32 = 256;
-
-/// Turns a driver, NVRTC or cuBLAS error into the library's error, naming what failed.
-pub fn dev_err(what: &str) -> impl Fn(&dyn std::fmt::Debug) -> Error + '_ {
-    move |e| Error::Device(format!("{what}: {e:?}"))
-}
 
 /// An open CUDA device: context, stream, kernels and cuBLAS handle.
 pub struct CudaDevice {
