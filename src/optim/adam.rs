@@ -5,7 +5,10 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_hparam, check_state_len, slots_to_update, Optimizer, ParamSlot, StatePrecision};
+use super::update::{
+    check_hparam, check_state_len, run_kernel, slots_to_update, Kernel, Optimizer, ParamSlot,
+    StatePrecision,
+};
 use crate::dtype::{round_slice, round_to, DType};
 use crate::Result;
 
@@ -217,7 +220,7 @@ struct AdamKernel<'a> {
     neg_step_size: f32,
 }
 
-impl super::Kernel for AdamKernel<'_> {
+impl Kernel for AdamKernel<'_> {
     #[inline(always)]
     fn run(self) {
         let od = self.od;
@@ -310,7 +313,7 @@ impl Optimizer for Adam {
             } else {
                 None
             };
-            super::run_kernel(AdamKernel {
+            run_kernel(AdamKernel {
                 data: slot.data,
                 grad,
                 exp_avg: &mut st.exp_avg,
@@ -369,8 +372,9 @@ impl Optimizer for Adam {
 mod tests {
     use super::*;
     use crate::dtype::{round_bf16, round_f16, DType};
+    use crate::optim::kernel_test_data;
+    use crate::optim::update::{run_kernel, Kernel};
     use crate::optim::StatePrecision;
-    use crate::optim::{kernel_test_data, run_kernel, Kernel};
 
     #[test]
     fn the_fma_copy_of_the_update_loop_gives_the_plain_loops_bits() {

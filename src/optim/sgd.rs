@@ -5,7 +5,10 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_hparam, check_state_len, slots_to_update, Optimizer, ParamSlot, StatePrecision};
+use super::update::{
+    check_hparam, check_state_len, run_kernel, slots_to_update, Kernel, Optimizer, ParamSlot,
+    StatePrecision,
+};
 use crate::dtype::{round_slice, round_to, DType};
 use crate::Result;
 
@@ -138,7 +141,7 @@ struct SgdKernel<'a> {
     one_minus_damp: f32,
 }
 
-impl super::Kernel for SgdKernel<'_> {
+impl Kernel for SgdKernel<'_> {
     #[inline(always)]
     fn run(self) {
         let od = self.od;
@@ -209,7 +212,7 @@ impl Optimizer for Sgd {
             if use_momentum && first {
                 st.momentum_buffer = Some(vec![0.0; grad.len()]);
             }
-            super::run_kernel(SgdKernel {
+            run_kernel(SgdKernel {
                 data: slot.data,
                 grad,
                 buf: st.momentum_buffer.as_deref_mut(),
@@ -258,7 +261,8 @@ impl Optimizer for Sgd {
 mod tests {
     use super::*;
     use crate::dtype::{round_f16, DType};
-    use crate::optim::{kernel_test_data, run_kernel, Kernel};
+    use crate::optim::kernel_test_data;
+    use crate::optim::update::{run_kernel, Kernel};
 
     #[test]
     fn the_fma_copy_of_the_update_loop_gives_the_plain_loops_bits() {
