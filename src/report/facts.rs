@@ -99,7 +99,7 @@ pub fn first_origin(s: &StepRecord) -> Option<(&'static str, &OpRef)> {
 }
 
 /// Why step `s` was skipped; `None` when it was not. `recorded` is a cause the run wrote
-/// itself (see [`super::TraceFile::skip_causes`]) and wins. Otherwise: an event that
+/// itself (see [`super::trace_file::TraceFile::skip_causes`]) and wins. Otherwise: an event that
 /// mentions the skip, else the step's first Inf/NaN origin, else the first parameter with
 /// a non-finite gradient, else the scaler's finding alone.
 pub fn skip_cause(s: &StepRecord, recorded: Option<&str>) -> Option<String> {

@@ -12,7 +12,7 @@
 //!   (with the cause) and step events.
 
 use super::facts::{self, module_name, phase_name};
-use super::TraceFile;
+use super::trace_file::TraceFile;
 use crate::error::{Error, Result};
 use crate::trace::record::{OpRecord, OpRef, StepRecord};
 use serde_json::{json, Map, Value};

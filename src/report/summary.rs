@@ -6,7 +6,7 @@ use super::charts::{
 };
 use super::doc::{Block, Doc};
 use super::facts::{self, fmt_num, fmt_pct, Facts, HeadroomHit, HEADROOM_WARN};
-use super::TraceFile;
+use super::trace_file::TraceFile;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 

@@ -20,7 +20,7 @@
 
 pub mod render;
 
-use super::TraceFile;
+use super::trace_file::TraceFile;
 use crate::diagnose::align::{align, scale_of};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
