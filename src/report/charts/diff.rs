@@ -1,7 +1,7 @@
 //! The per-op difference chart of a comparison: each aligned op's relative difference from
 //! the reference, on a log scale, marked by class.
 
-use super::*;
+use super::canvas::*;
 use crate::report::compare::{Class, OpDiff};
 use crate::report::facts::{fmt_pct, module_name};
 use std::collections::HashMap;

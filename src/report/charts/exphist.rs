@@ -1,6 +1,6 @@
 //! The exponent histogram of an op's output, banded by the fp16 limits.
 
-use super::*;
+use super::canvas::*;
 
 /// Exponent histogram (`floor(log2|x|)`) of a set of values, with fp16's normal and
 /// subnormal ranges shaded: the "Mixed Precision Training" figure.

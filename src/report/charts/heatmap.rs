@@ -1,6 +1,6 @@
 //! The gradient heatmap: per-parameter gradient magnitudes over the steps.
 
-use super::*;
+use super::canvas::*;
 
 /// How one heatmap cell is coloured.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,6 +1,6 @@
 //! The per-op chart: largest |x| of every op of a step against the fp16 limits.
 
-use super::*;
+use super::canvas::*;
 
 /// Per-op max|x| of one step in execution order, against fp16's and bf16's limits, with
 /// the first Inf and first NaN marked.

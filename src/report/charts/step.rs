@@ -1,6 +1,6 @@
 //! The step charts: loss scale and loss over the steps, with marks for skipped and failing steps.
 
-use super::*;
+use super::canvas::*;
 
 /// One line of a per-step chart.
 #[derive(Debug, Clone)]
