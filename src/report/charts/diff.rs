@@ -2,7 +2,7 @@
 //! the reference, on a log scale, marked by class.
 
 use super::canvas::*;
-use crate::report::compare::{Class, OpDiff};
+use crate::report::compare::comparison::{Class, OpDiff};
 use crate::report::facts::{fmt_pct, module_name};
 use std::collections::HashMap;
 

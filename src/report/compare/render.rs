@@ -1,7 +1,7 @@
 //! The comparison as a report: `compare.md`, `compare.html` and the per-op difference
 //! chart of each run, plus the lines the command line prints.
 
-use super::{compare, Class, Comparison, OpDiff};
+use super::comparison::{compare, Class, Comparison, OpDiff, RunDiff};
 use crate::error::{Error, Result};
 use crate::report::charts::{
     render, DiffChart, MarkGroup, Rendered, StepChart, StepSeries, Symbol, PALETTE,
@@ -209,14 +209,14 @@ pub fn first_divergence_lines(cmp: &Comparison) -> Vec<String> {
 
 /// When a run was compared in only some of its steps (op records kept in both runs in
 /// those alone), which: a comparison of step 0 is not one of the whole run.
-fn partial_note(cmp: &Comparison, d: &super::RunDiff) -> String {
+fn partial_note(cmp: &Comparison, d: &RunDiff) -> String {
     partial_steps(cmp, d).map_or(String::new(), |s| {
         format!(" (compared in {s}: where both runs kept op records; --sample-every keeps more)")
     })
 }
 
 /// `step(s) 0 of 3 only` when a run was compared in fewer steps than it has.
-fn partial_steps(cmp: &Comparison, d: &super::RunDiff) -> Option<String> {
+fn partial_steps(cmp: &Comparison, d: &RunDiff) -> Option<String> {
     let steps = cmp.runs[d.run].steps;
     (!d.steps_compared.is_empty() && d.steps_compared.len() < steps)
         .then(|| format!("step(s) {} of {steps} only", step_ranges(&d.steps_compared)))
