@@ -376,9 +376,12 @@ class Watcher:
     def _autocast_state(self, module, args):
         if self.autocast_dtype is not None or not self.active:
             return
-        dev = next((p.device.type for p in module.parameters()), "cpu")
-        if torch.is_autocast_enabled(dev):
-            self.autocast_dtype = torch.get_autocast_dtype(dev)
+        try:
+            dev = next((p.device.type for p in module.parameters()), "cpu")
+            if torch.is_autocast_enabled(dev):
+                self.autocast_dtype = torch.get_autocast_dtype(dev)
+        except Exception:  # a hook of the user's forward: never kill the training
+            self.fail()
 
     def fail(self):
         """Reports the companion's own error once and stops capturing; training goes on."""
