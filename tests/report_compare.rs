@@ -196,20 +196,7 @@ fn backward_values_compare_with_the_scale_divided_out() {
 fn compare_cli_writes_table_overlays_and_diff_chart() {
     let r = runs();
     let out = r.root.join("cmp");
-    let o = Command::new(env!("CARGO_BIN_EXE_amprobe"))
-        .arg("compare")
-        .args([&r.fp16_inf, &r.bf16, &r.fp32])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let stdout = String::from_utf8(o.stdout).unwrap();
+    let stdout = compare_cli(&[&r.fp16_inf, &r.bf16, &r.fp32], &out);
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(
         lines[0].starts_with("fp16 (fp16) vs fp32 (fp32): first divergence at step 1 forward op #")
@@ -332,18 +319,13 @@ fn compare_cli_writes_table_overlays_and_diff_chart() {
     assert_eq!(html.matches("data:image/png;base64,").count(), 3);
 }
 
-#[test]
-fn a_run_compared_in_some_of_its_steps_says_which() {
-    // The bf16 run kept op records for step 0 only (the default): it is compared there
-    // alone, and the line and the chart say so.
-    let r = runs();
-    let bf16_first = mlp_trace(&r.root, "bf16-first", "bf16", 3, vec![], |_| {});
-    let out = r.root.join("cmp-first");
+/// `amprobe compare TRACES --out OUT`: its stdout, after checking that it succeeded.
+fn compare_cli(traces: &[&Path], out: &Path) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_amprobe"))
         .arg("compare")
-        .args([&bf16_first, &r.fp32])
+        .args(traces)
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .output()
         .unwrap();
     assert_eq!(
@@ -352,7 +334,17 @@ fn a_run_compared_in_some_of_its_steps_says_which() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let stdout = String::from_utf8(o.stdout).unwrap();
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[test]
+fn a_run_compared_in_some_of_its_steps_says_which() {
+    // The bf16 run kept op records for step 0 only (the default): it is compared there
+    // alone, and the line and the chart say so.
+    let r = runs();
+    let bf16_first = mlp_trace(&r.root, "bf16-first", "bf16", 3, vec![], |_| {});
+    let out = r.root.join("cmp-first");
+    let stdout = compare_cli(&[&bf16_first, &r.fp32], &out);
     assert!(
         stdout.contains("(compared in step(s) 0 of 3 only: where both runs kept op records"),
         "{stdout}"
@@ -363,16 +355,8 @@ fn a_run_compared_in_some_of_its_steps_says_which() {
         "{md}"
     );
     // A run compared in every step says nothing of the kind.
-    let all = Command::new(env!("CARGO_BIN_EXE_amprobe"))
-        .arg("compare")
-        .args([&r.bf16, &r.fp32])
-        .arg("--out")
-        .arg(r.root.join("cmp-all"))
-        .output()
-        .unwrap();
-    assert!(!String::from_utf8(all.stdout)
-        .unwrap()
-        .contains("compared in step(s)"));
+    let all = compare_cli(&[&r.bf16, &r.fp32], &r.root.join("cmp-all"));
+    assert!(!all.contains("compared in step(s)"), "{all}");
 }
 
 #[test]
