@@ -53,32 +53,30 @@ class Scratch:
     is one f32 or f64 buffer and one bool buffer of the largest parameter's size)."""
 
     def __init__(self):
-        self.values = {}
-        self.flags = None
+        self.buffers = {}
+
+    def _buffer(self, dtype, n):
+        """The first `n` elements of the buffer of `dtype`, grown when too small."""
+        buf = self.buffers.get(dtype)
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(n, dtype=dtype)
+            self.buffers[dtype] = buf
+        return buf[:n]
 
     def abs_of(self, x):
-        buf = self.values.get(x.dtype)
-        if buf is None or buf.numel() < x.numel():
-            buf = torch.empty(x.numel(), dtype=x.dtype)
-            self.values[x.dtype] = buf
-        return torch.abs(x, out=buf[: x.numel()])
+        return torch.abs(x, out=self._buffer(x.dtype, x.numel()))
 
     def scaled(self, x, k):
         """x·2^k in a reused buffer (two factors: 2^k itself may not be an f32)."""
-        buf = self.values.get(x.dtype)
-        if buf is None or buf.numel() < x.numel():
-            buf = torch.empty(x.numel(), dtype=x.dtype)
-            self.values[x.dtype] = buf
-        out = buf[: x.numel()]
+        out = self._buffer(x.dtype, x.numel())
         half = k // 2
         torch.mul(x, 2.0**half, out=out)
         return out.mul_(2.0 ** (k - half))
 
     def count_le(self, a, bound):
         """How many values of `a` are at most `bound`."""
-        if self.flags is None or self.flags.numel() < a.numel():
-            self.flags = torch.empty(a.numel(), dtype=torch.bool)
-        return int(torch.count_nonzero(torch.le(a, bound, out=self.flags[: a.numel()])))
+        flags = self._buffer(torch.bool, a.numel())
+        return int(torch.count_nonzero(torch.le(a, bound, out=flags)))
 
 
 def param_vector(p, scale):
@@ -336,7 +334,6 @@ class Watcher:
         self.autocast_dtype = None
         self.optimizer_depth = 0
         self.closed = False
-        self.root_prefix = type(model).__name__ + "."
         self.started = time.perf_counter()
         self._begin_step()
         self.names = _Names(model)
