@@ -547,11 +547,17 @@ class Watcher:
         # An output that only moves an input's values (a view, a transpose, a detach: same
         # storage start, element count and dtype; never an op that writes in place) shares
         # that input's statistics instead of computing them again.
+        # So does a copy of one input's values (a clone, a contiguous copy, a cast to a dtype
+        # that holds them exactly and calls the same ones subnormal: bf16 to f32).
         same = None
         if not mutable and moved:
             optr = o.data_ptr()
+            copies = len(moved) == 1 and name in _stats.VALUE_COPIES
             for ptr, t, p in moved:
-                if ptr == optr and t.dtype == o.dtype and t.numel() == o.numel():
+                if t.numel() == o.numel() and (
+                    (t.dtype == o.dtype and (ptr == optr or copies))
+                    or (copies and (t.dtype, o.dtype) == (torch.bfloat16, torch.float32))
+                ):
                     same = ops[p]["vec"]
                     break
         if kind == "collective":

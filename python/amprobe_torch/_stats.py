@@ -4,6 +4,8 @@ stays there until the step's one read back (no host synchronisation per op).
 Two kinds: the full statistics of amprobe's TensorStats (kept steps), and the check
 (NaN, +inf and -inf counts only) of every other step."""
 
+import sys
+
 import torch
 
 from ._trace import jfloat
@@ -104,6 +106,17 @@ FINITE_PRESERVING = frozenset(
 )
 
 
+# Ops whose output holds exactly its one input's values, in the same order or not (with the
+# output's dtype, equal numel, and the input's dtype the same or bf16 to f32): the output's
+# statistics are the input's.
+VALUE_COPIES = frozenset(
+    """
+    _to_copy clone contiguous alias detach view _unsafe_view reshape t transpose permute squeeze
+    unsqueeze flatten _reshape_alias
+    """.split()
+)
+
+
 def observed(t):
     """True for the tensors a record describes (amprobe's dtypes)."""
     return isinstance(t, torch.Tensor) and t.dtype in DTYPE_NAMES and t.layout == torch.strided
@@ -189,8 +202,9 @@ def _count(mask):
     return int(torch.count_nonzero(mask))
 
 
-def _full_host(t):
-    """`full` on the CPU, where a count can decide what to compute next without a device
+def _full_bits(t):
+    """`full` on the CPU for any floating dtype (the f64 path; fp16, bf16 and f32 have
+    faster ones below), where a count can decide what to compute next without a device
     synchronisation: the exponent histogram from the exponent field of the values' bits
     (one integer pass and one bincount), and the rarer figures (non-finite values,
     subnormals, values that round to inf or zero in fp16 or bf16) read only when the
@@ -296,6 +310,209 @@ def _full_host(t):
     out[1:] = [nan, pos_inf, neg_inf, zeros, subnormal, max_abs, min_abs, sum_sq, f16_over, f16_under, bf16_over,
                bf16_under]
     return torch.cat([torch.tensor([float(v) for v in out], dtype=f64), hist])
+
+
+# Scratch buffers of the CPU paths, reused from op to op (a fresh tensor of tens of MB
+# costs its page faults on every op): per dtype, the size of the largest tensor seen;
+# 6 bytes an element of it in all.
+_SCRATCH = {}
+
+
+def _scratch(dtype, n):
+    buf = _SCRATCH.get(dtype)
+    if buf is None or buf.numel() < n:
+        buf = torch.empty(n, dtype=dtype)
+        _SCRATCH[dtype] = buf
+    return buf[:n]
+
+
+_PATTERNS = {}
+
+
+def _patterns(dt):
+    """Per 16-bit magnitude pattern (sign bit clear) of `dt` (fp16 or bf16): its value as
+    a float64 (inf and NaN patterns included), its square (0 for inf and NaN), and its
+    exponent histogram bin (N_BINS for zero, inf and NaN)."""
+    p = _PATTERNS.get(dt)
+    if p is None:
+        v = torch.arange(32768, dtype=torch.int32).to(torch.int16).view(dt).double()
+        fin = v.isfinite() & (v != 0)
+        sq = torch.where(v.isfinite(), v * v, torch.zeros((), dtype=torch.float64))
+        _, e = torch.frexp(torch.where(fin, v, torch.ones((), dtype=torch.float64)))
+        bins = torch.where(fin, (e.to(torch.int64) - 1).clamp(EXP_LO, EXP_HI - 1) - EXP_LO, N_BINS)
+        p = (v.tolist(), sq, bins)
+        _PATTERNS[dt] = p
+    return p
+
+
+def _field_hist(fields, bias, h, dt, mant):
+    """The exponent histogram (a list of N_BINS counts) of the values of a 16-bit pattern
+    histogram `h` (fp16 or bf16 layout) whose finite exponent fields hold `fields`:
+    normal values by field, subnormals by their own pattern."""
+    hist = [0] * N_BINS
+    for f in range(1, len(fields)):
+        c = fields[f]
+        if c:
+            hist[min(max(f - bias, EXP_LO), EXP_HI - 1) - EXP_LO] += c
+    if fields[0] - h[0] > 0:
+        _, _, bins = _patterns(dt)
+        top = 1 << mant
+        sub = torch.bincount(bins[1:top], weights=h[1:top].double(), minlength=N_BINS + 1)
+        for i, c in enumerate(sub[:N_BINS].tolist()):
+            if c:
+                hist[i] += int(c)
+    return hist
+
+
+def _full_host(t):
+    """`full` on the CPU, where a count can decide what to compute next without a device
+    synchronisation. fp16 and bf16: one pass clears the sign bits and one bincount counts
+    each of the 32768 magnitudes, which is every figure (Σx² exactly, in f64); only ±inf's
+    sign takes a pass, when there are any. f32: the same bincount of each value's top 16
+    bits gives the exponent histogram and says which rarer figures need a pass of their own
+    (non-finite values, subnormals, values near fp16's or bf16's limits); the extremes come
+    from the bits and Σx² from a norm in f32 (torch's cascade summation, relative error far
+    below 1e-6) unless a square could overflow or vanish there. f64: `_full_bits`."""
+    dt = t.dtype
+    x = t.detach()
+    if x.numel() == 0 or sys.byteorder != "little" or dt == torch.float64 or x.dim() == 0:
+        return _full_bits(x)
+    if dt == torch.float32:
+        return _full_f32(x)
+    return _full_16(x)
+
+
+def _full_16(x):
+    dt = x.dtype
+    n = x.numel()
+    _, mant, emax, bias = _LAYOUT[dt]
+    inf_bits, over16, over_bf, under16, under_bf = _bounds(dt)
+    ab = _scratch(torch.int16, n).view(x.shape)
+    torch.bitwise_and(x.view(torch.int16), 0x7FFF, out=ab)
+    h = torch.bincount(ab.view(-1), minlength=32768)
+    fields = h[:inf_bits].view(emax, 1 << mant).sum(1).tolist()
+    finite = sum(fields)
+    special = n - finite
+    zeros = int(h[0])
+    nan = pos_inf = neg_inf = 0
+    if special:
+        infs = int(h[inf_bits])
+        nan = special - infs
+        if infs:
+            pos_inf = _count(x == float("inf"))
+            neg_inf = infs - pos_inf
+    vals, sq, _ = _patterns(dt)
+    max_abs, min_abs = 0.0, float("inf")
+    if finite > zeros:
+        hi_f = max(f for f, c in enumerate(fields) if c)
+        lo_f = min(f for f, c in enumerate(fields) if c and (f or c > zeros))
+        s = hi_f << mant
+        hi_p = s + int(h[s : s + (1 << mant)].nonzero()[-1])
+        s = max(lo_f << mant, 1)
+        lo_p = s + int(h[s : (lo_f + 1) << mant].nonzero()[0])
+        max_abs, min_abs = vals[hi_p], vals[lo_p]
+    sum_sq = float(torch.dot(h[:inf_bits].double(), sq[:inf_bits]))
+    f16_over = int(h[over16:inf_bits].sum()) if over16 is not None and max_abs >= vals[over16] else 0
+    bf16_over = int(h[over_bf:inf_bits].sum()) if over_bf is not None and max_abs >= vals[over_bf] else 0
+    f16_under = int(h[1 : under16 + 1].sum()) if under16 is not None and min_abs <= vals[under16] else 0
+    bf16_under = int(h[1 : under_bf + 1].sum()) if under_bf is not None and min_abs <= vals[under_bf] else 0
+    hist = _field_hist(fields, bias, h, dt, mant)
+    out = [float(n), nan, pos_inf, neg_inf, zeros, fields[0] - zeros, max_abs, min_abs, sum_sq, f16_over, f16_under,
+           bf16_over, bf16_under]
+    return torch.tensor([float(v) for v in out] + hist, dtype=torch.float64)
+
+
+def _full_f32(x):
+    n = x.numel()
+    inf_bits, over16, over_bf, under16, under_bf = _bounds(torch.float32)
+    # The magnitudes' bits (read in any layout, written in order), then their top 16 bits,
+    # which are bf16's layout: the same exponent field, 7 of the 23 mantissa bits.
+    ab = _scratch(torch.int32, n)
+    torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab.view(x.shape))
+    top = _scratch(torch.int16, n)
+    top.copy_(ab.view(torch.int16)[1::2])
+    h = torch.bincount(top, minlength=32768)
+    tb = inf_bits >> 16
+    fields = h[:tb].view(255, 128).sum(1).tolist()
+    finite = sum(fields)
+    special = n - finite
+    nan = pos_inf = neg_inf = 0
+    if special:
+        nan = _count(x.isnan())
+        pos_inf = _count(x == float("inf"))
+        neg_inf = special - nan - pos_inf
+    h0 = int(h[0])
+    # (count_nonzero of the integers: of the floats it is many times slower)
+    zeros = n - int(torch.count_nonzero(ab)) if h0 else 0
+    tiny = h0 - zeros  # subnormals below 2^-133: all their bits are in the low half
+
+    def count_between(lo_bits, hi_bits):
+        # (flags in the top bits' buffer, free once counted)
+        flags, other = top.view(torch.bool).split(n)
+        if lo_bits == hi_bits:
+            return _count(torch.eq(ab, lo_bits, out=flags))
+        torch.ge(ab, lo_bits, out=flags)
+        return _count(flags.logical_and_(torch.le(ab, hi_bits, out=other)))
+
+    def at_least(p):
+        """Finite values whose magnitude bits are at least `p`: whole top-16 bins from
+        the histogram, the one `p` falls inside by a pass when it holds any."""
+        b = p >> 16
+        full_from = b + 1 if p & 0xFFFF else b
+        c = int(h[full_from:tb].sum())
+        if p & 0xFFFF and h[b]:
+            c += count_between(p, (b << 16) | 0xFFFF)
+        return c
+
+    def at_most(p):
+        """Nonzero values whose magnitude bits are at most `p`, the same way."""
+        b = p >> 16
+        c = int(h[1:b].sum()) + (tiny if b > 0 else 0)
+        if (p & 0xFFFF) == 0xFFFF:
+            c += int(h[b]) - (zeros if b == 0 else 0)
+        elif h[b]:
+            # (a threshold at a bin's start, like 2^-25's, is one value of that bin)
+            c += count_between(max(b << 16, 1) if p & 0xFFFF else p, p)
+        return c
+
+    top_b = max((b for b, c in enumerate(fields) if c), default=-1)
+    f16_over = at_least(over16) if over16 is not None and top_b >= over16 >> 23 else 0
+    bf16_over = at_least(over_bf) if over_bf is not None and top_b >= over_bf >> 23 else 0
+    low_f = min((f for f, c in enumerate(fields) if c and (f or c > zeros)), default=255)
+    f16_under = at_most(under16) if under16 is not None and low_f <= under16 >> 23 else 0
+    bf16_under = at_most(under_bf) if under_bf is not None and low_f <= under_bf >> 23 else 0
+    hist = _field_hist(fields, 127, h, torch.bfloat16, 7)
+    # The extremes from the magnitude bits (ordered as the magnitudes are); the buffer is
+    # overwritten from here on.
+    max_abs, min_abs = 0.0, float("inf")
+    if finite > zeros:
+        if special:
+            ab.masked_fill_(ab >= inf_bits, 0)
+        lo_bits, hi_bits = (int(v) for v in torch.aminmax(ab))
+        if zeros or special or tiny:
+            # Zero's bits become the largest by a wrap-around subtraction, and a subnormal
+            # below 2^-133 with bits v becomes v - 1 < 0xFFFF, everything else at least that.
+            ab.sub_(1).bitwise_and_(0x7FFFFFFF)
+            lo_bits = int(ab.min()) + 1
+        max_abs, min_abs = (float(torch.tensor([b], dtype=torch.int32).view(torch.float32)[0]) for b in (hi_bits, lo_bits))
+        if tiny:
+            # Their binades: times 2^100 they are normal (exactly) and their exponent field
+            # says; every value from 2^-133 up lands past them.
+            e = torch.mul(x, 2.0**100, out=ab.view(torch.float32).view(x.shape)).view(torch.int32)
+            c = torch.bincount(e.view(-1).bitwise_right_shift_(23).bitwise_and_(0xFF), minlength=256).tolist()
+            for f in range(1, 127 - 33):
+                if c[f]:
+                    hist[min(max(f - 227, EXP_LO), EXP_HI - 1) - EXP_LO] += c[f]
+    if max_abs == 0.0 or 2.0**-60 <= max_abs <= 2.0**60:
+        y = x if not special else x.masked_fill(~x.isfinite(), 0.0)
+        sum_sq = float(torch.linalg.vector_norm(y, dtype=torch.float32)) ** 2 if max_abs else 0.0
+    else:
+        y = x.double()
+        y = y if not special else y.masked_fill(~y.isfinite(), 0.0)
+        sum_sq = float((y * y).sum())
+    out = [float(n), nan, pos_inf, neg_inf, zeros, fields[0] - zeros, max_abs, min_abs, sum_sq, f16_over, f16_under,
+           bf16_over, bf16_under]
+    return torch.tensor([float(v) for v in out] + hist, dtype=torch.float64)
 
 
 def full(t):

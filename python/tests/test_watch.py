@@ -248,6 +248,41 @@ def test_views_share_statistics_and_in_place_ops_do_not(tmp_path):
     assert w is not None
 
 
+def test_a_copy_shares_its_inputs_statistics_only_when_it_holds_the_same_values(tmp_path):
+    # Values in fp16's subnormal range: a clone and a bf16 -> f32 cast hold the input's
+    # values with the same subnormals, so their records are the input's; an fp16 -> f32
+    # cast holds the same values but none is subnormal in f32, and a narrowing cast rounds.
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            a = x * self.w
+            f16 = a.half()
+            b16 = a.bfloat16()
+            return (f16.float() + b16.float().clone()).sum()
+
+    model = M()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    amprobe_torch.watch(model, opt, None, trace=str(tmp_path / "t.jsonl"))
+    x = torch.tensor([1.0e-6, 3.0e-5, 0.5, 70000.0, 1.0 + 2.0**-12])
+    model(x).backward()
+    opt.step()
+    close_all()
+    ops = [r for r in read(tmp_path / "t.jsonl")[1]["ops"] if r["phase"] == "forward"]
+    casts = [r for r in ops if r["op"] == "_to_copy"]
+    (clone,) = [r for r in ops if r["op"] == "clone"]
+    to_f16, to_bf16, f16_to_f32, bf16_to_f32 = (
+        next(r for r in casts if (r["inputs"][0]["dtype"], r["output"]["dtype"]) == pair)
+        for pair in (("float32", "float16"), ("float32", "bfloat16"), ("float16", "float32"), ("bfloat16", "float32"))
+    )
+    assert to_f16["stats"]["subnormal"] == 2 and to_f16["stats"]["pos_inf"] == 1
+    assert f16_to_f32["stats"]["subnormal"] == 0 and f16_to_f32["stats"]["pos_inf"] == 1
+    assert to_bf16["stats"]["max_abs"] == 70144.0
+    assert bf16_to_f32["stats"] == to_bf16["stats"] == clone["stats"]
+
+
 def test_the_check_counts_exactly_whatever_its_shortcut():
     inf, nan = float("inf"), float("nan")
     cases = [
@@ -421,6 +456,55 @@ def test_the_cpu_statistics_are_the_general_paths():
                 assert a == pytest.approx(b, rel=1e-6), (dt, n)
             else:
                 assert a == b or (a != a and b != b), (dt, n, k)
+
+
+def _same_full(x, tag):
+    fast, general = _stats._full_host(x).tolist(), _stats._full_device(x).tolist()
+    for k, (a, b) in enumerate(zip(fast, general)):
+        if k == _stats.FIELDS.index("sum_sq"):
+            assert a == pytest.approx(b, rel=1e-6), (tag, k)
+        else:
+            assert a == b or (a != a and b != b), (tag, k, a, b)
+
+
+def test_the_cpu_statistics_of_every_16_bit_value_and_of_f32_at_every_split():
+    # fp16 and bf16 count each of the 32768 magnitudes: every bit pattern of both, whole,
+    # transposed, and shuffled into tensors of mixed content. f32 reads its top 16 bits and
+    # resolves the bins a threshold falls inside by a pass: values at and beside every
+    # threshold, with random bits, subnormals (also those below 2^-133, all in the low
+    # half), zeros and non-contiguous tensors.
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float16, torch.bfloat16):
+        every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dt)
+        _same_full(every, dt)
+        _same_full(every.view(256, 256).t(), (dt, "transposed"))
+        for i, c in enumerate(every[torch.randperm(65536, generator=g)].split(4099)):
+            _same_full(c, (dt, "shuffled", i))
+        finite = every[every.isfinite()]
+        for i, c in enumerate(finite[torch.randperm(finite.numel(), generator=g)].split(5000)):
+            _same_full(c, (dt, "finite", i))
+        _same_full(torch.zeros(5000, dtype=dt), (dt, "zeros"))
+    splits = [p for p in _stats._bounds(torch.float32) if p is not None]
+    splits += [0x7F800000, 0x00800000, 0x10000, 0x8000, 1, 0x477F0000, 0x7F7F0000, 0x33000000]
+    near = [q | s for p in splits for q in range(p - 3, p + 4) if 0 <= q < 2**31 for s in (0, -(2**31))]
+    near = torch.tensor(near, dtype=torch.int64).to(torch.int32)
+    _same_full(near.view(torch.float32), "f32 splits")
+    for i in range(120):
+        r = torch.randint(-(2**31), 2**31, (5000,), generator=g, dtype=torch.int64).to(torch.int32)
+        kind = i % 6
+        if kind == 0:
+            r &= 0x807FFFFF
+        elif kind == 1:
+            r &= 0x8000FFFF
+        elif kind == 2:
+            r[::3] = 0
+        r[:50] = near[torch.randint(0, near.numel(), (50,), generator=g)]
+        x = r.view(torch.float32)
+        if kind == 3:
+            x = torch.randn(5000, generator=g) * 10.0 ** (i % 60 - 30)
+        elif kind == 4:
+            x = torch.relu(torch.randn(100, 50, generator=g)).t()
+        _same_full(x, ("f32", i))
 
 
 def accumulate(dtype, watch=None, boom=None, steps=3, micro=2):
