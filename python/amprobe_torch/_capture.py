@@ -350,6 +350,8 @@ class Watcher:
 
     def _begin_step(self):
         self.kept = self.step == 0 or (self.sample_every > 0 and self.step % self.sample_every == 0)
+        if not self.kept:
+            _stats.release_scratch()
         # Set (on the CPU, where a check is read at once) when an op of this step makes a
         # non-finite value that can be an origin: the ops from there on get full statistics.
         self.failing = False

@@ -326,6 +326,11 @@ def _scratch(dtype, n):
     return buf[:n]
 
 
+def release_scratch():
+    """Frees the scratch buffers (before a step that keeps no records)."""
+    _SCRATCH.clear()
+
+
 _PATTERNS = {}
 
 
