@@ -2,7 +2,9 @@
 //! device kernel against the CPU emulator, then a few whole AMP steps of a small model on
 //! both backends, held to each other.
 
-use super::{FixedBatch, TrainConfig, Trainer};
+use super::config::TrainConfig;
+use super::data::FixedBatch;
+use super::trainer::Trainer;
 use crate::amp::mode::Precision;
 use crate::amp::scaler::ScalerConfig;
 use crate::backend::{parity, BackendKind};
