@@ -11,7 +11,7 @@
 //! path segment (every `...DenseReluDense.wo`), the segment alone (`wo`) is proposed and
 //! verified with one more re-run.
 
-use super::{finite, forward_ref};
+use super::outcome::{finite, forward_ref};
 use crate::engine::module_matches;
 use crate::error::Result;
 use crate::trace::record::StepRecord;

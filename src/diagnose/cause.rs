@@ -10,7 +10,7 @@
 //! 4. `backward-overflow`: the forward pass was finite but a gradient overflows the low
 //!    dtype even unscaled (scale 1 or below), while fp32 is finite.
 
-use super::{any_origin, forward_origin, forward_ref, nonfinite_anywhere, op_by_index};
+use super::outcome::{any_origin, forward_origin, forward_ref, nonfinite_anywhere, op_by_index};
 use crate::amp::mode::Precision;
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -16,7 +16,7 @@ use super::accuracy::{compare, Accuracy};
 use super::bisect::{bisect, Bisection};
 use super::cause::{classify_with, fp32_reference, SkipKind};
 use super::collapse::short;
-use super::{any_origin, finite, nonfinite_anywhere};
+use super::outcome::{any_origin, finite, nonfinite_anywhere};
 use crate::amp::mode::Precision;
 use crate::dtype::DType;
 use crate::error::Result;

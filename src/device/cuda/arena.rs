@@ -9,7 +9,8 @@
 //! shape ([`stats_config`]), so a slot holds the same words either way.
 
 use super::buffer::{kind_code, DeviceBuffer};
-use super::{dev_err, CudaDevice, THREADS};
+use super::driver_error::dev_err;
+use super::handle::{DeviceHandle, THREADS};
 use crate::dtype::{DType, RoundCounts};
 use crate::error::{Error, Result};
 use crate::trace::stats::{CastCounts, ExpHist, TensorStats};
@@ -105,7 +106,7 @@ fn sub_limit(dtype: DType) -> u32 {
 
 impl StatsArena {
     /// An arena of `capacity` slots (it grows when a step needs more).
-    pub fn new(dev: &CudaDevice, capacity: usize) -> Result<StatsArena> {
+    pub fn new(dev: &DeviceHandle, capacity: usize) -> Result<StatsArena> {
         let capacity = capacity.max(1);
         let s = dev.stream();
         Ok(StatsArena {
@@ -128,7 +129,7 @@ impl StatsArena {
     }
 
     /// Clears every slot for a new step (queued on the stream, no wait).
-    pub fn reset(&mut self, dev: &CudaDevice) -> Result<()> {
+    pub fn reset(&mut self, dev: &DeviceHandle) -> Result<()> {
         let s = dev.stream();
         s.memset_zeros(&mut self.words)
             .map_err(|e| dev_err("arena reset")(&e))?;
@@ -175,7 +176,7 @@ impl StatsArena {
     /// into the slot finds it done; a probe of another tensor into it is an error.
     pub fn gather(
         &mut self,
-        dev: &CudaDevice,
+        dev: &DeviceHandle,
         slot: u32,
         out: &Arc<DeviceBuffer>,
     ) -> Result<Option<u64>> {
@@ -191,7 +192,7 @@ impl StatsArena {
     /// (a parameter's record), gathered by the kernel that reads or writes the tensor.
     pub fn gather_in_kernel(
         &mut self,
-        dev: &CudaDevice,
+        dev: &DeviceHandle,
         slot: u32,
         out: &Arc<DeviceBuffer>,
     ) -> Result<u64> {
@@ -223,7 +224,7 @@ impl StatsArena {
     }
 
     /// A fresh slot.
-    pub fn slot(&mut self, dev: &CudaDevice) -> Result<u32> {
+    pub fn slot(&mut self, dev: &DeviceHandle) -> Result<u32> {
         if self.used == self.capacity {
             self.grow(dev)?;
         }
@@ -231,7 +232,7 @@ impl StatsArena {
         Ok((self.used - 1) as u32)
     }
 
-    fn grow(&mut self, dev: &CudaDevice) -> Result<()> {
+    fn grow(&mut self, dev: &DeviceHandle) -> Result<()> {
         let s = dev.stream();
         let cap = self.capacity * 2;
         let mut words: CudaSlice<u64> = s
@@ -258,7 +259,7 @@ impl StatsArena {
 
     /// Device address of a slot's two rounding counters (overflow, underflow), for a
     /// kernel that rounds; 0 (count nothing) while the arena does not count.
-    pub fn round_counts_ptr(&self, dev: &CudaDevice, slot: u32) -> u64 {
+    pub fn round_counts_ptr(&self, dev: &DeviceHandle, slot: u32) -> u64 {
         if !self.counting {
             return 0;
         }
@@ -267,7 +268,7 @@ impl StatsArena {
 
     /// Device address of word `word` of `slot`: where a kernel leaves a value for the
     /// step's one read (in a slot no probe writes, or a word no probe uses).
-    pub fn word_ptr(&self, dev: &CudaDevice, slot: u32, word: usize) -> u64 {
+    pub fn word_ptr(&self, dev: &DeviceHandle, slot: u32, word: usize) -> u64 {
         debug_assert!(word < SLOT_WORDS);
         self.words.device_ptr(dev.stream()).0 + ((slot as usize * SLOT_WORDS + word) * 8) as u64
     }
@@ -277,7 +278,7 @@ impl StatsArena {
     /// [`flush`](Self::flush).
     pub fn probe(
         &mut self,
-        dev: &CudaDevice,
+        dev: &DeviceHandle,
         buf: &Arc<DeviceBuffer>,
         dtype: DType,
         slot: u32,
@@ -321,7 +322,7 @@ impl StatsArena {
     }
 
     /// Launches the queued small-tensor probes (one launch).
-    pub fn flush(&mut self, dev: &CudaDevice) -> Result<()> {
+    pub fn flush(&mut self, dev: &DeviceHandle) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -365,13 +366,13 @@ impl StatsArena {
 
     /// Finishes the step's statistics and copies every used slot to the host: the one
     /// device-to-host read of a step.
-    pub fn read(&mut self, dev: &CudaDevice) -> Result<Vec<SlotStats>> {
+    pub fn read(&mut self, dev: &DeviceHandle) -> Result<Vec<SlotStats>> {
         Ok(self.read_words(dev)?.stats())
     }
 
     /// [`StatsArena::read`], keeping every word of every slot (values kernels left in
     /// slot words besides the statistics).
-    pub fn read_words(&mut self, dev: &CudaDevice) -> Result<ArenaWords> {
+    pub fn read_words(&mut self, dev: &DeviceHandle) -> Result<ArenaWords> {
         self.flush(dev)?;
         if self.used == 0 {
             return Ok(ArenaWords { words: Vec::new() });

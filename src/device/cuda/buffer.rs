@@ -1,7 +1,8 @@
 //! Device memory of one tensor: f32 data as f32, fp16 and bf16 data as their 16-bit
 //! patterns (the device computes on the real storage formats), int64 labels as i64.
 
-use super::{dev_err, CudaDevice};
+use super::driver_error::dev_err;
+use super::handle::DeviceHandle;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -136,7 +137,7 @@ pub mod pool {
 
 /// Device memory for `n` elements of `T`: a cached slice, else a fresh one; zero-filled
 /// (queued) when `zero`.
-fn get<T>(dev: &CudaDevice, n: usize, zero: bool) -> Result<CudaSlice<T>>
+fn get<T>(dev: &DeviceHandle, n: usize, zero: bool) -> Result<CudaSlice<T>>
 where
     T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Send + 'static,
 {
@@ -167,7 +168,7 @@ where
 }
 
 /// `v` copied into device memory (a cached slice when there is one).
-fn put_host<T>(dev: &CudaDevice, v: &[T]) -> Result<CudaSlice<T>>
+fn put_host<T>(dev: &DeviceHandle, v: &[T]) -> Result<CudaSlice<T>>
 where
     T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Send + 'static,
 {
@@ -181,7 +182,7 @@ where
 impl DeviceBuffer {
     /// Copies f32-stored values of `dtype` (f32, f16 or bf16, each exactly representable)
     /// to the device in `dtype`'s storage format.
-    pub fn upload_f32(dev: &CudaDevice, v: &[f32], dtype: DType) -> Result<DeviceBuffer> {
+    pub fn upload_f32(dev: &DeviceHandle, v: &[f32], dtype: DType) -> Result<DeviceBuffer> {
         Ok(match dtype {
             DType::F32 => DeviceBuffer::F32(ManuallyDrop::new(put_host(dev, v)?)),
             DType::F16 => {
@@ -205,13 +206,13 @@ impl DeviceBuffer {
     }
 
     /// Copies int64 values to the device.
-    pub fn upload_i64(dev: &CudaDevice, v: &[i64]) -> Result<DeviceBuffer> {
+    pub fn upload_i64(dev: &DeviceHandle, v: &[i64]) -> Result<DeviceBuffer> {
         Ok(DeviceBuffer::I64(ManuallyDrop::new(put_host(dev, v)?)))
     }
 
     /// Device memory for `n` elements of `dtype`, zero-filled when `zero` (otherwise the
     /// caller's kernel must write every element before anything reads it).
-    pub fn alloc(dev: &CudaDevice, n: usize, dtype: DType, zero: bool) -> Result<DeviceBuffer> {
+    pub fn alloc(dev: &DeviceHandle, n: usize, dtype: DType, zero: bool) -> Result<DeviceBuffer> {
         Ok(match dtype {
             DType::F32 => DeviceBuffer::F32(ManuallyDrop::new(get(dev, n, zero)?)),
             DType::F16 | DType::BF16 => DeviceBuffer::Half(ManuallyDrop::new(get(dev, n, zero)?)),
@@ -221,7 +222,7 @@ impl DeviceBuffer {
     }
 
     /// Copies float data of `dtype` back to the host as f32 values (waits for the device).
-    pub fn download_f32(&self, dev: &CudaDevice, dtype: DType) -> Result<Vec<f32>> {
+    pub fn download_f32(&self, dev: &DeviceHandle, dtype: DType) -> Result<Vec<f32>> {
         let s = dev.stream();
         let down = dev_err("download");
         match self {
@@ -245,7 +246,7 @@ impl DeviceBuffer {
     }
 
     /// Copies int64 data back to the host (waits for the device).
-    pub fn download_i64(&self, dev: &CudaDevice) -> Result<Vec<i64>> {
+    pub fn download_i64(&self, dev: &DeviceHandle) -> Result<Vec<i64>> {
         match self {
             DeviceBuffer::I64(d) => dev
                 .stream()
@@ -272,7 +273,7 @@ impl DeviceBuffer {
     }
 
     /// Raw device address of the first element, for kernel arguments.
-    pub fn ptr(&self, dev: &CudaDevice) -> u64 {
+    pub fn ptr(&self, dev: &DeviceHandle) -> u64 {
         let s = dev.stream();
         match self {
             DeviceBuffer::F32(d) => d.device_ptr(s).0,

@@ -5,7 +5,7 @@
 //! elements carries no dispatch and compiles to straight-line code; [`produce`] computes
 //! and rounds the output piece by piece over rayon's threads.
 
-use super::{Binary, Unary};
+use super::functions::{Binary, Unary};
 use crate::dtype::DType;
 use crate::engine::Computed;
 use crate::error::Result;

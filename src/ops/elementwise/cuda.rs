@@ -1,7 +1,7 @@
 //! Unary maps and broadcasting binary arithmetic on the device (`elementwise.cu`), with
 //! the CPU emulator's numerics: compute in f32, round once, count where the op rounds.
 
-use super::{Binary, Unary};
+use super::functions::{Binary, Unary};
 use crate::error::{Error, Result};
 use crate::ops::cuda::{
     arg, collapse, device_of, launch, launch_with, output, pad_shape, pad_strides, same_dtype,

@@ -1,7 +1,10 @@
 //! The loss kernels on the host: log-sum-exp, cross-entropy, NLL and MSE with their
 //! gradients.
 
-use super::*;
+use crate::engine::Computed;
+use crate::error::Result;
+use crate::ops::Finish;
+use crate::tensor::Real;
 
 /// Row-wise log-sum-exp, computed in T with the sum accumulated in f64 in row order.
 pub(super) fn lse<T: Real>(row: &[T]) -> T {

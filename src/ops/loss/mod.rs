@@ -1,10 +1,10 @@
 //! Losses: cross-entropy (mean, ignore_index) and mean squared error.
 
-use super::{expect_float, grad, with_float, with_float2, FData, Finish};
+use super::{expect_float, grad, with_float, with_float2, FData};
 use crate::amp::policy::Category;
 use crate::engine::{Computed, Engine};
 use crate::error::{Error, Result};
-use crate::tensor::{Real, Tensor};
+use crate::tensor::Tensor;
 
 mod cpu;
 pub mod cuda;

@@ -1,7 +1,10 @@
 //! The layer-norm, embedding-gradient and dropout kernels on the host.
 
-use super::*;
+use crate::engine::Computed;
+use crate::error::Result;
+use crate::ops::{grad, Finish};
 use crate::ops::{line_piece, produce_in, produce_lines, PAR_MIN};
+use crate::tensor::Real;
 
 /// Per-row mean and 1/√(var + eps) of `x` split in rows of `d`, accumulated in f64 (two
 /// passes, biased variance) and converted once to T. Rows run in parallel when there are

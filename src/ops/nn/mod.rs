@@ -1,12 +1,12 @@
 //! Neural-network ops: layer norm, embedding lookup and dropout.
 
 use super::shape::{check_grad, gather};
-use super::{expect_float, grad, FData, Finish};
+use super::{expect_float, grad, FData};
 use crate::dtype::RoundCounts;
 use crate::engine::{Computed, Engine};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
-use crate::tensor::{Real, Tensor};
+use crate::tensor::Tensor;
 
 mod cpu;
 pub mod cuda;

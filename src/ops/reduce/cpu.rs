@@ -1,7 +1,10 @@
 //! The reduction and softmax kernels on the host: f64 accumulators, one rounding.
 
-use super::*;
+use crate::engine::Computed;
+use crate::error::Result;
 use crate::ops::Pattern;
+use crate::ops::{bstrides, for_each_offset, sum_to_f64, Finish};
+use crate::tensor::{numel, Real};
 
 /// Sums `x` (shape `full`) down to `kept` in f64, divides by `count` when given (mean),
 /// rounds once.
@@ -195,4 +198,14 @@ pub(super) fn softmax_bwd<T: Finish>(
         }
     });
     T::finish(gx, shape, dtype)
+}
+
+/// Calls `f(base, stride)` for every line along the reduced dim: its elements are at
+/// `base + i * stride` for `i < n`.
+fn for_each_line(outer: usize, n: usize, inner: usize, mut f: impl FnMut(usize, usize)) {
+    for o in 0..outer {
+        for k in 0..inner {
+            f(o * n * inner + k, inner);
+        }
+    }
 }

@@ -5,11 +5,11 @@
 //! once, so fp16 inputs never overflow inside the op.
 
 use super::shape::{check_grad, gather, scatter};
-use super::{bstrides, expect_float, for_each_offset, grad, sum_to_f64, FData, Finish};
+use super::{expect_float, grad, FData};
 use crate::dtype::RoundCounts;
 use crate::engine::{Computed, Engine, Grad};
 use crate::error::{Error, Result};
-use crate::tensor::{norm_dim, numel, Real, Tensor};
+use crate::tensor::{norm_dim, numel, Tensor};
 
 mod cpu;
 pub mod cuda;
@@ -57,16 +57,6 @@ fn line_dim(x: &Tensor, dim: isize, op: &str) -> Result<(usize, usize, usize)> {
     }
     let d = norm_dim(dim, x.rank(), op)?;
     Ok(split_at_dim(x.shape(), d))
-}
-
-/// Calls `f(base, stride)` for every line along the reduced dim: its elements are at
-/// `base + i * stride` for `i < n`.
-fn for_each_line(outer: usize, n: usize, inner: usize, mut f: impl FnMut(usize, usize)) {
-    for o in 0..outer {
-        for k in 0..inner {
-            f(o * n * inner + k, inner);
-        }
-    }
 }
 
 impl Engine {

@@ -1,6 +1,11 @@
 //! The `where` and `masked_fill` kernels on the host.
 
-use super::*;
+use crate::dtype::DType;
+use crate::engine::Computed;
+use crate::error::Result;
+use crate::ops::{for_each_offset, sum_to, Finish};
+use crate::tensor::{numel, strides};
+use std::sync::Arc;
 
 /// Picks `a` where `c` is true and `b` elsewhere, over the broadcast `out` shape.
 pub(super) fn pick<T: Copy>(

@@ -2,12 +2,11 @@
 //! the fill value of `masked_fill` is ever rounded.
 
 use super::shape::check_grad;
-use super::{broadcast_shape, bstrides, expect_float, for_each_offset, grad, sum_to, Finish};
-use crate::dtype::{round_f64_to, DType, RoundCounts};
+use super::{broadcast_shape, bstrides, expect_float, for_each_offset, grad};
+use crate::dtype::{round_f64_to, RoundCounts};
 use crate::engine::{BackwardFn, Computed, Engine};
 use crate::error::{Error, Result};
-use crate::tensor::{numel, strides, Storage, Tensor};
-use std::sync::Arc;
+use crate::tensor::{Storage, Tensor};
 
 mod cpu;
 pub mod cuda;
