@@ -106,21 +106,34 @@ fn crate_paths(lines: &[String]) -> Vec<(usize, Vec<Vec<String>>)> {
         })
         .collect();
     let bytes: Vec<char> = joined.iter().map(|&(_, c)| c).collect();
-    let roots: Vec<Vec<char>> = ["crate::", "super::", "self::"]
+    // Each root as written, and the path it stands for: a child module the file declares
+    // (`mod grads;`) is named plainly (`grads::StepGrads`, `use grads::X`).
+    let mut roots: Vec<(Vec<char>, Vec<String>)> = ["crate", "super", "self"]
         .iter()
-        .map(|r| r.chars().collect())
+        .map(|r| (format!("{r}::").chars().collect(), vec![r.to_string()]))
         .collect();
+    for child in child_modules(lines) {
+        roots.push((
+            format!("{child}::").chars().collect(),
+            vec!["self".to_string(), child],
+        ));
+    }
+    let depth = inline_depths(&bytes);
     let mut i = 0;
     while i < bytes.len() {
         let boundary = i == 0
             || !(bytes[i - 1].is_alphanumeric() || bytes[i - 1] == '_' || bytes[i - 1] == ':');
-        let root = roots.iter().find(|r| boundary && bytes[i..].starts_with(r));
-        if let Some(root) = root {
+        // (inside an inline module a plain name is that module's, not a child file)
+        let root = roots
+            .iter()
+            .enumerate()
+            .find(|(k, (r, _))| boundary && (*k < 3 || depth[i] == 0) && bytes[i..].starts_with(r));
+        if let Some((_, (root, prefix))) = root {
             let line = joined[i].0;
-            let name: String = root[..root.len() - 2].iter().collect();
             let mut j = i + root.len();
             let mut paths = Vec::new();
-            expand(&bytes, &mut j, vec![name], &mut paths);
+            expand(&bytes, &mut j, prefix.clone(), &mut paths);
+            let paths = paths.into_iter().map(|p| lift(p, depth[i])).collect();
             out.push((line, paths));
             i = j.max(i + 1);
         } else {
@@ -128,6 +141,77 @@ fn crate_paths(lines: &[String]) -> Vec<(usize, Vec<Vec<String>>)> {
         }
     }
     out
+}
+
+/// For each character of a file, how many inline modules (`mod x { ... }`) enclose it.
+fn inline_depths(b: &[char]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(b.len());
+    let mut braces = 0usize;
+    // the brace depth each open inline module's body starts at
+    let mut open: Vec<usize> = Vec::new();
+    let mut pending = false;
+    let mut i = 0;
+    while i < b.len() {
+        let boundary = i == 0 || !(b[i - 1].is_alphanumeric() || b[i - 1] == '_');
+        if boundary && b[i..].starts_with(&['m', 'o', 'd', ' ']) {
+            pending = true;
+        }
+        match b[i] {
+            ';' => pending = false,
+            '{' => {
+                braces += 1;
+                if pending {
+                    open.push(braces);
+                    pending = false;
+                }
+            }
+            '}' => {
+                if open.last() == Some(&braces) {
+                    open.pop();
+                }
+                braces = braces.saturating_sub(1);
+            }
+            _ => {}
+        }
+        out.push(open.len());
+        i += 1;
+    }
+    out
+}
+
+/// A path written inside `depth` inline modules, as the file itself would write it: the
+/// first `depth` `super`s stay in the file.
+fn lift(path: Vec<String>, depth: usize) -> Vec<String> {
+    let supers = path.iter().take_while(|s| *s == "super").count();
+    if depth == 0 || supers == 0 {
+        return path;
+    }
+    let mut out = if supers <= depth {
+        vec!["self".to_string()]
+    } else {
+        vec!["super".to_string(); supers - depth]
+    };
+    out.extend(path[supers..].iter().cloned());
+    out
+}
+
+/// The child modules a file declares (`mod x;`, `pub mod x;`, `pub(crate) mod x;`).
+fn child_modules(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = match l.strip_prefix("pub") {
+                Some(r) if r.starts_with('(') => r.split_once(')')?.1.trim_start(),
+                Some(r) => r.trim_start(),
+                None => l,
+            };
+            let name = rest.strip_prefix("mod ")?.trim().strip_suffix(';')?.trim();
+            name.chars()
+                .all(|c| c.is_alphanumeric() || c == '_')
+                .then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// The module path a file defines (`ops/cast.rs` → `[ops, cast]`, `ops/mod.rs` → `[ops]`,
@@ -312,14 +396,15 @@ fn imports_point_down_the_layers() {
 #[test]
 fn no_import_circle_between_files() {
     let (src, sources) = sources();
-    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    // file -> the files it imports -> the lines that do
+    let mut edges: BTreeMap<PathBuf, BTreeMap<PathBuf, BTreeSet<usize>>> = BTreeMap::new();
     for s in &sources {
         let e = edges.entry(s.rel.clone()).or_default();
-        for (_, paths) in crate_paths(&s.lines) {
+        for (line, paths) in crate_paths(&s.lines) {
             for p in paths {
                 if let Some(f) = file_of(&src, &absolute(&s.rel, &p)) {
                     if f != s.rel && !f.ends_with("lib.rs") {
-                        e.insert(f);
+                        e.entry(f).or_default().insert(line);
                     }
                 }
             }
@@ -331,7 +416,7 @@ fn no_import_circle_between_files() {
         .iter()
         .map(|n| {
             edges[n]
-                .iter()
+                .keys()
                 .filter_map(|m| idx.get(m).copied())
                 .collect()
         })
@@ -345,7 +430,23 @@ fn no_import_circle_between_files() {
                 .map(|&i| format!("src/{}", nodes[i].display()))
                 .collect();
             names.sort();
-            names.join(", ")
+            // and the imports that close it
+            let mut lines = Vec::new();
+            for &i in c {
+                for &j in c {
+                    if let Some(at) = edges[&nodes[i]].get(&nodes[j]) {
+                        let at: Vec<String> = at.iter().map(usize::to_string).collect();
+                        lines.push(format!(
+                            "    src/{}:{} -> src/{}",
+                            nodes[i].display(),
+                            at.join(","),
+                            nodes[j].display()
+                        ));
+                    }
+                }
+            }
+            lines.sort();
+            format!("{}\n{}", names.join(", "), lines.join("\n"))
         })
         .collect();
     assert!(text.is_empty(), "import circles:\n{}", text.join("\n"));
@@ -444,6 +545,57 @@ fn the_parser_reads_grouped_and_nested_uses() {
             (1, "crate::trace::io".to_string()),
             (4, "crate::ops::cast::cast".to_string()),
             (5, "super::super::x::Y".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn the_parser_reads_paths_through_declared_child_modules() {
+    let lines = code_lines(
+        "mod grads;\n\
+         pub(crate) mod cpu;\n\
+         use grads::{StepGrads, views::Host};\n\
+         let y = cpu::scan(x);\n\
+         let z = other::g();\n\
+         let w = crate::a::grads::X;\n",
+    );
+    let flat: Vec<(usize, String)> = crate_paths(&lines)
+        .into_iter()
+        .flat_map(|(l, ps)| ps.into_iter().map(move |p| (l, p.join("::"))))
+        .collect();
+    assert_eq!(
+        flat,
+        vec![
+            (3, "self::grads::StepGrads".to_string()),
+            (3, "self::grads::views::Host".to_string()),
+            (4, "self::cpu::scan".to_string()),
+            (6, "crate::a::grads::X".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn super_inside_an_inline_module_stays_in_the_file() {
+    let lines = code_lines(
+        "mod grads;\n\
+         mod avx2 {\n\
+             use super::{Acc, LANES};\n\
+             use super::super::x::Y;\n\
+             fn f() { let a = grads::g(); }\n\
+         }\n\
+         use super::z::W;\n",
+    );
+    let flat: Vec<(usize, String)> = crate_paths(&lines)
+        .into_iter()
+        .flat_map(|(l, ps)| ps.into_iter().map(move |p| (l, p.join("::"))))
+        .collect();
+    assert_eq!(
+        flat,
+        vec![
+            (3, "self::Acc".to_string()),
+            (3, "self::LANES".to_string()),
+            (4, "super::x::Y".to_string()),
+            (7, "super::z::W".to_string()),
         ]
     );
 }
