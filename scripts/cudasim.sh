@@ -5,7 +5,7 @@
 # fetches NVIDIA's wheel from PyPI).
 #
 #   export LD_LIBRARY_PATH="$(scripts/cudasim.sh):$LD_LIBRARY_PATH"
-#   AMPROBE_REQUIRE_GPU=1 cargo test --release --test gpu_parity
+#   AMPROBE_REQUIRE_GPU=1 cargo test --release --test gpu_parity -- --include-ignored
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p cudasim >&2

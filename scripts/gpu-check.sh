@@ -51,9 +51,9 @@ step() { # name, time limit in seconds, command...
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" >"$out/nvidia-smi.txt"
 step doctor 60 gpu-bin/amprobe doctor
 gpu-bin/amprobe doctor --json >"$out/doctor.json" 2>/dev/null
-step cuda_kernels 120 gpu-bin/cuda_kernels --test-threads=1
-step gpu_parity 180 gpu-bin/gpu_parity --test-threads=1 --nocapture
-step device_step 240 gpu-bin/device_step --test-threads=1 --nocapture
+step cuda_kernels 120 gpu-bin/cuda_kernels --include-ignored --test-threads=1
+step gpu_parity 180 gpu-bin/gpu_parity --include-ignored --test-threads=1 --nocapture
+step device_step 240 gpu-bin/device_step --include-ignored --test-threads=1 --nocapture
 step engine_step 120 gpu-bin/engine_step --test-threads=1
 step run_cuda 60 gpu-bin/amprobe run samples/t5_overflow.toml --backend cuda --trace "$out/t5_cuda.jsonl"
 step run_cpu 60 gpu-bin/amprobe run samples/t5_overflow.toml --backend cpu --trace "$out/t5_cpu.jsonl"

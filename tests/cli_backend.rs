@@ -121,6 +121,7 @@ fn cuda_runs_on_the_device_or_fails_with_a_clear_message() {
 /// first Inf and first NaN, chain, skip causes and headroom (only the first line, which
 /// names the device, differs).
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_t5_diagnosis_on_the_device_is_the_emulators() {
     if !common::device_or_skip() {
         return;
@@ -196,6 +197,7 @@ fn selftest_without_a_gpu_is_an_error_not_a_panic() {
 /// first Inf, first NaN and first divergences. (A compared run's headroom lists may differ:
 /// cuBLAS sums in another order, which moves values at the edge of fp16's range.)
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn bisect_fix_and_compare_on_the_device_say_what_the_emulator_says() {
     if !common::device_or_skip() {
         return;

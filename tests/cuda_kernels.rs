@@ -17,6 +17,7 @@ fn nvrtc_or_skip() -> bool {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn kernels_compile_for_hopper_and_export_every_entry() {
     if !nvrtc_or_skip() {
         return;
@@ -61,6 +62,7 @@ fn kernels_compile_for_hopper_and_export_every_entry() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn no_contraction_into_fma() {
     if !nvrtc_or_skip() {
         return;
@@ -77,6 +79,7 @@ fn no_contraction_into_fma() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn a_broken_source_reports_nvrtcs_log() {
     if !nvrtc_or_skip() {
         return;

@@ -14,6 +14,7 @@ use common::*;
 static COUNTERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn a_step_reads_the_device_once_and_allocates_nothing_once_the_pool_is_warm() {
     if !device_or_skip() {
         return;
@@ -91,6 +92,7 @@ fn a_step_reads_the_device_once_and_allocates_nothing_once_the_pool_is_warm() {
 /// launch of its own, reading the whole output) is one launch and its output's bytes
 /// fewer at least. Same records either way (`device_step.rs`).
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn gathering_statistics_in_the_producing_kernels_saves_a_launch_and_a_read_per_output() {
     if !device_or_skip() {
         return;
@@ -187,6 +189,7 @@ fn kernel_launches<R>(names: &[&str], f: impl FnOnce() -> R) -> (Vec<u64>, R) {
 /// arena's own pass runs only for what no kernel gathered. Every parameter's update is
 /// one launch, and so are the unscale, the gradient norms and the clip.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn without_probes_a_device_step_runs_no_statistics_pass() {
     if !device_or_skip() {
         return;
@@ -237,6 +240,7 @@ fn without_probes_a_device_step_runs_no_statistics_pass() {
 /// needs none (an attention mask): the backward of `(x + y) + mask`, mask broadcast, launches
 /// no gradient kernel at all, and the gradients are the output gradient's values.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn add_gradients_pass_through_and_masks_get_none() {
     if !device_or_skip() {
         return;

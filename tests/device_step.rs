@@ -21,6 +21,7 @@ use amprobe::train::Trainer;
 use common::*;
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn sgd_steps_match_the_emulator_in_every_precision_mode() {
     if !device_or_skip() {
         return;
@@ -42,6 +43,7 @@ fn sgd_steps_match_the_emulator_in_every_precision_mode() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn overflowing_fp16_steps_are_skipped_and_the_scale_backs_off_as_on_the_cpu() {
     if !device_or_skip() {
         return;
@@ -69,6 +71,7 @@ fn overflowing_fp16_steps_are_skipped_and_the_scale_backs_off_as_on_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn adamw_clipping_and_the_scaler_variants_match_the_emulator() {
     if !device_or_skip() {
         return;
@@ -117,6 +120,7 @@ fn adamw_clipping_and_the_scaler_variants_match_the_emulator() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_step_records_the_same_ops_with_the_same_statistics() {
     if !device_or_skip() {
         return;
@@ -182,6 +186,7 @@ fn seed_mlp(
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_seed_mlp_with_its_cross_entropy_runs_on_the_device_as_on_the_emulator() {
     if !device_or_skip() {
         return;
@@ -246,6 +251,7 @@ fn masked_records(
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn a_device_masks_neg_inf_is_counted_on_the_device_and_is_no_origin() {
     if !device_or_skip() {
         return;
@@ -306,6 +312,7 @@ fn additive_mask_records(
 /// That -inf is the mask's, on the host and on the device alike: counted as masked, no Inf
 /// origin, and neither the mask nor its sum is a headroom warning.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn an_additive_masks_neg_inf_is_the_masks_on_both_backends() {
     let check = |ops: &[amprobe::trace::record::OpRecord], origin: bool, on: &str| {
         let (w, a) = (&ops[0], &ops[1]);
@@ -334,6 +341,7 @@ fn an_additive_masks_neg_inf_is_the_masks_on_both_backends() {
 /// counter addresses when the arena grows (and moves) in between: linear's backward with a
 /// bias takes three, and the arena (256 slots) is left one short of full before it.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn an_op_taking_several_arena_slots_survives_the_arena_growing() {
     if !device_or_skip() {
         return;
@@ -586,16 +594,19 @@ fn same_clamp_bounds(cpu: &[StepRecord], dev: &[StepRecord], what: &str) {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_t5_fixture_matches_the_emulator_in_every_precision_mode() {
     t5_case_in_every_mode(T5_CASES[0]);
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_gated_gelu_t5_variant_matches_the_emulator_in_every_precision_mode() {
     t5_case_in_every_mode(T5_CASES[1]);
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_six_layer_t5_variant_matches_the_emulator_in_every_precision_mode() {
     t5_case_in_every_mode(T5_CASES[2]);
 }
@@ -603,6 +614,7 @@ fn the_six_layer_t5_variant_matches_the_emulator_in_every_precision_mode() {
 /// The GPT-2 sample (scripts/make_gpt2.py's checkpoint, its block 1 attention scores past
 /// fp16's range) in every precision mode on both backends.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_gpt2_sample_matches_the_emulator_in_every_precision_mode() {
     hf_sample_in_every_mode("samples/gpt2_overflow_tiny");
 }
@@ -611,6 +623,7 @@ fn the_gpt2_sample_matches_the_emulator_in_every_precision_mode() {
 /// padding row without gradient, token types, -100 labels; layer 1's FFN output past
 /// 65504) on the device, step for step as on the emulator.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_bert_sample_matches_the_emulator_in_every_precision_mode() {
     hf_sample_in_every_mode("samples/bert_overflow_tiny");
 }
@@ -619,6 +632,7 @@ fn the_bert_sample_matches_the_emulator_in_every_precision_mode() {
 /// causal decoder with cross-attention, an untied head; decoder block 1's `wo` past 65504)
 /// on the device, step for step as on the emulator, with the clamp off and on.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_t5_seq2seq_sample_matches_the_emulator_in_every_precision_mode() {
     hf_sample_in_every_mode("samples/t5_seq2seq_tiny");
     if !device_or_skip() {
@@ -636,6 +650,7 @@ fn the_t5_seq2seq_sample_matches_the_emulator_in_every_precision_mode() {
 /// embeddings, RMSNorm, SwiGLU; layer 1's MLP output past fp16's range) in every
 /// precision mode on both backends.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn the_llama_sample_matches_the_emulator_in_every_precision_mode() {
     hf_sample_in_every_mode("samples/llama_overflow_tiny");
 }
@@ -669,6 +684,7 @@ fn hf_sample_in_every_mode(dir: &str) {
 /// both roundings are the same arithmetic, the losses, scales and parameter records also
 /// equal the probed device step's bit for bit.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn unprobed_steps_with_cublas_rounded_products_match_the_emulator() {
     if !device_or_skip() {
         return;
@@ -720,6 +736,7 @@ fn unprobed_steps_with_cublas_rounded_products_match_the_emulator() {
 /// from a re-run on the device. Every record (but the wall time) must equal, bit for bit, a
 /// trainer's that gathers full statistics in every step.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn check_only_device_steps_keep_the_records_of_full_statistics() {
     if !device_or_skip() {
         return;
@@ -772,6 +789,7 @@ fn check_only_device_steps_keep_the_records_of_full_statistics() {
 /// of 2^24 that grows every 3 clean steps: the backward overflows, the scale backs off,
 /// then grows again, step for step as on the emulator.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn twenty_t5_steps_give_the_emulators_loss_scale_sequence() {
     if !device_or_skip() {
         return;
@@ -806,6 +824,7 @@ fn twenty_t5_steps_give_the_emulators_loss_scale_sequence() {
 /// A label out of range fails the step on the device with the emulator's error, naming the
 /// label and its position, instead of a NaN loss.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn a_label_out_of_range_is_the_emulators_error_on_the_device() {
     if !device_or_skip() {
         return;
@@ -879,6 +898,7 @@ fn same_records_either_way(fused: &[StepRecord], pass: &[StepRecord], what: &str
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn statistics_gathered_by_the_producing_kernels_equal_the_arenas_own_pass() {
     if !device_or_skip() {
         return;
@@ -925,6 +945,7 @@ fn statistics_gathered_by_the_producing_kernels_equal_the_arenas_own_pass() {
 /// 2n·2⁻⁵³ relative for n positive terms, both orders' error bounds together). A loss
 /// scale of 2⁻¹⁶ makes the scaled fp16 flushes count.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn each_parameters_record_is_gathered_by_its_update_as_the_host_records_it() {
     if !device_or_skip() {
         return;

@@ -13,6 +13,7 @@ fn device_or_skip() -> Option<std::sync::Arc<CudaDevice>> {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn device_ops_match_the_cpu_emulator() {
     let Some(dev) = device_or_skip() else {
         return;
@@ -43,6 +44,7 @@ fn device_ops_match_the_cpu_emulator() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn opening_a_missing_device_is_an_error_not_a_panic() {
     let Some(_dev) = device_or_skip() else {
         // Without a GPU, opening any device must fail cleanly.
@@ -64,6 +66,7 @@ fn require_gpu_turns_the_skip_into_a_failure() {
         .args([
             "device_ops_match_the_cpu_emulator",
             "--exact",
+            "--include-ignored",
             "--test-threads=1",
         ])
         .env("AMPROBE_REQUIRE_GPU", "1")
@@ -82,6 +85,7 @@ fn require_gpu_turns_the_skip_into_a_failure() {
 }
 
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn a_launch_with_the_wrong_argument_count_is_refused_naming_the_kernel() {
     let Some(dev) = device_or_skip() else {
         return;
@@ -98,6 +102,7 @@ fn a_launch_with_the_wrong_argument_count_is_refused_naming_the_kernel() {
 /// one term keeps its -0 (x·x with a zero output gradient and negative x), a per-row sum
 /// starts from -0 as Rust's `Sum` does, and a bias-like sum from +0.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn zero_gradients_carry_the_emulators_signs() {
     use amprobe::dtype::DType;
     use amprobe::engine::Engine;
@@ -161,6 +166,7 @@ fn zero_gradients_carry_the_emulators_signs() {
 /// scales put fp16 results past its largest finite value, below its smallest subnormal,
 /// among its subnormals and on rounding ties, and bf16 results on ties up to 2^127.
 #[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
 fn a_16_bit_product_rounded_by_cublas_equals_the_counted_cast() {
     use amprobe::dtype::DType;
     use amprobe::ops::cuda::Out;
