@@ -356,6 +356,37 @@ fn every_module_has_a_layer() {
 }
 
 #[test]
+fn the_architecture_docs_layer_table_is_layers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // rows `| N | `a`, `b` | what they hold |`
+    let rows: Vec<(usize, Vec<String>)> = text
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let n = cells.get(1)?.parse::<usize>().ok()?;
+            let names = cells
+                .get(2)?
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect();
+            Some((n, names))
+        })
+        .collect();
+    let want: Vec<(usize, Vec<String>)> = amprobe::LAYERS
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i, l.iter().map(|m| m.to_string()).collect()))
+        .collect();
+    assert_eq!(
+        rows, want,
+        "docs/architecture.md's layer table against amprobe::LAYERS"
+    );
+}
+
+#[test]
 fn imports_point_down_the_layers() {
     let (_, sources) = sources();
     let mut broken = Vec::new();
