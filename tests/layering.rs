@@ -16,7 +16,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for p in entries {
         if p.is_dir() {
             rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
+        } else if p.extension().is_some_and(|e| e == "rs") && !p.ends_with("tests.rs") {
+            // (a `tests.rs` is a unit-test module, `#[cfg(test)] mod tests;`: unit tests
+            // may reach anywhere)
             out.push(p);
         }
     }

@@ -5,7 +5,7 @@ mod tui_fixture;
 
 use amprobe::trace::record::Phase;
 use amprobe::tui::app::Tab;
-use amprobe::tui::model::is_anomaly;
+use amprobe::tui::view_model::is_anomaly;
 use ratatui::crossterm::event::KeyCode;
 use tui_fixture::*;
 

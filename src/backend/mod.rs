@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// The whole device program of a training step: every op family's kernels, the probe
 /// arena's, and the optimizer phase's (unscale, clipping, the updates, the scale update).
 pub fn device_program() -> Program {
-    let mut p = crate::ops::program::program();
+    let mut p = crate::ops::kernel_sources::program();
     p.sources
         .push(("optim/optim.cu", crate::optim::cuda::SOURCE));
     p.kernels.extend_from_slice(crate::optim::cuda::KERNELS);

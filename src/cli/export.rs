@@ -25,7 +25,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<i32> {
     }
     let tf = TraceFile::open(&a.trace)?;
     write_perfetto(&tf, &a.out)?;
-    if let Some(w) = amprobe::report::summary::completeness(&tf) {
+    if let Some(w) = amprobe::report::summary_doc::completeness(&tf) {
         outln!("note: {w}")?;
     }
     outln!(

@@ -259,7 +259,7 @@ fn bisect(
         return Ok(None);
     };
     let (mut set, minimal) =
-        amprobe::diagnose::bisect::ddmin(|s| t.test(&universe, s).map_err(to_lib), start)?;
+        amprobe::diagnose::module_bisect::ddmin(|s| t.test(&universe, s).map_err(to_lib), start)?;
     set.sort_unstable();
     Ok(Some(Bisected {
         modules: set.iter().map(|&i| universe[i].clone()).collect(),

@@ -35,7 +35,7 @@ pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
             step: a.step,
         },
     )?;
-    if let Some(w) = amprobe::report::summary::completeness(&tf) {
+    if let Some(w) = amprobe::report::summary_doc::completeness(&tf) {
         outln!("note: {w}")?;
     }
     outln!("verdict: {}", out.facts.verdict)?;

@@ -14,10 +14,10 @@
 
 pub mod accuracy;
 pub mod align;
-pub mod bisect;
 pub mod cause;
 pub mod collapse;
 pub mod headroom;
+pub mod module_bisect;
 mod outcome;
 pub mod rank_summary;
 pub mod ranks;

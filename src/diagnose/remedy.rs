@@ -13,9 +13,9 @@
 //! - `divergence`: none: the step is non-finite in fp32 too.
 
 use super::accuracy::{compare, Accuracy};
-use super::bisect::{bisect, Bisection};
 use super::cause::{classify_with, fp32_reference, SkipKind};
 use super::collapse::short;
+use super::module_bisect::{bisect, Bisection};
 use super::outcome::{any_origin, finite, nonfinite_anywhere};
 use crate::amp::mode::Precision;
 use crate::dtype::DType;

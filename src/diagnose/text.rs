@@ -1,9 +1,9 @@
 //! The diagnosis in plain words, for the human summary.
 
-use super::bisect::Bisection;
 use super::cause::{SkipCause, SkipKind};
 use super::collapse::short;
 use super::headroom::{HeadroomKind, HeadroomWarning};
+use super::module_bisect::Bisection;
 use super::rank_summary::{RankOrigin, RanksSummary};
 use super::remedy::RemedyReport;
 use super::summary::RunSummary;

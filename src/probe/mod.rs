@@ -2,9 +2,9 @@
 mod f32_scan;
 pub mod nonfinite;
 pub mod params;
-pub mod stats;
+pub mod tensor_stats;
 
-pub use stats::{CastCounts, ExpHist, TensorStats};
+pub use tensor_stats::{CastCounts, ExpHist, TensorStats};
 pub mod recorder;
 
 /// The xorshift64 (13, 7, 17) sequence from `seed`, for the probes' test data.

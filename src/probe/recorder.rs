@@ -2,7 +2,7 @@
 //! the first NaN with the chain of ops between them.
 
 use super::nonfinite::{self, NonFinite};
-use super::stats::{Deferred, TensorStats};
+use super::tensor_stats::{Deferred, TensorStats};
 use crate::device::cuda::arena::SlotStats;
 use crate::dtype::DType;
 use crate::engine::observer::{Observer, OpEvent};

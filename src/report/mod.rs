@@ -11,8 +11,8 @@ pub mod doc;
 pub mod facts;
 pub mod gate;
 pub mod perfetto;
-pub mod summary;
+pub mod summary_doc;
 pub mod trace_file;
 
-pub use summary::{write_report, ReportOptions, ReportOutput};
+pub use summary_doc::{write_report, ReportOptions, ReportOutput};
 pub use trace_file::TraceFile;

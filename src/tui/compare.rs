@@ -2,8 +2,8 @@
 //! (phase, op, module, gradient input), differing ops highlighted.
 
 use super::format::{self, clip, clip_left, num, pad, pow2, rpad};
-use super::model::{op_nonfinite, Model};
 use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
+use super::view_model::{op_nonfinite, Model};
 pub use crate::diagnose::align::{align, Pair};
 use crate::diagnose::align::{rel_diff, scale_of, DEFAULT_THRESHOLD};
 use crate::trace::record::{OpRecord, StepRecord};
@@ -384,7 +384,7 @@ impl Panel for CompareState {
 mod tests {
     use super::*;
     use crate::trace::record::Phase;
-    use crate::tui::model::tests::op;
+    use crate::tui::view_model::tests::op;
 
     #[test]
     fn differences_are_numeric_not_dtype() {

@@ -3,9 +3,9 @@
 //! would flush to zero, and a sparkline of its history.
 
 use super::format::{self, num, pad, pct, rpad};
-use super::model::{LayerStat, Model};
 use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 use super::scale::step_jump;
+use super::view_model::{LayerStat, Model};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};

@@ -3,10 +3,10 @@
 //! output statistics and exponent histogram.
 
 use super::format::{self, clip, num, pad, rpad};
-use super::model::{is_anomaly, op_nonfinite, Model};
 use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
 use super::theme::Theme;
-use crate::probe::stats::ExpHist;
+use super::view_model::{is_anomaly, op_nonfinite, Model};
+use crate::probe::tensor_stats::ExpHist;
 use crate::trace::record::OpRecord;
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
@@ -750,7 +750,7 @@ impl Panel for OpsState {
 mod tests {
     use super::*;
     use crate::trace::record::Phase;
-    use crate::tui::model::tests::op;
+    use crate::tui::view_model::tests::op;
 
     #[test]
     fn histogram_places_values_against_fp16_range() {

@@ -2,8 +2,8 @@
 //! chain between them, and the run's progress.
 
 use super::format::{self, clip, num, pow2};
-use super::model::{Model, RunState, SourceKind};
 use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
+use super::view_model::{Model, RunState, SourceKind};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};

@@ -1,8 +1,8 @@
 //! What every panel shares: the [`Panel`] trait the app drives them through, the selected
 //! step, a panel's answer to a key, and what a view needs besides its own state.
 
-use super::model::Model;
 use super::theme::Theme;
+use super::view_model::Model;
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::KeyEvent;
 use ratatui::layout::Rect;

@@ -2,8 +2,8 @@
 //! causes of the skips, and the loss curve beneath.
 
 use super::format::{self, clip, num, pow2};
-use super::model::{step_is_anomaly, Model};
 use super::panel::{Ctx, Panel, Reply, Scene, StepCursor};
+use super::view_model::{step_is_anomaly, Model};
 use ratatui::buffer::Buffer;
 use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::layout::{Constraint, Layout, Rect};

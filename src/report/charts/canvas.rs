@@ -6,7 +6,7 @@
 pub(super) use crate::dtype::{BF16, FP16};
 pub(super) use crate::error::{Error, Result};
 pub(super) use crate::numfmt::long as fmt_num;
-pub(super) use crate::probe::stats::ExpHist;
+pub(super) use crate::probe::tensor_stats::ExpHist;
 pub(super) use crate::report::facts;
 pub(super) use crate::trace::io::Trace;
 pub(super) use crate::trace::record::{OpRef, Phase, StepRecord};

@@ -8,7 +8,7 @@ use crate::report::charts::{
 };
 use crate::report::doc::{Block, Doc};
 use crate::report::facts::{fmt_num, fmt_pct, module_name, phase_name};
-use crate::report::summary::{completeness, step_ranges};
+use crate::report::summary_doc::{completeness, step_ranges};
 use crate::report::trace_file::TraceFile;
 use crate::trace::record::StepRecord;
 use std::path::{Path, PathBuf};
