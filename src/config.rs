@@ -1,3 +1,5 @@
+//! Layer 10 of `amprobe::LAYERS`: may use layers 0–9 (`dtype` … `train`).
+//!
 //! Run configuration: a TOML file whose every field can also be set by a CLI flag (flags win).
 
 use crate::amp::mode::Precision;

@@ -1,3 +1,5 @@
+//! Layer 0 of `amprobe::LAYERS`: uses no other module of the crate.
+//!
 //! Data types, their format limits, and the one rounding rule of the engine.
 //!
 //! Low-precision values (fp16, bf16) are held in `f32` storage, each value exactly

@@ -1,3 +1,5 @@
+//! Layer 0 of `amprobe::LAYERS`: uses no other module of the crate.
+//!
 //! The library's one error type.
 
 use std::path::PathBuf;

@@ -1,3 +1,5 @@
+//! Layer 0 of `amprobe::LAYERS`: uses no other module of the crate.
+//!
 //! How the process's allocator treats the host step's buffers.
 //!
 //! A host step allocates and frees tensors of megabytes hundreds of times. glibc's malloc

@@ -1,3 +1,5 @@
+//! Layer 0 of `amprobe::LAYERS`: uses no other module of the crate.
+//!
 //! How numbers read in every report and in the terminal UI: one rule for where plain
 //! notation gives way to scientific (1e-3 ≤ |x| < 1e6), in a long form for reports and a
 //! short form (at most 9 characters) for table cells.

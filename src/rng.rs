@@ -1,3 +1,5 @@
+//! Layer 0 of `amprobe::LAYERS`: uses no other module of the crate.
+//!
 //! A small deterministic random number generator (SplitMix64), stable across versions, for
 //! seeded synthetic data, dropout masks and tests.
 

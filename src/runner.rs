@@ -1,3 +1,5 @@
+//! Layer 11 of `amprobe::LAYERS`: may use layers 0–10 (`dtype` … `diagnose`).
+//!
 //! A whole run: build the model, data and step engine from a config, train, stream the
 //! trace, and summarise the outcome.
 

@@ -358,6 +358,44 @@ fn every_module_has_a_layer() {
 }
 
 #[test]
+fn each_modules_first_doc_line_says_its_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let layers = amprobe::LAYERS;
+    let mut wrong = Vec::new();
+    for (n, mods) in layers.iter().enumerate() {
+        let want = match n {
+            0 => "//! Layer 0 of `amprobe::LAYERS`: uses no other module of the crate.".to_string(),
+            1 => format!(
+                "//! Layer 1 of `amprobe::LAYERS`: may use layer 0 (`{}` … `{}`).",
+                layers[0][0],
+                layers[0][layers[0].len() - 1]
+            ),
+            _ => format!(
+                "//! Layer {n} of `amprobe::LAYERS`: may use layers 0–{} (`{}` … `{}`).",
+                n - 1,
+                layers[0][0],
+                layers[n - 1][layers[n - 1].len() - 1]
+            ),
+        };
+        for m in *mods {
+            let dir = src.join(m).join("mod.rs");
+            let file = if dir.is_file() {
+                dir
+            } else {
+                src.join(format!("{m}.rs"))
+            };
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let first = text.lines().next().unwrap_or_default();
+            if first != want {
+                wrong.push(format!("{}: `{first}`, want `{want}`", file.display()));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "first doc lines:\n{}", wrong.join("\n"));
+}
+
+#[test]
 fn the_architecture_docs_layer_table_is_layers() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -1,3 +1,5 @@
+//! Layer 8 of `amprobe::LAYERS`: may use layers 0–7 (`dtype` … `probe`).
+//!
 //! Which backend a run uses: the CPU emulator or an NVIDIA GPU through CUDA.
 //!
 //! [`resolve`] turns the user's `--backend` choice into the backend a run uses, from what

@@ -1,3 +1,5 @@
+//! Layer 13 of `amprobe::LAYERS`: may use layers 0–12 (`dtype` … `tui`).
+//!
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
 mod bisect;

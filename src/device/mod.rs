@@ -1,3 +1,5 @@
+//! Layer 2 of `amprobe::LAYERS`: may use layers 0–1 (`dtype` … `trace`).
+//!
 //! Where tensor data lives: host memory, or the memory of a CUDA device.
 //!
 //! This is the runtime under the tensors: [`detect`] finds a usable GPU without ever

@@ -1,3 +1,5 @@
+//! Layer 10 of `amprobe::LAYERS`: may use layers 0–9 (`dtype` … `train`).
+//!
 //! Diagnosis of a run: why steps were skipped, which ops come close to fp16's limits, which
 //! changes of recipe make a failing step finite (each proven by re-running the step), and a
 //! minimal set of modules to keep in fp32 (delta debugging).

@@ -1,3 +1,5 @@
+//! Layer 5 of `amprobe::LAYERS`: may use layers 0–4 (`dtype` … `amp`).
+//!
 //! The op recorder: autocast, the autograd tape, module scopes and probe events.
 //!
 //! Every op goes through [`Engine::record`]: its inputs have already been cast to the dtype

@@ -1,3 +1,5 @@
+//! Layer 8 of `amprobe::LAYERS`: may use layers 0–7 (`dtype` … `probe`).
+//!
 //! Models: parameters, batches and the forward pass that ends in a loss.
 
 pub mod bert;

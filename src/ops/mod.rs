@@ -1,3 +1,5 @@
+//! Layer 6 of `amprobe::LAYERS`: may use layers 0–5 (`dtype` … `engine`).
+//!
 //! Ops: one module per family. Each op has a forward kernel, a backward, and an autocast
 //! category (its ATen name looked up in the policy table).
 //!

@@ -1,3 +1,5 @@
+//! Layer 7 of `amprobe::LAYERS`: may use layers 0–6 (`dtype` … `ops`).
+//!
 //! Optimizers (SGD, Adam, AdamW) and gradient-norm clipping with PyTorch's numerics.
 //!
 //! The engine owns the tensors; an optimizer sees each parameter as a [`ParamSlot`]: its

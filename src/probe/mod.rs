@@ -1,3 +1,5 @@
+//! Layer 7 of `amprobe::LAYERS`: may use layers 0–6 (`dtype` … `ops`).
+//!
 //! Numerical probes: what every op's output looks like, computed from the raw bits.
 mod f32_scan;
 pub mod nonfinite;

@@ -1,3 +1,5 @@
+//! Layer 12 of `amprobe::LAYERS`: may use layers 0–11 (`dtype` … `runner`).
+//!
 //! Reports over traces: charts, `summary.md` and `index.html` (`amprobe report`), the CI
 //! gate (`--fail-on`), comparison of runs in different precisions (`amprobe compare`) and
 //! the Chrome trace-event export (`amprobe export --perfetto`).

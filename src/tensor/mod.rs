@@ -1,3 +1,5 @@
+//! Layer 3 of `amprobe::LAYERS`: may use layers 0–2 (`dtype` … `device`).
+//!
 //! Tensors: shape, dtype and storage on the host or a CUDA device.
 //!
 //! Storage is row-major and contiguous. On the host, fp16 and bf16 values live in `f32`

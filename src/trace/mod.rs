@@ -1,3 +1,5 @@
+//! Layer 1 of `amprobe::LAYERS`: may use layer 0 (`dtype` … `rng`).
+//!
 //! The trace file: one JSON record per line (header, one record per step, end), written as
 //! the run goes so that a killed run leaves a readable trace. See `docs/trace-schema.md`.
 pub mod float_json;

@@ -1,3 +1,5 @@
+//! Layer 9 of `amprobe::LAYERS`: may use layers 0–8 (`dtype` … `models`).
+//!
 //! The step engine: forward under the autocast policy, loss, loss scaling, backward,
 //! unscale, clipping, optimizer step and scale update, with probes on every op.
 //!
