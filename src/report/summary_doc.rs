@@ -8,6 +8,7 @@ use super::doc::{Block, Doc};
 use super::facts::{self, fmt_num, fmt_pct, Facts, HeadroomHit, HEADROOM_WARN};
 use super::trace_file::TraceFile;
 use crate::error::{Error, Result};
+use crate::trace::record::{Header, StepRecord};
 use std::path::{Path, PathBuf};
 
 /// What to put in a report.
@@ -268,14 +269,30 @@ fn build_doc(
     if let Some(w) = completeness(tf) {
         d.push(Block::Warning(w));
     }
+    section_verdict(&mut d, facts);
+    section_origins(&mut d, facts);
+    section_skipped(&mut d, facts, steps);
+    section_events(&mut d, facts);
+    section_headroom(&mut d, facts);
+    section_remedies(&mut d, facts, h);
+    section_charts(&mut d, facts, op_step, charts);
+    section_parameters(&mut d, facts);
+    section_run(&mut d, h);
+    d
+}
 
+/// The verdict and what it means.
+fn section_verdict(d: &mut Doc, facts: &Facts) {
     d.push(Block::Heading(1, "Verdict".into()));
     d.push(Block::Para(format!(
         "**{}**: {}",
         facts.verdict,
         facts::verdict_explanation(&facts.verdict)
     )));
+}
 
+/// Where Infs and NaNs first appeared, one row per distinct origin, and the chain between them.
+fn section_origins(d: &mut Doc, facts: &Facts) {
     d.push(Block::Heading(1, "Origins".into()));
     if facts.origins.is_empty() {
         d.push(Block::Para("No op produced an Inf or NaN.".into()));
@@ -336,7 +353,10 @@ fn build_doc(
             )));
         }
     }
+}
 
+/// The skipped steps with their scales and causes.
+fn section_skipped(d: &mut Doc, facts: &Facts, steps: &[StepRecord]) {
     d.push(Block::Heading(1, "Skipped steps".into()));
     let n = steps.len().max(1);
     d.push(Block::Para(format!(
@@ -360,7 +380,10 @@ fn build_doc(
             d.push(Block::Para(m));
         }
     }
+}
 
+/// The run's events.
+fn section_events(d: &mut Doc, facts: &Facts) {
     d.push(Block::Heading(1, "Events".into()));
     if facts.events.is_empty() {
         d.push(Block::Para("None.".into()));
@@ -373,7 +396,10 @@ fn build_doc(
         items.extend(more);
         d.push(Block::List(items));
     }
+}
 
+/// Forward ops close to fp16's limits, and gradients fp16 flushes even after scaling.
+fn section_headroom(d: &mut Doc, facts: &Facts) {
     d.push(Block::Heading(1, "Headroom".into()));
     let checked = facts.steps_with_ops.len();
     let table = |hits: &[HeadroomHit]| {
@@ -461,10 +487,16 @@ fn build_doc(
         items.extend(more);
         d.push(Block::List(items));
     }
+}
 
+/// What to try, for the run's precision.
+fn section_remedies(d: &mut Doc, facts: &Facts, h: &Header) {
     d.push(Block::Heading(1, "Remedies".into()));
     d.push(Block::List(facts.remedies(&h.precision)));
+}
 
+/// The charts, with the step the per-op chart shows.
+fn section_charts(d: &mut Doc, facts: &Facts, op_step: Option<u64>, charts: &[(Rendered, String)]) {
     d.push(Block::Heading(1, "Charts".into()));
     match op_step {
         Some(s) => d.push(Block::Para(format!(
@@ -483,7 +515,10 @@ fn build_doc(
             svg: file_name(&r.svg),
         });
     }
+}
 
+/// One row per parameter: gradient magnitudes, zeros, underflow, Inf/NaN steps.
+fn section_parameters(d: &mut Doc, facts: &Facts) {
     d.push(Block::Heading(1, "Parameters".into()));
     if facts.params.is_empty() {
         d.push(Block::Para("No parameter records.".into()));
@@ -542,7 +577,10 @@ fn build_doc(
                 .collect(),
         ));
     }
+}
 
+/// How the run was configured.
+fn section_run(d: &mut Doc, h: &Header) {
     d.push(Block::Heading(1, "Run".into()));
     let json = |v: &serde_json::Value| serde_json::to_string(v).unwrap_or_default();
     d.push(Block::List(vec![
@@ -567,7 +605,6 @@ fn build_doc(
         },
         format!("command line: `{}`", h.command_line.join(" ")),
     ]));
-    d
 }
 
 #[cfg(test)]
