@@ -1,7 +1,7 @@
 //! The comparison as a report: `compare.md`, `compare.html` and the per-op difference
 //! chart of each run, plus the lines the command line prints.
 
-use super::comparison::{compare, Class, Comparison, OpDiff, RunDiff};
+use super::comparison::{compare, Class, Comparison, OpDiff, RunDiff, RunInfo};
 use crate::error::{Error, Result};
 use crate::report::charts::{
     render, DiffChart, MarkGroup, Rendered, StepChart, StepSeries, Symbol, PALETTE,
@@ -255,6 +255,23 @@ fn build_doc(traces: &[TraceFile], cmp: &Comparison, charts: &[(Rendered, String
             d.push(Block::Warning(format!("`{}`: {w}", t.path.display())));
         }
     }
+    section_runs(&mut d, cmp);
+    for diff in &cmp.diffs {
+        section_diff(&mut d, cmp, diff, reference);
+    }
+    d.push(Block::Heading(1, "Charts".into()));
+    for (r, caption) in charts {
+        d.push(Block::Image {
+            title: caption.clone(),
+            png: file_name(&r.png),
+            svg: file_name(&r.svg),
+        });
+    }
+    d
+}
+
+/// One row per run: precision, steps, skips, final loss, step time, verdict.
+fn section_runs(d: &mut Doc, cmp: &Comparison) {
     d.push(Block::Heading(1, "Runs".into()));
     d.push(Block::Table(
         [
@@ -287,123 +304,116 @@ fn build_doc(traces: &[TraceFile], cmp: &Comparison, charts: &[(Rendered, String
             })
             .collect(),
     ));
-    for diff in &cmp.diffs {
-        let run = &cmp.runs[diff.run];
-        d.push(Block::Heading(
-            1,
-            format!("{} vs {}", run.label, reference.label),
+}
+
+/// One run against the reference: where it diverged, op by op.
+fn section_diff(d: &mut Doc, cmp: &Comparison, diff: &RunDiff, reference: &RunInfo) {
+    let run = &cmp.runs[diff.run];
+    d.push(Block::Heading(
+        1,
+        format!("{} vs {}", run.label, reference.label),
+    ));
+    if diff.steps_compared.is_empty() {
+        d.push(Block::Para(
+            "No step has op records in both runs, so no op could be compared (keep op \
+             records in both runs with `--sample-every`)."
+                .into(),
         ));
-        if diff.steps_compared.is_empty() {
-            d.push(Block::Para(
-                "No step has op records in both runs, so no op could be compared (keep op \
-                 records in both runs with `--sample-every`)."
-                    .into(),
-            ));
-            continue;
-        }
-        d.push(Block::Para(format!(
-            "Compared steps: {}. Aligned ops: {}; only in this run: {}; only in the reference: \
-             {}; casts left out: {}.",
-            step_ranges(&diff.steps_compared),
-            diff.ops.len(),
-            diff.only_in_run,
-            diff.only_in_ref,
-            diff.casts_in_run
-        )));
-        match diff.first_divergence() {
-            Some(o) => d.push(Block::Para(format!(
-                "**First divergence**: {}: **{}**: {} (max |x| {} vs {}; relative \
-                 difference {} of max |x|, {} of the L2 norm).",
-                o.describe(),
-                o.class.describe(),
-                o.reason,
-                fmt_num(o.run_max_abs),
-                fmt_num(o.ref_max_abs),
-                rel_text(o.rel_max_abs),
-                rel_text(o.rel_l2)
-            ))),
-            None => d.push(Block::Para(format!(
-                "No op diverged beyond {}.",
-                fmt_pct(cmp.threshold)
-            ))),
-        }
-        let (range, rounding) = (diff.count(Class::Range), diff.count(Class::Rounding));
-        let propagated = diff
-            .ops
-            .iter()
-            .filter(|o| o.diverged && o.propagated)
-            .count();
-        let worst_rounding = diff
-            .ops
-            .iter()
-            .filter(|o| o.class == Class::Rounding)
-            .map(OpDiff::rel)
-            .fold(0.0, f64::max);
-        d.push(Block::Para(format!(
-            "Diverged ops: {range} range failure(s) ({propagated} of them carrying an \
-             earlier op's Inf/NaN), {rounding} rounding difference(s). Largest relative \
-             difference of an op within range: {}.",
-            fmt_pct(worst_rounding)
-        )));
-        let mut shown: Vec<&OpDiff> = diff.ops.iter().filter(|o| o.diverged).collect();
-        let more = shown.len().saturating_sub(40);
-        shown.truncate(40);
-        if !shown.is_empty() {
-            d.push(Block::Table(
-                [
-                    "step",
-                    "phase",
-                    "op # (run / ref)",
-                    "op",
-                    "module",
-                    "dtype",
-                    "max |x| run",
-                    "max |x| ref",
-                    "rel. diff max |x|",
-                    "rel. diff L2",
-                    "class",
-                    "why",
-                ]
-                .map(String::from)
-                .to_vec(),
-                shown
-                    .iter()
-                    .map(|o| {
-                        vec![
-                            o.step.to_string(),
-                            phase_name(o.phase).into(),
-                            format!("{} / {}", o.run_index, o.ref_index),
-                            format!("`{}`", o.op),
-                            format!("`{}`", module_name(&o.module)),
-                            o.dtype.to_string(),
-                            fmt_num(o.run_max_abs),
-                            fmt_num(o.ref_max_abs),
-                            rel_text(o.rel_max_abs),
-                            rel_text(o.rel_l2),
-                            if o.propagated {
-                                "range (propagated)".into()
-                            } else {
-                                o.class.name().into()
-                            },
-                            o.reason.clone(),
-                        ]
-                    })
-                    .collect(),
-            ));
-            if more > 0 {
-                d.push(Block::Para(format!(
-                    "… and {more} more diverged ops not shown."
-                )));
-            }
+        return;
+    }
+    d.push(Block::Para(format!(
+        "Compared steps: {}. Aligned ops: {}; only in this run: {}; only in the reference: \
+         {}; casts left out: {}.",
+        step_ranges(&diff.steps_compared),
+        diff.ops.len(),
+        diff.only_in_run,
+        diff.only_in_ref,
+        diff.casts_in_run
+    )));
+    match diff.first_divergence() {
+        Some(o) => d.push(Block::Para(format!(
+            "**First divergence**: {}: **{}**: {} (max |x| {} vs {}; relative \
+             difference {} of max |x|, {} of the L2 norm).",
+            o.describe(),
+            o.class.describe(),
+            o.reason,
+            fmt_num(o.run_max_abs),
+            fmt_num(o.ref_max_abs),
+            rel_text(o.rel_max_abs),
+            rel_text(o.rel_l2)
+        ))),
+        None => d.push(Block::Para(format!(
+            "No op diverged beyond {}.",
+            fmt_pct(cmp.threshold)
+        ))),
+    }
+    let (range, rounding) = (diff.count(Class::Range), diff.count(Class::Rounding));
+    let propagated = diff
+        .ops
+        .iter()
+        .filter(|o| o.diverged && o.propagated)
+        .count();
+    let worst_rounding = diff
+        .ops
+        .iter()
+        .filter(|o| o.class == Class::Rounding)
+        .map(OpDiff::rel)
+        .fold(0.0, f64::max);
+    d.push(Block::Para(format!(
+        "Diverged ops: {range} range failure(s) ({propagated} of them carrying an \
+         earlier op's Inf/NaN), {rounding} rounding difference(s). Largest relative \
+         difference of an op within range: {}.",
+        fmt_pct(worst_rounding)
+    )));
+    let mut shown: Vec<&OpDiff> = diff.ops.iter().filter(|o| o.diverged).collect();
+    let more = shown.len().saturating_sub(40);
+    shown.truncate(40);
+    if !shown.is_empty() {
+        d.push(Block::Table(
+            [
+                "step",
+                "phase",
+                "op # (run / ref)",
+                "op",
+                "module",
+                "dtype",
+                "max |x| run",
+                "max |x| ref",
+                "rel. diff max |x|",
+                "rel. diff L2",
+                "class",
+                "why",
+            ]
+            .map(String::from)
+            .to_vec(),
+            shown
+                .iter()
+                .map(|o| {
+                    vec![
+                        o.step.to_string(),
+                        phase_name(o.phase).into(),
+                        format!("{} / {}", o.run_index, o.ref_index),
+                        format!("`{}`", o.op),
+                        format!("`{}`", module_name(&o.module)),
+                        o.dtype.to_string(),
+                        fmt_num(o.run_max_abs),
+                        fmt_num(o.ref_max_abs),
+                        rel_text(o.rel_max_abs),
+                        rel_text(o.rel_l2),
+                        if o.propagated {
+                            "range (propagated)".into()
+                        } else {
+                            o.class.name().into()
+                        },
+                        o.reason.clone(),
+                    ]
+                })
+                .collect(),
+        ));
+        if more > 0 {
+            d.push(Block::Para(format!(
+                "… and {more} more diverged ops not shown."
+            )));
         }
     }
-    d.push(Block::Heading(1, "Charts".into()));
-    for (r, caption) in charts {
-        d.push(Block::Image {
-            title: caption.clone(),
-            png: file_name(&r.png),
-            svg: file_name(&r.svg),
-        });
-    }
-    d
 }
