@@ -6,7 +6,6 @@
 //! so they never cover data.
 
 mod canvas;
-mod diff;
 mod exphist;
 mod heatmap;
 mod opmax;
@@ -20,7 +19,6 @@ pub use canvas::{
 
 use crate::error::{Error, Result};
 pub use crate::numfmt::scale_long as scale_text;
-pub use diff::DiffChart;
 pub use exphist::{f16_band_shares, ExpHistChart};
 pub use heatmap::{colormap, Cell, GradHeatmap};
 pub use opmax::OpMaxChart;

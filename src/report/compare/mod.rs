@@ -16,10 +16,11 @@
 
 //!
 //! [`comparison`] computes the comparison; [`render`] writes it as a report and the chart
-//! of per-op differences is [`crate::report::charts::DiffChart`]. This file only declares
-//! and re-exports them.
+//! of per-op differences is [`diff_chart::DiffChart`]. This file only declares and
+//! re-exports them.
 
 pub mod comparison;
+pub mod diff_chart;
 pub mod render;
 
 pub use comparison::{

@@ -2,10 +2,9 @@
 //! chart of each run, plus the lines the command line prints.
 
 use super::comparison::{compare, Class, Comparison, OpDiff, RunDiff, RunInfo};
+use super::diff_chart::DiffChart;
 use crate::error::{Error, Result};
-use crate::report::charts::{
-    render, DiffChart, MarkGroup, Rendered, StepChart, StepSeries, Symbol, PALETTE,
-};
+use crate::report::charts::{render, MarkGroup, Rendered, StepChart, StepSeries, Symbol, PALETTE};
 use crate::report::doc::{Block, Doc};
 use crate::report::facts::{fmt_num, fmt_pct, module_name, phase_name};
 use crate::report::summary_doc::{completeness, step_ranges};

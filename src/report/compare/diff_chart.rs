@@ -1,9 +1,14 @@
 //! The per-op difference chart of a comparison: each aligned op's relative difference from
 //! the reference, on a log scale, marked by class.
 
-use super::canvas::*;
-use crate::report::compare::comparison::{Class, OpDiff};
+use super::comparison::{Class, OpDiff};
+use crate::report::charts::{
+    Chart, DrawResult, Legend, Symbol, C_GREY, C_GRID_BOLD, C_GRID_LIGHT, PALETTE,
+};
 use crate::report::facts::{fmt_pct, module_name};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::collections::HashMap;
 
 /// Relative differences of aligned ops: one point per op, runs by colour, range failures
