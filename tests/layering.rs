@@ -595,6 +595,14 @@ fn tarjan_finds_circles_only() {
     assert_eq!(c, vec![vec![0, 1, 2]]);
 }
 
+/// Every path `crate_paths` finds in `lines`, joined, with its line number.
+fn flat_paths(lines: &[String]) -> Vec<(usize, String)> {
+    crate_paths(lines)
+        .into_iter()
+        .flat_map(|(l, ps)| ps.into_iter().map(move |p| (l, p.join("::"))))
+        .collect()
+}
+
 #[test]
 fn the_parser_reads_grouped_and_nested_uses() {
     let lines = code_lines(
@@ -604,10 +612,7 @@ fn the_parser_reads_grouped_and_nested_uses() {
          let x = crate::ops::cast::cast(a);\n\
          use super::super::x::Y;\n",
     );
-    let flat: Vec<(usize, String)> = crate_paths(&lines)
-        .into_iter()
-        .flat_map(|(l, ps)| ps.into_iter().map(move |p| (l, p.join("::"))))
-        .collect();
+    let flat = flat_paths(&lines);
     assert_eq!(
         flat,
         vec![
@@ -630,10 +635,7 @@ fn the_parser_reads_paths_through_declared_child_modules() {
          let z = other::g();\n\
          let w = crate::a::grads::X;\n",
     );
-    let flat: Vec<(usize, String)> = crate_paths(&lines)
-        .into_iter()
-        .flat_map(|(l, ps)| ps.into_iter().map(move |p| (l, p.join("::"))))
-        .collect();
+    let flat = flat_paths(&lines);
     assert_eq!(
         flat,
         vec![
@@ -656,10 +658,7 @@ fn super_inside_an_inline_module_stays_in_the_file() {
          }\n\
          use super::z::W;\n",
     );
-    let flat: Vec<(usize, String)> = crate_paths(&lines)
-        .into_iter()
-        .flat_map(|(l, ps)| ps.into_iter().map(move |p| (l, p.join("::"))))
-        .collect();
+    let flat = flat_paths(&lines);
     assert_eq!(
         flat,
         vec![
