@@ -241,73 +241,10 @@ pub fn try_remedies(
     }
     let want_bisect = mode == RemedyMode::BisectOnly || (all && range);
     if want_bisect && low.is_some() {
-        let b = bisect(trainer, rec, budget)?;
-        replays += b.report.replays;
-        let base = &b.report.base_keep_fp32;
-        if let Some(r) = &b.modules_replay {
-            let mut keep = base.clone();
-            keep.extend(b.report.modules.iter().cloned());
-            let name = format!("keeping {} in fp32", b.report.modules.join(", "));
-            report.remedies.push(result(
-                RemedyKind::KeepFp32,
-                name,
-                keep_flags(&keep),
-                r,
-                &fp32,
-            )?);
-        }
-        if let (Some(p), Some(r)) = (&b.report.pattern, &b.pattern_replay) {
-            let mut keep = base.clone();
-            keep.push(p.clone());
-            let name = format!("keeping `{p}` in fp32");
-            report.remedies.push(result(
-                RemedyKind::KeepFp32,
-                name,
-                keep_flags(&keep),
-                r,
-                &fp32,
-            )?);
-        }
-        report.bisection = Some(b.report);
+        replays += bisection_remedies(trainer, rec, budget, &fp32, &mut report)?;
     }
-    if all && range && low == Some(DType::F16) && !trainer.model().clamp() {
-        let mut m = trainer.model().clone_model();
-        if m.set_clamp(true) {
-            replays += 1;
-            let r = trainer.replay(&Variant {
-                clamp: Some(true),
-                probes: Some(true),
-                ..Variant::default()
-            })?;
-            report.remedies.push(result(
-                RemedyKind::Clamp,
-                "transformers' fp16 clamp in T5Block (--t5-clamp)".into(),
-                vec!["--t5-clamp".into()],
-                &r,
-                &fp32,
-            )?);
-        }
-    }
-    if all && range && low.is_some() {
-        let model = trainer.model();
-        for (name, what) in model.fp16_switches() {
-            if model.switch(name) {
-                continue;
-            }
-            replays += 1;
-            let r = trainer.replay(&Variant {
-                switches: vec![name.to_string()],
-                probes: Some(true),
-                ..Variant::default()
-            })?;
-            report.remedies.push(result(
-                RemedyKind::Switch,
-                format!("transformers' `{name}` ({what})"),
-                vec!["--switch".into(), name.into()],
-                &r,
-                &fp32,
-            )?);
-        }
+    if all && range {
+        replays += model_remedies(trainer, low, &fp32, &mut report)?;
     }
     if all && kind == Some(SkipKind::ScaleTooHigh) {
         if let Some(s) = cause.as_ref().and_then(|c| c.safe_scale) {
@@ -337,4 +274,95 @@ pub fn try_remedies(
     }
     report.replays = replays;
     Ok(report)
+}
+
+/// The bisection's remedies: the modules it keeps in fp32, and its generalised pattern.
+/// Returns its re-runs.
+fn bisection_remedies(
+    trainer: &Trainer,
+    rec: &StepRecord,
+    budget: u32,
+    fp32: &Replay,
+    report: &mut RemedyReport,
+) -> Result<u32> {
+    let b = bisect(trainer, rec, budget)?;
+    let b_replays = b.report.replays;
+    let base = &b.report.base_keep_fp32;
+    if let Some(r) = &b.modules_replay {
+        let mut keep = base.clone();
+        keep.extend(b.report.modules.iter().cloned());
+        let name = format!("keeping {} in fp32", b.report.modules.join(", "));
+        report.remedies.push(result(
+            RemedyKind::KeepFp32,
+            name,
+            keep_flags(&keep),
+            r,
+            fp32,
+        )?);
+    }
+    if let (Some(p), Some(r)) = (&b.report.pattern, &b.pattern_replay) {
+        let mut keep = base.clone();
+        keep.push(p.clone());
+        let name = format!("keeping `{p}` in fp32");
+        report.remedies.push(result(
+            RemedyKind::KeepFp32,
+            name,
+            keep_flags(&keep),
+            r,
+            fp32,
+        )?);
+    }
+    report.bisection = Some(b.report);
+    Ok(b_replays)
+}
+
+/// The model's own fp16 remedies: transformers' clamp (fp16 only) and each fp16 switch of
+/// its config that is off. Returns their re-runs.
+fn model_remedies(
+    trainer: &Trainer,
+    low: Option<DType>,
+    fp32: &Replay,
+    report: &mut RemedyReport,
+) -> Result<u32> {
+    let mut replays = 0;
+    if low == Some(DType::F16) && !trainer.model().clamp() {
+        let mut m = trainer.model().clone_model();
+        if m.set_clamp(true) {
+            replays += 1;
+            let r = trainer.replay(&Variant {
+                clamp: Some(true),
+                probes: Some(true),
+                ..Variant::default()
+            })?;
+            report.remedies.push(result(
+                RemedyKind::Clamp,
+                "transformers' fp16 clamp in T5Block (--t5-clamp)".into(),
+                vec!["--t5-clamp".into()],
+                &r,
+                fp32,
+            )?);
+        }
+    }
+    if low.is_some() {
+        let model = trainer.model();
+        for (name, what) in model.fp16_switches() {
+            if model.switch(name) {
+                continue;
+            }
+            replays += 1;
+            let r = trainer.replay(&Variant {
+                switches: vec![name.to_string()],
+                probes: Some(true),
+                ..Variant::default()
+            })?;
+            report.remedies.push(result(
+                RemedyKind::Switch,
+                format!("transformers' `{name}` ({what})"),
+                vec!["--switch".into(), name.into()],
+                &r,
+                fp32,
+            )?);
+        }
+    }
+    Ok(replays)
 }
