@@ -150,6 +150,77 @@ pub fn colormap(t: f64) -> RGBColor {
 }
 
 impl GradHeatmap {
+    /// The colour bar beside the heatmap, with fp16's max, smallest normal and smallest
+    /// subnormal marked.
+    fn draw_colour_bar<DB: DrawingBackend>(
+        &self,
+        right: &DrawingArea<DB, Shift>,
+        range: (f64, f64),
+    ) -> DrawResult<DB> {
+        let uf = FP16.min_subnormal.log10();
+        let mn = FP16.min_normal.log10();
+        let of = FP16.max.log10();
+        let b0 = range.0.min(uf - 0.6).floor();
+        let b1 = range.1.max(of + 0.6).ceil();
+        let mut bar = ChartBuilder::on(right)
+            .margin_top(50)
+            .margin_bottom(60)
+            .margin_right(150)
+            .margin_left(8)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..1.0, b0..b1)?;
+        bar.configure_mesh()
+            .disable_mesh()
+            .disable_x_axis()
+            .y_labels(((b1 - b0) as usize / 2).clamp(2, 14))
+            .y_label_formatter(&|v| dec_label(*v))
+            .label_style(text(12))
+            .draw()?;
+        let n = 240;
+        bar.draw_series((0..n).map(|i| {
+            let a = b0 + (b1 - b0) * i as f64 / n as f64;
+            let b = b0 + (b1 - b0) * (i + 1) as f64 / n as f64;
+            Rectangle::new(
+                [(0.0, a), (1.0, b)],
+                self.bar_color((a + b) / 2.0, range).filled(),
+            )
+        }))?;
+        let (rx, ry) = right.get_base_pixel();
+        for (v, label) in [
+            (of, "fp16 max 65504"),
+            (mn, "fp16 min normal 2^-14"),
+            (uf, "fp16 min subnormal 2^-24"),
+        ] {
+            bar.draw_series(LineSeries::new(
+                vec![(0.0, v), (1.0, v)],
+                BLACK.stroke_width(2),
+            ))?;
+            let p = bar.backend_coord(&(1.0, v));
+            right.draw(&Text::new(
+                label,
+                (p.0 - rx + 6, p.1 - ry),
+                text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+            ))?;
+        }
+        let p = bar.backend_coord(&(0.0, b1));
+        right.draw(&Text::new(
+            "max |g|",
+            (p.0 - rx - 40, p.1 - ry - 24),
+            text(13).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+        let p = bar.backend_coord(&(0.0, b0));
+        right.draw(&Text::new(
+            format!(
+                "colours span {} … {}",
+                sig3(10f64.powf(range.0)),
+                sig3(10f64.powf(range.1))
+            ),
+            (p.0 - rx - 40, p.1 - ry + 24),
+            text(12).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
+        Ok(())
+    }
+
     fn color(&self, c: Cell, (lo, hi): (f64, f64)) -> RGBColor {
         match c {
             Cell::Value(v) => colormap((v - lo) / (hi - lo)),
@@ -295,68 +366,7 @@ impl Chart for GradHeatmap {
                 text(label_font).pos(Pos::new(HPos::Right, VPos::Center)),
             ))?;
         }
-        // Colour bar with fp16's limits.
-        let uf = FP16.min_subnormal.log10();
-        let mn = FP16.min_normal.log10();
-        let of = FP16.max.log10();
-        let b0 = range.0.min(uf - 0.6).floor();
-        let b1 = range.1.max(of + 0.6).ceil();
-        let mut bar = ChartBuilder::on(&right)
-            .margin_top(50)
-            .margin_bottom(60)
-            .margin_right(150)
-            .margin_left(8)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0.0..1.0, b0..b1)?;
-        bar.configure_mesh()
-            .disable_mesh()
-            .disable_x_axis()
-            .y_labels(((b1 - b0) as usize / 2).clamp(2, 14))
-            .y_label_formatter(&|v| dec_label(*v))
-            .label_style(text(12))
-            .draw()?;
-        let n = 240;
-        bar.draw_series((0..n).map(|i| {
-            let a = b0 + (b1 - b0) * i as f64 / n as f64;
-            let b = b0 + (b1 - b0) * (i + 1) as f64 / n as f64;
-            Rectangle::new(
-                [(0.0, a), (1.0, b)],
-                self.bar_color((a + b) / 2.0, range).filled(),
-            )
-        }))?;
-        let (rx, ry) = right.get_base_pixel();
-        for (v, label) in [
-            (of, "fp16 max 65504"),
-            (mn, "fp16 min normal 2^-14"),
-            (uf, "fp16 min subnormal 2^-24"),
-        ] {
-            bar.draw_series(LineSeries::new(
-                vec![(0.0, v), (1.0, v)],
-                BLACK.stroke_width(2),
-            ))?;
-            let p = bar.backend_coord(&(1.0, v));
-            right.draw(&Text::new(
-                label,
-                (p.0 - rx + 6, p.1 - ry),
-                text(12).pos(Pos::new(HPos::Left, VPos::Center)),
-            ))?;
-        }
-        let p = bar.backend_coord(&(0.0, b1));
-        right.draw(&Text::new(
-            "max |g|",
-            (p.0 - rx - 40, p.1 - ry - 24),
-            text(13).pos(Pos::new(HPos::Left, VPos::Center)),
-        ))?;
-        let p = bar.backend_coord(&(0.0, b0));
-        right.draw(&Text::new(
-            format!(
-                "colours span {} … {}",
-                sig3(10f64.powf(range.0)),
-                sig3(10f64.powf(range.1))
-            ),
-            (p.0 - rx - 40, p.1 - ry + 24),
-            text(12).pos(Pos::new(HPos::Left, VPos::Center)),
-        ))?;
+        self.draw_colour_bar(&right, range)?;
         let (l, _) = chart.plotting_area().get_pixel_range();
         legend.draw(&bottom, l.start)?;
         Ok(())
