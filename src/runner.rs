@@ -384,6 +384,31 @@ fn checked(found: Resolved, check: impl FnOnce() -> Result<Confirmation>) -> Res
     }
 }
 
+/// A progress bar over the run's steps, when asked for, stdout is a terminal and there is
+/// more than one step.
+fn progress_bar(opts: &RunOptions, steps: u64) -> Option<indicatif::ProgressBar> {
+    if !(opts.progress && std::io::stdout().is_terminal() && steps > 1) {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(steps);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(b)
+}
+
+/// Whether every parameter the run ends with is finite (device values, which the host
+/// cannot read here, count as finite).
+fn params_finite(trainer: &Trainer) -> bool {
+    trainer.params().params.iter().all(|p| {
+        p.value
+            .f32s()
+            .map(|v| v.iter().all(|x| x.is_finite()))
+            .unwrap_or(true)
+    })
+}
+
 /// Runs the configured training and writes the trace (when a path is configured).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     let choice = cfg.backend_choice()?;
@@ -416,16 +441,7 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     };
     send(Record::Header(header));
     let steps = cfg.steps();
-    let bar = if opts.progress && std::io::stdout().is_terminal() && steps > 1 {
-        let b = indicatif::ProgressBar::new(steps);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Some(b)
-    } else {
-        None
-    };
+    let bar = progress_bar(opts, steps);
     let t0 = Instant::now();
     let mut records = Vec::new();
     let mut diag = crate::diagnose::Diagnoser::new(opts.diagnose.clone());
@@ -456,12 +472,7 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let params_finite = trainer.params().params.iter().all(|p| {
-        p.value
-            .f32s()
-            .map(|v| v.iter().all(|x| x.is_finite()))
-            .unwrap_or(true)
-    });
+    let params_finite = params_finite(&trainer);
     let verdict = verdict(&records, params_finite);
     let end = EndRecord {
         steps: records.len() as u64,
