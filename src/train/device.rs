@@ -149,7 +149,10 @@ impl StepSide for DeviceStep {
             t.device()?.scaler.unscale(&live)?;
         }
         self.unscaled = true;
-        emit_grads(t, "unscale", &self.grads)
+        {
+            let grads = &self.grads;
+            t.emit_grads("unscale", |i, _| Ok(grads[i].clone()))
+        }
     }
 
     fn clip(&mut self, t: &mut Trainer, _st: &mut StepState, max_norm: f32) -> Result<()> {
@@ -157,7 +160,10 @@ impl StepSide for DeviceStep {
         let live: Vec<&Tensor> = self.grads.iter().flatten().collect();
         t.device()?.scaler.clip(&live, max_norm, t.cfg.clip_norm)?;
         self.clipped = !live.is_empty();
-        emit_grads(t, "clip_grad_norm", &self.grads)
+        {
+            let grads = &self.grads;
+            t.emit_grads("clip_grad_norm", |i, _| Ok(grads[i].clone()))
+        }
     }
 
     /// The optimizer's kernels: new parameter values (the old ones again when the device
@@ -350,20 +356,6 @@ impl DeviceStep {
         }
         Ok(())
     }
-}
-
-/// Each gradient as an optimizer-phase op `op` of its parameter's module (when probing).
-fn emit_grads(t: &mut Trainer, op: &'static str, grads: &[Option<Tensor>]) -> Result<()> {
-    if !t.engine.probing() {
-        return Ok(());
-    }
-    for (p, g) in t.params.params.iter().zip(grads) {
-        if let Some(g) = g {
-            let m = p.module.clone();
-            t.engine.emit_optimizer_op(op, &m, &[], g);
-        }
-    }
-    Ok(())
 }
 
 /// True when the optimizer made a new value (a parameter without a gradient keeps its

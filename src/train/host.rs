@@ -77,7 +77,7 @@ impl StepSide for HostStep {
             &mut t.scaler,
             &names.iter().map(String::as_str).collect::<Vec<_>>(),
         )?;
-        emit_grads(t, "unscale", grads)
+        t.emit_grads("unscale", |i, shape| grads.tensor(i, shape))
     }
 
     fn clip(&mut self, t: &mut Trainer, st: &mut StepState, max_norm: f32) -> Result<()> {
@@ -92,7 +92,7 @@ impl StepSide for HostStep {
             ));
         }
         st.clip = Some(c);
-        emit_grads(t, "clip_grad_norm", grads)
+        t.emit_grads("clip_grad_norm", |i, shape| grads.tensor(i, shape))
     }
 
     fn optimize(&mut self, t: &mut Trainer, st: &mut StepState) -> Result<()> {
@@ -102,7 +102,7 @@ impl StepSide for HostStep {
         // The scaler's decision: skip on an Inf/NaN gradient, else unscale (if not yet done).
         let decision = grads.check(&mut t.scaler, &names)?;
         if decision.unscaled_here {
-            emit_grads(t, "unscale", grads)?;
+            t.emit_grads("unscale", |i, shape| grads.tensor(i, shape))?;
         }
         if !decision.skip {
             optimizer_step(t, grads)?;
@@ -149,20 +149,6 @@ fn optimizer_step(t: &mut Trainer, grads: &StepGrads) -> Result<()> {
         let (m, nv) = (p.module.clone(), p.value.clone());
         t.engine
             .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
-    }
-    Ok(())
-}
-
-/// Each gradient as an optimizer-phase op `op` of its parameter's module (when probing).
-fn emit_grads(t: &mut Trainer, op: &'static str, grads: &StepGrads) -> Result<()> {
-    if !t.engine.probing() {
-        return Ok(());
-    }
-    for (i, p) in t.params.params.iter().enumerate() {
-        if let Some(g) = grads.tensor(i, p.value.shape())? {
-            let m = p.module.clone();
-            t.engine.emit_optimizer_op(op, &m, &[], &g);
-        }
     }
     Ok(())
 }

@@ -501,6 +501,25 @@ impl Trainer {
         })
     }
 
+    /// Each parameter's gradient (`grad_of(i, shape)`, None without one) as an
+    /// optimizer-phase op `op` of its module, when probing.
+    pub(super) fn emit_grads(
+        &mut self,
+        op: &'static str,
+        grad_of: impl Fn(usize, &[usize]) -> Result<Option<Tensor>>,
+    ) -> Result<()> {
+        if !self.engine.probing() {
+            return Ok(());
+        }
+        for (i, p) in self.params.params.iter().enumerate() {
+            if let Some(g) = grad_of(i, p.value.shape())? {
+                let m = p.module.clone();
+                self.engine.emit_optimizer_op(op, &m, &[], &g);
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn param_names(&self) -> Vec<String> {
         self.params.params.iter().map(|p| p.name.clone()).collect()
     }
