@@ -108,11 +108,11 @@ def param_vector(p, scale):
             torch.ones((), dtype=f64, device=dev),
             (a.to(f64) ** 2).sum(),
             a.max().to(f64) if n else zero,
-            (x == 0).sum().to(f64),
-            (nz & (a <= _stats.F16_UNDERFLOW)).sum().to(f64),
-            (nz & (scaled <= _stats.F16_UNDERFLOW)).sum().to(f64),
-            nz.sum().to(f64),
-            (~fin).sum().to(f64),
+            (x == 0).sum(dtype=f64),
+            (nz & (a <= _stats.F16_UNDERFLOW)).sum(dtype=f64),
+            (nz & (scaled <= _stats.F16_UNDERFLOW)).sum(dtype=f64),
+            nz.sum(dtype=f64),
+            (~fin).sum(dtype=f64),
             pa.max().to(f64) if pa.numel() else zero,
         ]
     )
@@ -214,21 +214,6 @@ def _mask_like(x):
 def _meta(m):
     """A record's tensor description of a (dtype, shape) pair."""
     return {"dtype": _stats.DTYPE_NAMES[m[0]], "shape": list(m[1])}
-
-
-def _gather(vecs):
-    """Host lists of statistics vectors: those on the host as they are, those on a device
-    read back in one transfer per device."""
-    out = list(vecs)
-    by_dev = {}
-    for i, v in enumerate(vecs):
-        if isinstance(v, torch.Tensor):
-            by_dev.setdefault(v.device, []).append(i)
-    for idx in by_dev.values():
-        rows = torch.stack([vecs[i] for i in idx]).cpu().tolist()
-        for i, row in zip(idx, rows):
-            out[i] = row
-    return out
 
 
 def _own_name(name):
@@ -741,9 +726,9 @@ class Watcher:
             scale_after = sc._scale.detach().clone() if sc is not None else None
             scale_host = float(scale_before.item()) if scale_before is not None else 1.0
             names, pvecs = self._param_vectors(scale_host)
-            pv = _gather(pvecs)
-            full = _gather(self.full_vecs)
-            check = _gather(self.check_vecs)
+            pv = _stats.gather(pvecs)
+            full = _stats.gather(self.full_vecs)
+            check = _stats.gather(self.check_vecs)
             losses = [float(l.item()) for l in self.losses]
             found_inf = bool(found is not None and float(found.item()) > 0)
             scale_after_host = float(scale_after.item()) if scale_after is not None else 1.0

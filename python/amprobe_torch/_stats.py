@@ -126,16 +126,22 @@ def floating(t):
     return isinstance(t, torch.Tensor) and t.dtype in _NORMAL_MIN and t.layout == torch.strided
 
 
+class DeviceCheck(tuple):
+    """A check of a tensor on a device: (numel, NaN count, +inf count, -inf count), the
+    three counts 0-d tensors left on the device until the step's one read back."""
+
+    __slots__ = ()
+
+
 def check(t):
-    """[numel, NaN, +inf, -inf] of a floating tensor: on a device, a float64 vector there;
-    on the CPU, where reading a value back costs no synchronisation, a host list.
+    """[numel, NaN, +inf, -inf] of a floating tensor: on the CPU, where reading a value back
+    costs no synchronisation, a host list; on a device, a `DeviceCheck`.
 
     On the CPU one sum decides first: a finite sum means no NaN and no infinity (any of
     them makes the sum NaN or infinite), so the three counts are zero without counting; a
     non-finite sum (or one that merely overflowed) has them counted."""
     # No reshape: flattening a transposed tensor would copy it.
     x = local(t).detach()
-    inf = float("inf")
     if x.device.type == "cpu":
         # bf16, f32 and f64 sum in their own dtype (bf16 accumulates in f32 and reaches as
         # far); fp16 would overflow its sum at 65504 and take the slow path needlessly.
@@ -145,17 +151,39 @@ def check(t):
         return [
             float(x.numel()),
             float(x.isnan().sum()),
-            float((x == inf).sum()),
-            float((x == -inf).sum()),
+            float(x.isposinf().sum()),
+            float(x.isneginf().sum()),
         ]
-    return torch.stack(
-        [
-            torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
-            x.isnan().sum().to(torch.float64),
-            (x == inf).sum().to(torch.float64),
-            (x == -inf).sum().to(torch.float64),
-        ]
-    )
+    return device_check(x)
+
+
+def device_check(x):
+    """`check` as a device computes it: six kernels (three tests, three sums), no
+    synchronisation and no transfer; the element count is the host's. (Any tensor's device
+    may run it: the tests run it on the CPU.)"""
+    return DeviceCheck((x.numel(), x.isnan().sum(), x.isposinf().sum(), x.isneginf().sum()))
+
+
+def gather(vecs):
+    """Host lists of statistics vectors (full vectors, checks, parameters' vectors): those on
+    the host as they are, the rest read back in one transfer per device and dtype."""
+    out = list(vecs)
+    parts = {}
+    for i, v in enumerate(vecs):
+        if isinstance(v, DeviceCheck):
+            out[i] = [float(v[0]), 0.0, 0.0, 0.0]
+            for j, c in enumerate(v[1:], 1):
+                parts.setdefault((c.device, c.dtype), []).append((i, j, c))
+        elif isinstance(v, torch.Tensor):
+            parts.setdefault((v.device, v.dtype), []).append((i, None, v))
+    for items in parts.values():
+        rows = torch.stack([v for _, _, v in items]).cpu().tolist()
+        for (i, j, _), row in zip(items, rows):
+            if j is None:
+                out[i] = row
+            else:
+                out[i][j] = float(row)
+    return out
 
 
 # Each dtype's bits: (integer dtype of the same width, mantissa bits, exponent field's
@@ -532,7 +560,8 @@ def full(t):
 
 
 def _full_device(t):
-    """`full` with no host synchronisation: every figure by its own reduction."""
+    """`full` with no host synchronisation and no transfer: every figure by its own
+    reduction, counts summed straight into float64 (exact below 2^53)."""
     dt = t.dtype
     x = t.detach().reshape(-1)
     if dt in (torch.float16, torch.bfloat16):
@@ -543,34 +572,37 @@ def _full_device(t):
     n = x.numel()
     fin = x.isfinite()
     a = x.abs()
-    af = torch.where(fin, a, torch.zeros((), dtype=a.dtype, device=dev))
+    af = torch.where(fin, a, 0.0)
     nz = fin & (a > 0)
     if n:
         max_abs = af.max().to(f64)
-        min_abs = torch.where(nz, a, torch.full((), inf, dtype=a.dtype, device=dev)).min().to(f64)
+        min_abs = torch.where(nz, a, inf).min().to(f64)
     else:
         max_abs = torch.zeros((), dtype=f64, device=dev)
         min_abs = torch.full((), inf, dtype=f64, device=dev)
     ad = af.to(f64)
     counts = [
-        torch.tensor(float(n), dtype=f64, device=dev),
-        x.isnan().sum().to(f64),
-        (x == inf).sum().to(f64),
-        (x == -inf).sum().to(f64),
-        (x == 0).sum().to(f64),
-        (nz & (a < _NORMAL_MIN[dt])).sum().to(f64),
+        torch.full((), float(n), dtype=f64, device=dev),
+        x.isnan().sum(dtype=f64),
+        x.isposinf().sum(dtype=f64),
+        x.isneginf().sum(dtype=f64),
+        (x == 0).sum(dtype=f64),
+        (nz & (a < _NORMAL_MIN[dt])).sum(dtype=f64),
         max_abs,
         min_abs,
         (ad * ad).sum(),
-        (fin & (a >= F16_OVERFLOW)).sum().to(f64),
-        (nz & (ad <= F16_UNDERFLOW)).sum().to(f64),
-        (fin & (ad >= BF16_OVERFLOW)).sum().to(f64),
-        (nz & (ad <= BF16_UNDERFLOW)).sum().to(f64),
+        (fin & (a >= F16_OVERFLOW)).sum(dtype=f64),
+        (nz & (ad <= F16_UNDERFLOW)).sum(dtype=f64),
+        (fin & (ad >= BF16_OVERFLOW)).sum(dtype=f64),
+        (nz & (ad <= BF16_UNDERFLOW)).sum(dtype=f64),
     ]
-    # floor(log2 |x|) = e - 1 where frexp gives |x| = m·2^e, m in [0.5, 1).
-    _, e = torch.frexp(torch.where(nz, a, torch.ones((), dtype=a.dtype, device=dev)))
-    bins = (e.to(torch.int64) - 1).clamp(EXP_LO, EXP_HI - 1) - EXP_LO
-    hist = torch.bincount(bins[nz], minlength=N_BINS).to(f64)
+    # floor(log2 |x|) = e - 1 where frexp gives |x| = m·2^e, m in [0.5, 1). Zeros and
+    # non-finite values go to one more bin, dropped. A histogram over bins of width one
+    # centred on each index (histc: bincount's device version reads its input's extremes
+    # back to size its output, a synchronisation).
+    _, e = torch.frexp(torch.where(nz, a, 1.0))
+    bins = torch.where(nz, (e - 1).clamp_(EXP_LO, EXP_HI - 1) - EXP_LO, N_BINS).to(f64).add_(0.5)
+    hist = torch.histc(bins, bins=N_BINS + 1, min=0, max=N_BINS + 1)[:N_BINS]
     return torch.cat([torch.stack(counts), hist])
 
 

@@ -299,6 +299,28 @@ def test_the_check_counts_exactly_whatever_its_shortcut():
     assert tuple(_stats.check(torch.tensor([1.0, inf], dtype=torch.bfloat16))) == (2, 0, 1, 0)
 
 
+def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does():
+    # The device's check (no synchronisation: counts stay tensors until `gather`) run on
+    # the CPU, gathered beside host checks and full vectors, in their order.
+    inf, nan = float("inf"), float("nan")
+    tensors = [
+        torch.tensor([1.0, nan, inf, -inf, inf, nan, nan]),
+        torch.tensor([0.5, -0.25], dtype=torch.float16),
+        torch.tensor([[inf, 1.0], [2.0, -inf]], dtype=torch.bfloat16).t(),
+        torch.empty(0),
+    ]
+    vecs = []
+    for t in tensors:
+        vecs.append(_stats.device_check(t))
+        vecs.append(_stats.check(t))
+    vecs.append(_stats._full_device(tensors[0]))
+    got = _stats.gather(vecs)
+    assert isinstance(vecs[0], _stats.DeviceCheck) and isinstance(vecs[0][1], torch.Tensor)
+    for i, want in enumerate([(7, 3, 2, 1), (2, 0, 0, 0), (4, 0, 1, 1), (0, 0, 0, 0)]):
+        assert tuple(got[2 * i]) == want and tuple(got[2 * i + 1]) == want, (i, got[2 * i])
+    assert got[-1] == _stats._full_host(tensors[0]).tolist()
+
+
 def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
     from amprobe_torch._capture import param_vector, param_vectors
 
@@ -360,6 +382,33 @@ def test_a_checked_step_counts_what_full_statistics_count(tmp_path):
         nonfinite += sum(counts[0]) > 0
     assert nonfinite > 10
     assert a["origins"] == b["origins"]
+
+
+def test_the_device_path_finds_what_the_host_path_finds(tmp_path, monkeypatch):
+    # A device's checks and full vectors stay on it until the step's one read back: run
+    # here through that path (on the CPU), the trace's origins, skips, scales and every
+    # op's NaN/Inf counts are those of the host path.
+    host, dev = tmp_path / "host.jsonl", tmp_path / "device.jsonl"
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(host))
+    close_all()
+    monkeypatch.setattr(_stats, "check", lambda t: _stats.device_check(_stats.local(t).detach()))
+    monkeypatch.setattr(_stats, "full", lambda t: _stats._full_device(_stats.local(t)))
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(dev))
+    close_all()
+    a, b = read(host), read(dev)
+    assert len(a) == len(b) == 6
+    for x, y in zip(a[1:5], b[1:5]):
+        assert x["origins"] == y["origins"]
+        assert (x["skipped"], x["scale_before"], x["scale_after"]) == (y["skipped"], y["scale_before"], y["scale_after"])
+        assert x["params"] == y["params"]
+        assert (x["ops"] is None) == (y["ops"] is None)
+        for p, q in zip(x["ops"] or [], y["ops"] or []):
+            assert (p["op"], p["module"], p["phase"]) == (q["op"], q["module"], q["phase"])
+            counts = [(r["stats"]["numel"], r["stats"]["nan"], r["stats"]["pos_inf"], r["stats"]["neg_inf"]) for r in (p, q)]
+            assert counts[0] == counts[1], (p["op"], p["module"], p["phase"])
+    assert a[3]["origins"]["first_inf"] is not None
+    # The first step is kept: its full statistics agree field by field.
+    assert [r["stats"] for r in a[1]["ops"]] == [r["stats"] for r in b[1]["ops"]]
 
 
 def test_a_constant_made_from_integers_is_no_origin(tmp_path):
