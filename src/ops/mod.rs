@@ -325,6 +325,12 @@ pub(crate) fn grad(c: Computed) -> Option<Grad> {
     })
 }
 
+/// Whether `t` lives on a device: the one test by which each op family picks its
+/// backend's kernels (the family's `kernels`).
+pub(crate) fn on_device(t: &Tensor) -> bool {
+    t.storage().is_device()
+}
+
 /// A fresh arena slot on `t`'s device for an op's rounding counts, with the counters'
 /// device address for the kernel.
 pub(crate) fn device_counts(t: &Tensor) -> Result<(u32, u64)> {

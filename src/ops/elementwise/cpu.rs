@@ -6,11 +6,13 @@
 //! and rounds the output piece by piece over rayon's threads.
 
 use super::functions::{Binary, Unary};
+use super::kernels::{Kernels, Side};
 use crate::dtype::DType;
 use crate::engine::Computed;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::{
-    bstrides, for_each_offset, produce, produce_wide, sum_to, Finish, Pattern, PieceKernel,
+    bstrides, fdata, for_each_offset, produce, produce_wide, sum_to, FData, Finish, Pattern,
+    PieceKernel,
 };
 use crate::tensor::{erf_f32, exp_f32, Real, Storage, Tensor};
 
@@ -455,6 +457,144 @@ pub(super) fn binary_grad<T: Finish>(
         }
     };
     sum_to(&full, out, target, dtype)
+}
+
+/// The host's elementwise kernels: computed over rayon's threads, read at once.
+pub(super) struct Host;
+
+impl Kernels for Host {
+    fn any_inf(&self, x: &Tensor) -> Result<Option<bool>> {
+        Ok(Some(x.f32s()?.iter().any(|v| v.is_infinite())))
+    }
+
+    fn unary(
+        &self,
+        op: Unary,
+        x: &Tensor,
+        on_inf: Option<(f64, f64)>,
+    ) -> Result<(Computed, Option<Tensor>)> {
+        if on_inf.is_some() {
+            return Err(Error::Device(format!(
+                "{}: a parameter switch on an inf is decided on a device only",
+                op.name()
+            )));
+        }
+        // The exact GELU keeps its cdf for the backward (erf once, not twice).
+        if let (Unary::GeluErf, FData::F32(d)) = (op, fdata(x, op.name())?) {
+            let (y, cdf) = gelu_erf_fwd(d, x.shape(), x.dtype())?;
+            return Ok((y, Some(cdf)));
+        }
+        let y = crate::ops::with_float!(x, op.name(), |d| unary(d, op, x.shape(), x.dtype()))?;
+        Ok((y, None))
+    }
+
+    fn unary_backward(
+        &self,
+        op: Unary,
+        (xs, ys, g): (&Tensor, &Tensor, &Tensor),
+        dtype: DType,
+        kept: Option<&Tensor>,
+        _on_inf: Option<(f64, f64)>,
+    ) -> Result<Computed> {
+        let shape = g.shape();
+        if let Some(cdf) = kept {
+            return match (
+                fdata(xs, "backward")?,
+                fdata(cdf, "backward")?,
+                fdata(g, "backward")?,
+            ) {
+                (FData::F32(a), FData::F32(c), FData::F32(gd)) => {
+                    gelu_erf_bwd(a, c, gd, shape, dtype)
+                }
+                _ => Err(Error::shape(op.name(), "gradient dtype differs from input")),
+            };
+        }
+        match (
+            fdata(xs, "backward")?,
+            fdata(ys, "backward")?,
+            fdata(g, "backward")?,
+        ) {
+            (FData::F32(a), FData::F32(b), FData::F32(c)) => {
+                unary_backward(a, b, c, op, shape, dtype)
+            }
+            (FData::F64(a), FData::F64(b), FData::F64(c)) => {
+                unary_backward(a, b, c, op, shape, dtype)
+            }
+            _ => Err(Error::shape(op.name(), "gradient dtype differs from input")),
+        }
+    }
+
+    fn binary(&self, op: Binary, a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Result<Computed> {
+        crate::ops::with_float2!(a, b, op.name(), |x, y| binary(
+            x,
+            a.shape(),
+            y,
+            b.shape(),
+            out_shape,
+            op,
+            a.dtype()
+        ))
+    }
+
+    fn binary_grad(
+        &self,
+        op: Binary,
+        [sa, sb]: [Side<'_>; 2],
+        g: &Tensor,
+        out_shape: &[usize],
+        dtype: DType,
+        wrt_b: bool,
+    ) -> Result<Computed> {
+        // An operand whose values no needed gradient reads: `g`, at least as long, stands
+        // in (never read).
+        let at = sa.values.unwrap_or(g);
+        let bt = sb.values.unwrap_or(g);
+        let (na, nb) = (
+            crate::tensor::numel(sa.shape),
+            crate::tensor::numel(sb.shape),
+        );
+        let shapes = (sa.shape, sb.shape, out_shape);
+        match (
+            fdata(at, "backward")?,
+            fdata(bt, "backward")?,
+            fdata(g, "backward")?,
+        ) {
+            (FData::F32(x), FData::F32(y), FData::F32(gg)) => {
+                let (x, y) = (&x[..na.min(x.len())], &y[..nb.min(y.len())]);
+                grad_of(op, wrt_b, (x, y, gg), shapes, dtype)
+            }
+            (FData::F64(x), FData::F64(y), FData::F64(gg)) => {
+                let (x, y) = (&x[..na.min(x.len())], &y[..nb.min(y.len())]);
+                grad_of(op, wrt_b, (x, y, gg), shapes, dtype)
+            }
+            _ => Err(Error::shape(
+                op.name(),
+                "gradient dtype differs from inputs",
+            )),
+        }
+    }
+}
+
+/// One operand's gradient of `a op b` on the host: an add's (and a subtraction's left
+/// operand's) `g` summed to the operand's shape, the others' terms per element, summed.
+fn grad_of<T: Finish>(
+    op: Binary,
+    wrt_b: bool,
+    (a, b, g): (&[T], &[T], &[T]),
+    (sa, sb, out): (&[usize], &[usize], &[usize]),
+    dtype: DType,
+) -> Result<Computed> {
+    let target = if wrt_b { sb } else { sa };
+    match (op, wrt_b) {
+        (Binary::Add, _) | (Binary::Sub, false) => sum_to(g, out, target, dtype),
+        (Binary::Sub, true) => binary_grad(a, sa, b, sb, g, out, target, dtype, |_, _, g| -g),
+        (Binary::Mul, false) => binary_grad(a, sa, b, sb, g, out, target, dtype, |_, b, g| g * b),
+        (Binary::Div, false) => binary_grad(a, sa, b, sb, g, out, target, dtype, |_, b, g| g / b),
+        (Binary::Mul, true) => binary_grad(a, sa, b, sb, g, out, target, dtype, |a, _, g| g * a),
+        (Binary::Div, true) => binary_grad(a, sa, b, sb, g, out, target, dtype, |a, b, g| {
+            -g * a / (b * b)
+        }),
+    }
 }
 
 #[cfg(test)]

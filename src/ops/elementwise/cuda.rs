@@ -2,6 +2,10 @@
 //! the CPU emulator's numerics: compute in f32, round once, count where the op rounds.
 
 use super::functions::{Binary, Unary};
+use super::kernels::Kernels;
+pub use super::kernels::Side;
+use crate::dtype::DType;
+use crate::engine::Computed;
 use crate::error::{Error, Result};
 use crate::ops::cuda::{
     arg, collapse, device_of, launch, launch_with, output, pad_shape, pad_strides, same_dtype,
@@ -220,16 +224,6 @@ pub fn binary_grad(
     binary_grad_of(op, [side(a), side(b)], g, wrt_b, sink)
 }
 
-/// An operand of a binary op as its backward keeps it: its shape, and its values where
-/// the gradient being computed reads them.
-#[derive(Clone, Copy)]
-pub struct Side<'a> {
-    /// The operand's shape.
-    pub shape: &'a [usize],
-    /// Its values (None: released, as no needed gradient reads them).
-    pub values: Option<&'a Tensor>,
-}
-
 /// [`binary_grad`] from operands of which only the values the term reads are kept: the
 /// multiply's and divide's terms read the operands their formulas name, an add's and a
 /// subtraction's none. `g` is passed to the kernel in place of an operand it does not
@@ -366,4 +360,66 @@ pub fn binary_grad_of<'a>(
         &o.partials
     );
     Ok(out)
+}
+
+/// The device's elementwise kernels: each op's output written, rounded and counted by one
+/// launch into the op's arena slot.
+pub struct Device;
+
+/// The switch of a forward that was given `on_inf`, from the flag it made.
+fn switch(flag: Option<&Tensor>, on_inf: Option<(f64, f64)>) -> Option<Switch<'_>> {
+    flag.zip(on_inf)
+        .map(|(flag, (p0, p1))| Switch { flag, p0, p1 })
+}
+
+impl Kernels for Device {
+    fn any_inf(&self, _x: &Tensor) -> Result<Option<bool>> {
+        Ok(None)
+    }
+
+    fn unary(
+        &self,
+        op: Unary,
+        x: &Tensor,
+        on_inf: Option<(f64, f64)>,
+    ) -> Result<(Computed, Option<Tensor>)> {
+        let flag = on_inf.map(|_| inf_flag(x)).transpose()?;
+        let (slot, sink) = crate::ops::device_out(x)?;
+        let y = unary(op, x, switch(flag.as_ref(), on_inf), sink)?;
+        Ok((Computed::pending(y, slot), flag))
+    }
+
+    fn unary_backward(
+        &self,
+        op: Unary,
+        xyg: (&Tensor, &Tensor, &Tensor),
+        _dtype: DType,
+        kept: Option<&Tensor>,
+        on_inf: Option<(f64, f64)>,
+    ) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(xyg.2)?;
+        let dx = unary_backward(op, xyg, switch(kept, on_inf), sink)?;
+        Ok(Computed::pending(dx, slot))
+    }
+
+    fn binary(&self, op: Binary, a: &Tensor, b: &Tensor, _out_shape: &[usize]) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(a)?;
+        Ok(Computed::pending(binary(op, a, b, sink)?, slot))
+    }
+
+    fn binary_grad(
+        &self,
+        op: Binary,
+        sides: [Side<'_>; 2],
+        g: &Tensor,
+        _out_shape: &[usize],
+        _dtype: DType,
+        wrt_b: bool,
+    ) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(g)?;
+        Ok(Computed::pending(
+            binary_grad_of(op, sides, g, wrt_b, sink)?,
+            slot,
+        ))
+    }
 }
