@@ -47,3 +47,12 @@ pub(super) fn cast(x: &Tensor, to: DType) -> Result<Computed> {
         )),
     }
 }
+
+/// The host's cast kernel.
+pub(super) struct Host;
+
+impl super::kernels::Kernels for Host {
+    fn cast(&self, x: &Tensor, to: DType) -> Result<Computed> {
+        cast(x, to)
+    }
+}

@@ -30,3 +30,19 @@ pub fn cast(x: &Tensor, to: DType, sink: Out) -> Result<Tensor> {
     );
     Ok(y)
 }
+
+/// The device's cast kernel.
+pub struct Device;
+
+impl super::kernels::Kernels for Device {
+    fn cast(&self, x: &Tensor, to: DType) -> Result<crate::engine::Computed> {
+        if x.dtype() == to {
+            return Ok(crate::engine::Computed::new(
+                x.clone(),
+                crate::dtype::RoundCounts::default(),
+            ));
+        }
+        let (slot, sink) = crate::ops::device_out(x)?;
+        Ok(crate::engine::Computed::pending(cast(x, to, sink)?, slot))
+    }
+}

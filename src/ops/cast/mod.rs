@@ -3,9 +3,12 @@
 
 mod cpu;
 pub mod cuda;
+mod kernels;
+
+pub use kernels::Kernels;
 
 use super::grad;
-use crate::dtype::{DType, RoundCounts};
+use crate::dtype::DType;
 use crate::engine::{Computed, Engine};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -19,14 +22,16 @@ pub fn cast(x: &Tensor, to: DType) -> Result<Computed> {
             format!("cannot cast {} to {to}", x.dtype()),
         ));
     }
-    if x.storage().is_device() {
-        if x.dtype() == to {
-            return Ok(Computed::new(x.clone(), RoundCounts::default()));
-        }
-        let (slot, sink) = super::device_out(x)?;
-        return Ok(Computed::pending(cuda::cast(x, to, sink)?, slot));
+    kernels(x).cast(x, to)
+}
+
+/// The cast kernel of the backend that holds `t`.
+pub fn kernels(t: &Tensor) -> &'static dyn Kernels {
+    if super::on_device(t) {
+        &cuda::Device
+    } else {
+        &cpu::Host
     }
-    cpu::cast(x, to)
 }
 
 impl Engine {

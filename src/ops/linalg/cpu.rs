@@ -3,10 +3,10 @@
 
 use super::shape::MmShape;
 use crate::engine::{Computed, Grad};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::grad;
-use crate::ops::{sum_to, Finish};
-use crate::tensor::Real;
+use crate::ops::{fdata, sum_to, FData, Finish};
+use crate::tensor::{Real, Tensor};
 
 /// A strided matrix operand: data, row stride, column stride.
 #[derive(Clone, Copy)]
@@ -266,4 +266,90 @@ pub(super) fn linear_bwd<T: Finish>(
         v.push(grad(sum_to(g, &[m, n], &[n], dtype)?));
     }
     Ok(v)
+}
+
+/// The host's matrix-product kernels (the gemm crate).
+pub(super) struct Host;
+
+impl super::kernels::Kernels for Host {
+    fn affine(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        w_t: bool,
+        (m, k, n): super::kernels::Mkn,
+        out_shape: &[usize],
+    ) -> Result<Computed> {
+        let dtype = x.dtype();
+        match (
+            fdata(x, op)?,
+            fdata(w, op)?,
+            b.map(|t| fdata(t, op)).transpose()?,
+        ) {
+            (FData::F32(xd), FData::F32(wd), Some(FData::F32(bd))) => {
+                linear_fwd(xd, wd, w_t, Some(bd), m, k, n, out_shape, dtype)
+            }
+            (FData::F32(xd), FData::F32(wd), None) => {
+                linear_fwd(xd, wd, w_t, None, m, k, n, out_shape, dtype)
+            }
+            (FData::F64(xd), FData::F64(wd), Some(FData::F64(bd))) => {
+                linear_fwd(xd, wd, w_t, Some(bd), m, k, n, out_shape, dtype)
+            }
+            (FData::F64(xd), FData::F64(wd), None) => {
+                linear_fwd(xd, wd, w_t, None, m, k, n, out_shape, dtype)
+            }
+            _ => Err(Error::shape(op, "operands have different dtypes")),
+        }
+    }
+
+    fn affine_backward(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        w: &Tensor,
+        w_t: bool,
+        g: &Tensor,
+        mkn: super::kernels::Mkn,
+        has_b: bool,
+    ) -> Result<Vec<Option<Grad>>> {
+        let shapes = (x.shape(), w.shape());
+        let dtype = x.dtype();
+        match (fdata(x, op)?, fdata(w, op)?, fdata(g, op)?) {
+            (FData::F32(xd), FData::F32(wd), FData::F32(gd)) => {
+                linear_bwd(xd, wd, w_t, gd, mkn, shapes, has_b, dtype)
+            }
+            (FData::F64(xd), FData::F64(wd), FData::F64(gd)) => {
+                linear_bwd(xd, wd, w_t, gd, mkn, shapes, has_b, dtype)
+            }
+            _ => Err(Error::shape(op, "gradient dtype differs from inputs")),
+        }
+    }
+
+    fn matmul(&self, op: &'static str, a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
+        let dtype = a.dtype();
+        crate::ops::with_float2!(a, b, op, |x, y| matmul_fwd(x, y, s, dtype))
+    }
+
+    fn matmul_backward(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        b: &Tensor,
+        g: &Tensor,
+        s: &MmShape,
+    ) -> Result<Vec<Option<Grad>>> {
+        let dtype = a.dtype();
+        let (ga, gb) = match (fdata(a, op)?, fdata(b, op)?, fdata(g, op)?) {
+            (FData::F32(x), FData::F32(y), FData::F32(gg)) => {
+                matmul_bwd(x, y, gg, s, a.shape(), b.shape(), dtype)?
+            }
+            (FData::F64(x), FData::F64(y), FData::F64(gg)) => {
+                matmul_bwd(x, y, gg, s, a.shape(), b.shape(), dtype)?
+            }
+            _ => return Err(Error::shape(op, "gradient dtype differs from inputs")),
+        };
+        Ok(vec![grad(ga), grad(gb)])
+    }
 }

@@ -3,10 +3,14 @@
 //! counts them ([`Out::silent`]), by cuBLAS as it writes its output in that dtype: the
 //! same single rounding to nearest even, without an f32 output and a pass over it.
 
+use super::kernels::{Kernels, Mkn};
+use super::shape::MmShape;
 use crate::device::cuda::blas::Gemm;
 use crate::dtype::DType;
+use crate::engine::{Computed, Grad};
 use crate::error::{Error, Result};
 use crate::ops::cuda::{arg, device_of, output, same_dtype, Out};
+use crate::ops::grad;
 use crate::tensor::Tensor;
 
 /// Matrix product of row-major `a` (…×m×k, or k×m with `trans_a`) and `b` (…×k×n, or
@@ -137,4 +141,113 @@ pub fn linear_backward(
         None
     };
     Ok([Some(gx), Some(gw), gb])
+}
+
+/// The operands of a device GEMM: `a` as [batch, m, k] (or [m, k]), `b` as [k, n] when
+/// shared or [batch, k, n].
+fn device_views(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<(Tensor, Tensor)> {
+    let a3 = a.view_as(&[s.batch, s.m, s.k])?;
+    let b3 = if s.b_shared {
+        b.view_as(&[s.k, s.n])?
+    } else {
+        b.view_as(&[s.batch, s.k, s.n])?
+    };
+    Ok((a3, b3))
+}
+
+/// Forward matmul on the device (cuBLAS, rounded once by the cast kernel).
+fn device_matmul(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
+    let (a3, b3) = device_views(a, b, s)?;
+    let (slot, sink) = crate::ops::device_out(a)?;
+    let y = matmul(&a3, &b3, false, false, sink)?;
+    Ok(Computed::pending(y.view_as(&s.out)?, slot))
+}
+
+/// Gradients of a device matmul: dA = G·Bᵀ and dB = Aᵀ·G (summed over the batch when B
+/// is shared, as one GEMM over the flattened batch).
+fn device_matmul_backward(
+    a: &Tensor,
+    b: &Tensor,
+    g: &Tensor,
+    s: &MmShape,
+) -> Result<Vec<Option<Grad>>> {
+    let (a3, b3) = device_views(a, b, s)?;
+    let g3 = g.view_as(&[s.batch, s.m, s.n])?;
+    let (slot_a, sink_a) = crate::ops::device_out(a)?;
+    let ga = matmul(&g3, &b3, false, true, sink_a)?.view_as(a.shape())?;
+    let (slot_b, sink_b) = crate::ops::device_out(b)?;
+    let gb = if s.b_shared {
+        let a2 = a.view_as(&[s.batch * s.m, s.k])?;
+        let g2 = g.view_as(&[s.batch * s.m, s.n])?;
+        matmul(&a2, &g2, true, false, sink_b)?
+    } else {
+        matmul(&a3, &g3, true, false, sink_b)?
+    };
+    Ok(vec![
+        grad(Computed::pending(ga, slot_a)),
+        grad(Computed::pending(gb.view_as(b.shape())?, slot_b)),
+    ])
+}
+
+/// The device's matrix-product kernels (cuBLAS).
+pub struct Device;
+
+impl Kernels for Device {
+    fn affine(
+        &self,
+        _op: &'static str,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        w_t: bool,
+        (m, k, _): Mkn,
+        out_shape: &[usize],
+    ) -> Result<Computed> {
+        let x2 = x.view_as(&[m, k])?;
+        let (slot, sink) = crate::ops::device_out(x)?;
+        let y = linear(&x2, w, w_t, b, sink)?.view_as(out_shape)?;
+        Ok(Computed::pending(y, slot))
+    }
+
+    fn affine_backward(
+        &self,
+        _op: &'static str,
+        x: &Tensor,
+        w: &Tensor,
+        w_t: bool,
+        g: &Tensor,
+        (m, k, n): Mkn,
+        has_b: bool,
+    ) -> Result<Vec<Option<Grad>>> {
+        let x2 = x.view_as(&[m, k])?;
+        let g2 = g.view_as(&[m, n])?;
+        let mut slots = [0u32; 3];
+        let mut sinks = [Out::NONE; 3];
+        let taken = crate::ops::device_counts_n(&x2, if has_b { 3 } else { 2 })?;
+        for (i, (s, c)) in taken.into_iter().enumerate() {
+            (slots[i], sinks[i]) = (s, Out::new(s, c));
+        }
+        let [gx, gw, gb] = linear_backward(&x2, w, w_t, &g2, has_b, sinks)?;
+        let gx = gx.map(|t| t.view_as(x.shape())).transpose()?;
+        Ok([gx, gw, gb]
+            .into_iter()
+            .zip(slots)
+            .map(|(t, s)| t.and_then(|t| grad(Computed::pending(t, s))))
+            .collect())
+    }
+
+    fn matmul(&self, _op: &'static str, a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
+        device_matmul(a, b, s)
+    }
+
+    fn matmul_backward(
+        &self,
+        _op: &'static str,
+        a: &Tensor,
+        b: &Tensor,
+        g: &Tensor,
+        s: &MmShape,
+    ) -> Result<Vec<Option<Grad>>> {
+        device_matmul_backward(a, b, g, s)
+    }
 }

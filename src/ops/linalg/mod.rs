@@ -7,59 +7,24 @@
 
 mod cpu;
 pub mod cuda;
+mod kernels;
 mod shape;
 
-pub(crate) use shape::{mm_shape, MmShape};
+pub(crate) use kernels::Kernels;
+pub(crate) use shape::mm_shape;
 
-use super::{expect_float, grad, with_float2, FData};
-use crate::engine::{Computed, Engine};
+use super::expect_float;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-/// The operands of a device GEMM: `a` as [batch, m, k] (or [m, k]), `b` as [k, n] when
-/// shared or [batch, k, n].
-fn device_views(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<(Tensor, Tensor)> {
-    let a3 = a.view_as(&[s.batch, s.m, s.k])?;
-    let b3 = if s.b_shared {
-        b.view_as(&[s.k, s.n])?
+/// The matrix-product kernels of the backend that holds `t`.
+pub(crate) fn kernels(t: &Tensor) -> &'static dyn Kernels {
+    if super::on_device(t) {
+        &cuda::Device
     } else {
-        b.view_as(&[s.batch, s.k, s.n])?
-    };
-    Ok((a3, b3))
-}
-
-/// Forward matmul on the device (cuBLAS, rounded once by the cast kernel).
-fn device_matmul(a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
-    let (a3, b3) = device_views(a, b, s)?;
-    let (slot, sink) = super::device_out(a)?;
-    let y = cuda::matmul(&a3, &b3, false, false, sink)?;
-    Ok(Computed::pending(y.view_as(&s.out)?, slot))
-}
-
-/// Gradients of a device matmul: dA = G·Bᵀ and dB = Aᵀ·G (summed over the batch when B
-/// is shared, as one GEMM over the flattened batch).
-fn device_matmul_backward(
-    a: &Tensor,
-    b: &Tensor,
-    g: &Tensor,
-    s: &MmShape,
-) -> Result<Vec<Option<crate::engine::Grad>>> {
-    let (a3, b3) = device_views(a, b, s)?;
-    let g3 = g.view_as(&[s.batch, s.m, s.n])?;
-    let (slot_a, sink_a) = super::device_out(a)?;
-    let ga = cuda::matmul(&g3, &b3, false, true, sink_a)?.view_as(a.shape())?;
-    let (slot_b, sink_b) = super::device_out(b)?;
-    let gb = if s.b_shared {
-        let a2 = a.view_as(&[s.batch * s.m, s.k])?;
-        let g2 = g.view_as(&[s.batch * s.m, s.n])?;
-        cuda::matmul(&a2, &g2, true, false, sink_b)?
-    } else {
-        cuda::matmul(&a3, &g3, true, false, sink_b)?
-    };
-    Ok(vec![
-        grad(Computed::pending(ga, slot_a)),
-        grad(Computed::pending(gb.view_as(b.shape())?, slot_b)),
-    ])
+        &cpu::Host
+    }
 }
 
 /// The two affine ops: their weights' layouts differ.
@@ -161,91 +126,15 @@ impl Engine {
         let m = x.numel() / k.max(1);
         let mut out_shape = x.shape().to_vec();
         *out_shape.last_mut().expect("rank >= 1") = n;
-        let dtype = x.dtype();
         let w_t = kind == Affine::Addmm;
-        if x.storage().is_device() {
-            return self.device_affine(kind, x, w, b, m, k, out_shape, &ins);
-        }
-        let out = match (
-            super::fdata(x, op)?,
-            super::fdata(w, op)?,
-            b.map(|t| super::fdata(t, op)).transpose()?,
-        ) {
-            (FData::F32(xd), FData::F32(wd), Some(FData::F32(bd))) => {
-                cpu::linear_fwd(xd, wd, w_t, Some(bd), m, k, n, &out_shape, dtype)?
-            }
-            (FData::F32(xd), FData::F32(wd), None) => {
-                cpu::linear_fwd(xd, wd, w_t, None, m, k, n, &out_shape, dtype)?
-            }
-            (FData::F64(xd), FData::F64(wd), Some(FData::F64(bd))) => {
-                cpu::linear_fwd(xd, wd, w_t, Some(bd), m, k, n, &out_shape, dtype)?
-            }
-            (FData::F64(xd), FData::F64(wd), None) => {
-                cpu::linear_fwd(xd, wd, w_t, None, m, k, n, &out_shape, dtype)?
-            }
-            _ => return Err(Error::shape(op, "operands have different dtypes")),
-        };
+        let kern = kernels(x);
+        let out = kern.affine(op, x, w, b, w_t, (m, k, n), &out_shape)?;
         let (xt, wt, has_b) = (x.clone(), w.clone(), b.is_some());
         let bw = Box::new(move |g: &Tensor| {
-            let shapes = (xt.shape(), wt.shape());
-            match (
-                super::fdata(&xt, op)?,
-                super::fdata(&wt, op)?,
-                super::fdata(g, op)?,
-            ) {
-                (FData::F32(x), FData::F32(w), FData::F32(g)) => {
-                    cpu::linear_bwd(x, w, w_t, g, (m, k, n), shapes, has_b, dtype)
-                }
-                (FData::F64(x), FData::F64(w), FData::F64(g)) => {
-                    cpu::linear_bwd(x, w, w_t, g, (m, k, n), shapes, has_b, dtype)
-                }
-                _ => Err(Error::shape(op, "gradient dtype differs from inputs")),
-            }
+            kern.affine_backward(op, &xt, &wt, w_t, g, (m, k, n), has_b)
         });
         let refs: Vec<&Tensor> = ins.iter().collect();
         self.record(op, &refs, kind.wrt(), out, Some(bw))
-    }
-
-    /// [`Engine::linear`] and [`Engine::addmm`] on the device: cuBLAS, the bias added in
-    /// f32, one rounding.
-    #[allow(clippy::too_many_arguments)]
-    fn device_affine(
-        &mut self,
-        kind: Affine,
-        x: &Tensor,
-        w: &Tensor,
-        b: Option<&Tensor>,
-        m: usize,
-        k: usize,
-        out_shape: Vec<usize>,
-        ins: &[Tensor],
-    ) -> Result<Tensor> {
-        let w_t = kind == Affine::Addmm;
-        let x2 = x.view_as(&[m, k])?;
-        let (slot, sink) = super::device_out(x)?;
-        let y = cuda::linear(&x2, w, w_t, b, sink)?.view_as(&out_shape)?;
-        let out = Computed::pending(y, slot);
-        let n = out_shape[out_shape.len() - 1];
-        let (xt, wt, has_b) = (x2, w.clone(), b.is_some());
-        let x_shape = x.shape().to_vec();
-        let bw = Box::new(move |g: &Tensor| {
-            let g2 = g.view_as(&[m, n])?;
-            let mut slots = [0u32; 3];
-            let mut sinks = [super::cuda::Out::NONE; 3];
-            let taken = super::device_counts_n(&xt, if has_b { 3 } else { 2 })?;
-            for (i, (s, c)) in taken.into_iter().enumerate() {
-                (slots[i], sinks[i]) = (s, super::cuda::Out::new(s, c));
-            }
-            let [gx, gw, gb] = cuda::linear_backward(&xt, &wt, w_t, &g2, has_b, sinks)?;
-            let gx = gx.map(|t| t.view_as(&x_shape)).transpose()?;
-            Ok([gx, gw, gb]
-                .into_iter()
-                .zip(slots)
-                .map(|(t, s)| t.and_then(|t| grad(Computed::pending(t, s))))
-                .collect())
-        });
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        self.record(kind.op(), &refs, kind.wrt(), out, Some(bw))
     }
 
     fn matmul_op(&mut self, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -254,31 +143,10 @@ impl Engine {
         let ins = self.prepare(op, &[a, b])?;
         let (a, b) = (&ins[0], &ins[1]);
         let s = mm_shape(a.shape(), b.shape(), op)?;
-        let dtype = a.dtype();
-        if a.storage().is_device() {
-            let out = device_matmul(a, b, &s)?;
-            let (at, bt) = (a.clone(), b.clone());
-            let bw = Box::new(move |g: &Tensor| device_matmul_backward(&at, &bt, g, &s));
-            return self.record(op, &[a, b], &["self", "other"], out, Some(bw));
-        }
-        let out = with_float2!(a, b, op, |x, y| cpu::matmul_fwd(x, y, &s, dtype))?;
+        let k = kernels(a);
+        let out = k.matmul(op, a, b, &s)?;
         let (at, bt) = (a.clone(), b.clone());
-        let bw = Box::new(move |g: &Tensor| {
-            let (ga, gb) = match (
-                super::fdata(&at, op)?,
-                super::fdata(&bt, op)?,
-                super::fdata(g, op)?,
-            ) {
-                (FData::F32(x), FData::F32(y), FData::F32(gg)) => {
-                    cpu::matmul_bwd(x, y, gg, &s, at.shape(), bt.shape(), dtype)?
-                }
-                (FData::F64(x), FData::F64(y), FData::F64(gg)) => {
-                    cpu::matmul_bwd(x, y, gg, &s, at.shape(), bt.shape(), dtype)?
-                }
-                _ => return Err(Error::shape(op, "gradient dtype differs from inputs")),
-            };
-            Ok(vec![grad(ga), grad(gb)])
-        });
+        let bw = Box::new(move |g: &Tensor| k.matmul_backward(op, &at, &bt, g, &s));
         self.record(op, &[a, b], &["self", "other"], out, Some(bw))
     }
 

@@ -1,9 +1,14 @@
 //! The reduction and softmax kernels on the host: f64 accumulators, one rounding.
 
+use super::kernels::{Kernels, Lines, MaxIdx};
+use crate::dtype::DType;
 use crate::engine::Computed;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ops::shape::{gather, scatter};
 use crate::ops::Pattern;
 use crate::ops::{bstrides, for_each_offset, sum_to_f64, Finish};
+use crate::ops::{fdata, with_float, FData};
+use crate::tensor::Tensor;
 use crate::tensor::{numel, Real};
 
 /// Sums `x` (shape `full`) down to `kept` in f64, divides by `count` when given (mean),
@@ -206,6 +211,93 @@ fn for_each_line(outer: usize, n: usize, inner: usize, mut f: impl FnMut(usize, 
     for o in 0..outer {
         for k in 0..inner {
             f(o * n * inner + k, inner);
+        }
+    }
+}
+
+/// The host's reduction and softmax kernels.
+pub(super) struct Host;
+
+impl Kernels for Host {
+    fn sum(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        kept: &[usize],
+        div: Option<f64>,
+        out_shape: &[usize],
+    ) -> Result<Computed> {
+        let dtype = x.dtype();
+        with_float!(x, op, |d| sum_fwd(
+            d,
+            x.shape(),
+            kept,
+            div,
+            out_shape,
+            dtype
+        ))
+    }
+
+    fn sum_backward(
+        &self,
+        op: &'static str,
+        g: &Tensor,
+        (kept, full): (&[usize], &[usize]),
+        div: Option<f64>,
+        dtype: DType,
+    ) -> Result<Computed> {
+        with_float!(g, op, |gd| expand_grad(gd, kept, full, div, dtype))
+    }
+
+    fn argmax(
+        &self,
+        x: &Tensor,
+        (outer, n, inner): Lines,
+        out_shape: &[usize],
+    ) -> Result<(Tensor, MaxIdx)> {
+        let idx = with_float!(x, "max", |d| argmax_lines(d, outer, n, inner));
+        let y = Tensor::from_storage(gather(x.storage(), &idx, "max")?, out_shape, x.dtype())?;
+        Ok((y, MaxIdx::Host(idx)))
+    }
+
+    fn argmax_backward(
+        &self,
+        g: &Tensor,
+        idx: &MaxIdx,
+        _lines: Lines,
+        in_shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        match idx {
+            MaxIdx::Host(i) => {
+                let s = scatter(&[(g.storage(), i)], numel(in_shape), "max")?;
+                Tensor::from_storage(s, in_shape, dtype)
+            }
+            MaxIdx::Device(_) => Err(Error::Device(
+                "max backward: the forward's index is in device memory".into(),
+            )),
+        }
+    }
+
+    fn softmax(&self, op: &'static str, x: &Tensor, lines: Lines, log: bool) -> Result<Computed> {
+        let (shape, dtype) = (x.shape(), x.dtype());
+        with_float!(x, op, |d| softmax_fwd(d, lines, log, shape, dtype))
+    }
+
+    fn softmax_backward(
+        &self,
+        op: &'static str,
+        y: &Tensor,
+        g: &Tensor,
+        lines: Lines,
+        log: bool,
+        dtype: DType,
+    ) -> Result<Computed> {
+        let shape = y.shape();
+        match (fdata(y, op)?, fdata(g, op)?) {
+            (FData::F32(y), FData::F32(g)) => softmax_bwd(y, g, lines, log, shape, dtype),
+            (FData::F64(y), FData::F64(g)) => softmax_bwd(y, g, lines, log, shape, dtype),
+            _ => Err(Error::shape(op, "gradient dtype differs from the output")),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Reductions on the device (`reduce.cu`) with the CPU emulator's order of operations:
 //! sums in f64 in row-major order, one rounding, over/underflow counted where it rounds.
 
+use super::kernels::{Kernels, Lines, MaxIdx};
 use crate::dtype::DType;
+use crate::engine::Computed;
 use crate::error::Result;
 use crate::ops::cuda::{
     arg, arg_ptr, collapse, device_of, launch, launch_with, output, pad_shape, pad_strides, Out,
@@ -290,4 +292,82 @@ pub fn softmax_backward(
         &o.partials
     );
     Ok(dx)
+}
+
+/// The device's reduction and softmax kernels.
+pub struct Device;
+
+impl Kernels for Device {
+    fn sum(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        kept: &[usize],
+        div: Option<f64>,
+        out_shape: &[usize],
+    ) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(x)?;
+        Ok(Computed::pending(
+            sum(op, x, kept, div, out_shape, sink)?,
+            slot,
+        ))
+    }
+
+    fn sum_backward(
+        &self,
+        op: &'static str,
+        g: &Tensor,
+        (kept, full): (&[usize], &[usize]),
+        div: Option<f64>,
+        _dtype: DType,
+    ) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(g)?;
+        let gk = g.view_as(kept)?;
+        Ok(Computed::pending(
+            expand(op, &gk, kept, full, div, sink)?,
+            slot,
+        ))
+    }
+
+    fn argmax(&self, x: &Tensor, lines: Lines, out_shape: &[usize]) -> Result<(Tensor, MaxIdx)> {
+        let (y, idx) = argmax(x, lines, out_shape)?;
+        Ok((y, MaxIdx::Device(idx)))
+    }
+
+    fn argmax_backward(
+        &self,
+        g: &Tensor,
+        idx: &MaxIdx,
+        lines: Lines,
+        in_shape: &[usize],
+        _dtype: DType,
+    ) -> Result<Tensor> {
+        match idx {
+            MaxIdx::Device(i) => argmax_backward(g, i, lines, in_shape),
+            MaxIdx::Host(_) => Err(crate::error::Error::Device(
+                "max backward: the forward's index is in host memory".into(),
+            )),
+        }
+    }
+
+    fn softmax(&self, op: &'static str, x: &Tensor, lines: Lines, log: bool) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(x)?;
+        Ok(Computed::pending(softmax(op, x, lines, log, sink)?, slot))
+    }
+
+    fn softmax_backward(
+        &self,
+        op: &'static str,
+        y: &Tensor,
+        g: &Tensor,
+        lines: Lines,
+        log: bool,
+        _dtype: DType,
+    ) -> Result<Computed> {
+        let (slot, sink) = crate::ops::device_out(y)?;
+        Ok(Computed::pending(
+            softmax_backward(op, y, g, lines, log, sink)?,
+            slot,
+        ))
+    }
 }

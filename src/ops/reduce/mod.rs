@@ -4,8 +4,8 @@
 //! exponentials in f32 (f64 for the reference dtype) with the row sum in f64, and rounds
 //! once, so fp16 inputs never overflow inside the op.
 
-use super::shape::{check_grad, gather, scatter};
-use super::{expect_float, grad, FData};
+use super::shape::check_grad;
+use super::{expect_float, grad};
 use crate::dtype::RoundCounts;
 use crate::engine::{Computed, Engine, Grad};
 use crate::error::{Error, Result};
@@ -13,12 +13,17 @@ use crate::tensor::{norm_dim, numel, Tensor};
 
 mod cpu;
 pub mod cuda;
-use cpu::*;
+mod kernels;
 
-/// Where the gradient of max goes: flat offsets on the host, or an int64 device tensor.
-enum MaxIdx {
-    Host(Vec<usize>),
-    Device(Tensor),
+pub use kernels::{Kernels, Lines, MaxIdx};
+
+/// The reduction kernels of the backend that holds `t`.
+pub fn kernels(t: &Tensor) -> &'static dyn Kernels {
+    if super::on_device(t) {
+        &cuda::Device
+    } else {
+        &cpu::Host
+    }
 }
 
 /// Which dims of `shape` a reduction over `dims` removes (empty `dims`: all of them).
@@ -97,30 +102,12 @@ impl Engine {
             .product::<f64>();
         let dtype = x.dtype();
         let div = mean.then_some(count);
-        let out = if x.storage().is_device() {
-            let (slot, sink) = super::device_out(x)?;
-            Computed::pending(cuda::sum(op, x, &kept, div, &out_shape, sink)?, slot)
-        } else {
-            super::with_float!(x, op, |d| sum_fwd(
-                d,
-                x.shape(),
-                &kept,
-                div,
-                &out_shape,
-                dtype
-            ))?
-        };
+        let out = kernels(x).sum(op, x, &kept, div, &out_shape)?;
         let full = x.shape().to_vec();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, op)?;
-            if g.storage().is_device() {
-                let (slot, sink) = super::device_out(g)?;
-                let gk = g.view_as(&kept)?;
-                let dx = cuda::expand(op, &gk, &kept, &full, div, sink)?;
-                return Ok(vec![grad(Computed::pending(dx, slot))]);
-            }
-            let r = super::with_float!(g, op, |gd| expand_grad(gd, &kept, &full, div, dtype))?;
-            Ok(vec![grad(r)])
+            let dx = kernels(g).sum_backward(op, g, (&kept, &full), div, dtype)?;
+            Ok(vec![grad(dx)])
         });
         self.record(op, &[x], &["self"], out, Some(bw))
     }
@@ -163,24 +150,12 @@ impl Engine {
             }
         }
         let lines = (outer, n, inner);
-        let (out, idx) = if x.storage().is_device() {
-            let (y, idx) = cuda::argmax(x, lines, &out_shape)?;
-            (y, MaxIdx::Device(idx))
-        } else {
-            let idx = super::with_float!(x, "max", |d| argmax_lines(d, outer, n, inner));
-            let y = Tensor::from_storage(gather(x.storage(), &idx, "max")?, &out_shape, x.dtype())?;
-            (y, MaxIdx::Host(idx))
-        };
+        let k = kernels(x);
+        let (out, idx) = k.argmax(x, lines, &out_shape)?;
         let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, "max")?;
-            let tensor = match &idx {
-                MaxIdx::Device(i) => cuda::argmax_backward(g, i, lines, &in_shape)?,
-                MaxIdx::Host(i) => {
-                    let s = scatter(&[(g.storage(), i)], numel(&in_shape), "max")?;
-                    Tensor::from_storage(s, &in_shape, dtype)?
-                }
-            };
+            let tensor = k.argmax_backward(g, &idx, lines, &in_shape, dtype)?;
             Ok(vec![Some(Grad {
                 tensor,
                 rounding: RoundCounts::default(),
@@ -205,26 +180,12 @@ impl Engine {
         let x = &ins[0];
         let lines = line_dim(x, dim, op)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let out = if x.storage().is_device() {
-            let (slot, sink) = super::device_out(x)?;
-            Computed::pending(cuda::softmax(op, x, lines, log, sink)?, slot)
-        } else {
-            super::with_float!(x, op, |d| softmax_fwd(d, lines, log, &shape, dtype))?
-        };
+        let out = kernels(x).softmax(op, x, lines, log)?;
         let y = out.tensor.clone();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, op)?;
-            if y.storage().is_device() {
-                let (slot, sink) = super::device_out(&y)?;
-                let dx = cuda::softmax_backward(op, &y, g, lines, log, sink)?;
-                return Ok(vec![grad(Computed::pending(dx, slot))]);
-            }
-            let r = match (super::fdata(&y, op)?, super::fdata(g, op)?) {
-                (FData::F32(y), FData::F32(g)) => softmax_bwd(y, g, lines, log, &shape, dtype)?,
-                (FData::F64(y), FData::F64(g)) => softmax_bwd(y, g, lines, log, &shape, dtype)?,
-                _ => return Err(Error::shape(op, "gradient dtype differs from the output")),
-            };
-            Ok(vec![grad(r)])
+            let dx = kernels(&y).softmax_backward(op, &y, g, lines, log, dtype)?;
+            Ok(vec![grad(dx)])
         });
         self.record(op, &[x], &["self"], out, Some(bw))
     }
