@@ -1,10 +1,13 @@
 //! The loss kernels on the host: log-sum-exp, cross-entropy, NLL and MSE with their
 //! gradients.
 
-use crate::engine::Computed;
-use crate::error::Result;
-use crate::ops::Finish;
-use crate::tensor::Real;
+use super::kernels::{ClassKept, Kernels, Valid};
+use super::labels::class_targets;
+use crate::dtype::DType;
+use crate::engine::{Computed, Grad};
+use crate::error::{Error, Result};
+use crate::ops::{fdata, grad, with_float, with_float2, FData, Finish};
+use crate::tensor::{Real, Tensor};
 
 /// Row-wise log-sum-exp, computed in T with the sum accumulated in f64 in row order.
 pub(super) fn lse<T: Real>(row: &[T]) -> T {
@@ -205,6 +208,113 @@ pub(super) fn nll_bwd<T: Finish>(
         }
     }
     T::finish(out, shape, dtype)
+}
+
+/// The host's loss kernels.
+pub(super) struct Host;
+
+/// The host count of a forward that ran here.
+fn host_valid(kept: &ClassKept, op: &str) -> Result<usize> {
+    match kept.valid {
+        Valid::Host(v) => Ok(v),
+        Valid::Device(_) => Err(Error::Device(format!(
+            "{op} backward: the forward counted its labels on a device"
+        ))),
+    }
+}
+
+impl Kernels for Host {
+    fn nll(&self, x: &Tensor, t: &Tensor, ignore: Option<i64>) -> Result<(Computed, ClassKept)> {
+        let (c, ti, valid) = class_targets("nll_loss", x, t, ignore)?;
+        let dtype = x.dtype();
+        let out = with_float!(x, "nll_loss", |d| nll_fwd(d, ti, c, ignore, valid, dtype))?;
+        let kept = ClassKept {
+            classes: c,
+            labels: t.clone(),
+            valid: Valid::Host(valid),
+        };
+        Ok((out, kept))
+    }
+
+    fn nll_backward(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        kept: &ClassKept,
+        g: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<Computed> {
+        let (valid, c) = (host_valid(kept, "nll_loss")?, kept.classes);
+        let ti = kept.labels.i64s()?;
+        let n = crate::tensor::numel(shape);
+        match fdata(g, "nll_loss")? {
+            FData::F32(g) => nll_bwd(n, ti, g[0], c, ignore, valid, shape, dtype),
+            FData::F64(g) => nll_bwd(n, ti, g[0], c, ignore, valid, shape, dtype),
+        }
+    }
+
+    fn cross_entropy(
+        &self,
+        x: &Tensor,
+        t: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<(Computed, ClassKept)> {
+        const OP: &str = "cross_entropy_loss";
+        let (c, ti, valid) = class_targets(OP, x, t, ignore)?;
+        let dtype = x.dtype();
+        let out = with_float!(x, OP, |d| ce_fwd(d, ti, c, ignore, valid, dtype))?;
+        let kept = ClassKept {
+            classes: c,
+            labels: t.clone(),
+            valid: Valid::Host(valid),
+        };
+        Ok((out, kept))
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        x: &Tensor,
+        kept: &ClassKept,
+        g: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<Computed> {
+        const OP: &str = "cross_entropy_loss";
+        let (valid, c, dtype) = (host_valid(kept, OP)?, kept.classes, x.dtype());
+        let ti = kept.labels.i64s()?;
+        match (fdata(x, OP)?, fdata(g, OP)?) {
+            (FData::F32(xd), FData::F32(g)) => {
+                ce_bwd(xd, ti, g[0], c, ignore, valid, x.shape(), dtype)
+            }
+            (FData::F64(xd), FData::F64(g)) => {
+                ce_bwd(xd, ti, g[0], c, ignore, valid, x.shape(), dtype)
+            }
+            _ => Err(Error::shape(OP, "gradient dtype differs from logits")),
+        }
+    }
+
+    fn mse(&self, a: &Tensor, b: &Tensor) -> Result<Computed> {
+        let dtype = a.dtype();
+        with_float2!(a, b, "mse_loss", |x, y| mse_fwd(x, y, dtype))
+    }
+
+    fn mse_backward(&self, a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Vec<Option<Grad>>> {
+        let dtype = a.dtype();
+        let (ga, gb) = match (
+            fdata(a, "mse_loss")?,
+            fdata(b, "mse_loss")?,
+            fdata(g, "mse_loss")?,
+        ) {
+            (FData::F32(x), FData::F32(y), FData::F32(g)) => mse_bwd(x, y, g[0], a.shape(), dtype)?,
+            (FData::F64(x), FData::F64(y), FData::F64(g)) => mse_bwd(x, y, g[0], a.shape(), dtype)?,
+            _ => {
+                return Err(Error::shape(
+                    "mse_loss",
+                    "gradient dtype differs from inputs",
+                ))
+            }
+        };
+        Ok(vec![grad(ga), grad(gb)])
+    }
 }
 
 #[cfg(test)]

@@ -3,10 +3,14 @@
 //! of labels that are not ignored stays on the device (an int64 tensor of one element the
 //! backward reads), so no op waits for the device.
 
+use super::kernels::{ClassKept, Kernels, Valid};
+use super::labels::device_targets;
 use crate::dtype::DType;
+use crate::engine::{Computed, Grad};
 use crate::error::{Error, Result};
 use crate::ops::cuda::{arg, arg_ptr, device_of, launch, output, same_dtype};
 use crate::ops::reduce::cuda::sum_identity;
+use crate::ops::{device_counts, device_counts_n, grad};
 use crate::tensor::Tensor;
 
 /// The kernels of `loss.cu`.
@@ -252,4 +256,101 @@ pub fn mse_backward(
         &counts_b
     );
     Ok((ga, gb))
+}
+
+/// The device's loss kernels.
+pub struct Device;
+
+/// The device count of a forward that ran here.
+fn device_valid<'a>(kept: &'a ClassKept, op: &str) -> Result<&'a Tensor> {
+    match &kept.valid {
+        Valid::Device(v) => Ok(v),
+        Valid::Host(_) => Err(Error::Device(format!(
+            "{op} backward: the forward counted its labels on the host"
+        ))),
+    }
+}
+
+impl Kernels for Device {
+    fn nll(&self, x: &Tensor, t: &Tensor, ignore: Option<i64>) -> Result<(Computed, ClassKept)> {
+        const OP: &str = "nll_loss";
+        let (c, td) = device_targets(OP, x, t, ignore)?;
+        let (slot, counts) = device_counts(x)?;
+        let (y, valid) = nll(x, &td, c, ignore, counts)?;
+        let kept = ClassKept {
+            classes: c,
+            labels: td,
+            valid: Valid::Device(valid),
+        };
+        Ok((Computed::pending(y, slot), kept))
+    }
+
+    fn nll_backward(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        kept: &ClassKept,
+        g: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<Computed> {
+        let valid = device_valid(kept, "nll_loss")?;
+        let (slot, counts) = device_counts(g)?;
+        let dx = nll_backward(
+            &kept.labels,
+            g,
+            valid,
+            shape,
+            dtype,
+            kept.classes,
+            ignore,
+            counts,
+        )?;
+        Ok(Computed::pending(dx, slot))
+    }
+
+    fn cross_entropy(
+        &self,
+        x: &Tensor,
+        t: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<(Computed, ClassKept)> {
+        const OP: &str = "cross_entropy_loss";
+        let (c, td) = device_targets(OP, x, t, ignore)?;
+        let (slot, counts) = device_counts(x)?;
+        let (y, valid) = cross_entropy(x, &td, c, ignore, counts)?;
+        let kept = ClassKept {
+            classes: c,
+            labels: td,
+            valid: Valid::Device(valid),
+        };
+        Ok((Computed::pending(y, slot), kept))
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        x: &Tensor,
+        kept: &ClassKept,
+        g: &Tensor,
+        ignore: Option<i64>,
+    ) -> Result<Computed> {
+        let valid = device_valid(kept, "cross_entropy_loss")?;
+        let (slot, counts) = device_counts(g)?;
+        let dx = cross_entropy_backward(x, &kept.labels, g, valid, kept.classes, ignore, counts)?;
+        Ok(Computed::pending(dx, slot))
+    }
+
+    fn mse(&self, a: &Tensor, b: &Tensor) -> Result<Computed> {
+        let (slot, counts) = device_counts(a)?;
+        Ok(Computed::pending(mse(a, b, counts)?, slot))
+    }
+
+    fn mse_backward(&self, a: &Tensor, b: &Tensor, g: &Tensor) -> Result<Vec<Option<Grad>>> {
+        let taken = device_counts_n(g, 2)?;
+        let ((sa, ca), (sb, cb)) = (taken[0], taken[1]);
+        let (ga, gb) = mse_backward(a, b, g, ca, cb)?;
+        Ok(vec![
+            grad(Computed::pending(ga, sa)),
+            grad(Computed::pending(gb, sb)),
+        ])
+    }
 }

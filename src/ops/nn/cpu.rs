@@ -1,10 +1,15 @@
 //! The layer-norm, embedding-gradient and dropout kernels on the host.
 
-use crate::engine::Computed;
-use crate::error::Result;
-use crate::ops::{grad, Finish};
+use super::kernels::{Kernels, Mask, Stats};
+use crate::dtype::DType;
+use crate::engine::{Computed, Grad};
+use crate::error::{Error, Result};
+use crate::ops::shape::gather;
+use crate::ops::{fdata, grad, with_float, FData, Finish};
 use crate::ops::{line_piece, produce_in, produce_lines, PAR_MIN};
+use crate::rng::Rng;
 use crate::tensor::Real;
+use crate::tensor::Tensor;
 
 /// Per-row mean and 1/√(var + eps) of `x` split in rows of `d`, accumulated in f64 (two
 /// passes, biased variance) and converted once to T. Rows run in parallel when there are
@@ -161,4 +166,137 @@ pub(super) fn dropout_apply<T: Finish>(
         .map(|(&v, &k)| if k { v * s } else { v * T::zero() })
         .collect();
     T::finish(y, shape, dtype)
+}
+
+/// The f32 storage of an optional layer-norm operand.
+fn opt_f32(t: Option<&Tensor>) -> Result<Option<&[f32]>> {
+    match t.map(|t| fdata(t, "layer_norm")).transpose()? {
+        Some(FData::F32(v)) => Ok(Some(v)),
+        None => Ok(None),
+        Some(FData::F64(_)) => Err(Error::shape("layer_norm", "operands have different dtypes")),
+    }
+}
+
+/// The f64 storage of an optional layer-norm operand.
+fn opt_f64(t: Option<&Tensor>) -> Result<Option<&[f64]>> {
+    match t.map(|t| fdata(t, "layer_norm")).transpose()? {
+        Some(FData::F64(v)) => Ok(Some(v)),
+        None => Ok(None),
+        Some(FData::F32(_)) => Err(Error::shape("layer_norm", "operands have different dtypes")),
+    }
+}
+
+/// The host's layer-norm, embedding and dropout kernels.
+pub(super) struct Host;
+
+impl Kernels for Host {
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        (w, b): (Option<&Tensor>, Option<&Tensor>),
+        d: usize,
+        eps: f64,
+    ) -> Result<(Computed, Stats)> {
+        let (shape, dtype) = (x.shape(), x.dtype());
+        match fdata(x, "layer_norm")? {
+            FData::F32(xd) => {
+                let (wd, bd) = (opt_f32(w)?, opt_f32(b)?);
+                let (m, r) = row_stats(xd, d, eps);
+                let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), shape, dtype)?;
+                Ok((out, Stats::F32(m, r)))
+            }
+            FData::F64(xd) => {
+                let (wd, bd) = (opt_f64(w)?, opt_f64(b)?);
+                let (m, r) = row_stats(xd, d, eps);
+                let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), shape, dtype)?;
+                Ok((out, Stats::F64(m, r)))
+            }
+        }
+    }
+
+    fn layer_norm_backward(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        has_b: bool,
+        g: &Tensor,
+        stats: &Stats,
+        d: usize,
+    ) -> Result<Vec<Option<Grad>>> {
+        const OP: &str = "layer_norm";
+        let (shape, dtype) = (x.shape(), x.dtype());
+        match (fdata(x, OP)?, fdata(g, OP)?, stats) {
+            (FData::F32(x), FData::F32(g), Stats::F32(m, r)) => {
+                layer_norm_bwd(x, opt_f32(w)?, g, d, (m, r), shape, has_b, dtype)
+            }
+            (FData::F64(x), FData::F64(g), Stats::F64(m, r)) => {
+                layer_norm_bwd(x, opt_f64(w)?, g, d, (m, r), shape, has_b, dtype)
+            }
+            _ => Err(Error::shape(OP, "gradient dtype differs from the input")),
+        }
+    }
+
+    fn embedding(
+        &self,
+        w: &Tensor,
+        ids: &Tensor,
+        out_shape: &[usize],
+    ) -> Result<(Computed, Tensor)> {
+        let d = w.shape()[1];
+        let src: Vec<usize> = ids
+            .i64s()?
+            .iter()
+            .flat_map(|&id| (id as usize * d)..(id as usize + 1) * d)
+            .collect();
+        let out = Tensor::from_storage(
+            gather(w.storage(), &src, "embedding")?,
+            out_shape,
+            w.dtype(),
+        )?;
+        Ok((Computed::new(out, Default::default()), ids.clone()))
+    }
+
+    fn embedding_backward(
+        &self,
+        g: &Tensor,
+        ids: &Tensor,
+        (v, d): (usize, usize),
+        pad: i64,
+        dtype: DType,
+    ) -> Result<Computed> {
+        let ids = ids.i64s()?;
+        with_float!(g, "embedding", |gd| embedding_bwd(
+            gd, ids, v, d, pad, dtype
+        ))
+    }
+
+    fn dropout(&self, x: &Tensor, mut rng: Rng, keep: f64, scale: f64) -> Result<(Computed, Mask)> {
+        let mask: Vec<bool> = (0..x.numel()).map(|_| rng.uniform() < keep).collect();
+        let (shape, dtype) = (x.shape(), x.dtype());
+        let out = with_float!(x, "dropout", |d| dropout_apply(
+            d, &mask, scale, shape, dtype
+        ))?;
+        Ok((out, Mask::Host(mask)))
+    }
+
+    fn dropout_backward(
+        &self,
+        g: &Tensor,
+        mask: &Mask,
+        scale: f64,
+        dtype: DType,
+    ) -> Result<Computed> {
+        let Mask::Host(mask) = mask else {
+            return Err(Error::Device(
+                "dropout backward: the forward's mask is on a device".into(),
+            ));
+        };
+        with_float!(g, "dropout", |gd| dropout_apply(
+            gd,
+            mask,
+            scale,
+            g.shape(),
+            dtype
+        ))
+    }
 }

@@ -1,10 +1,14 @@
 //! Layer norm, embedding and dropout on the device (`nn.cu`), with the CPU emulator's
 //! order of operations; dropout draws the CPU's very mask from the same SplitMix64 stream.
 
+use super::kernels::{Kernels, Mask, Stats};
 use crate::device::cuda::DeviceBuffer;
 use crate::dtype::DType;
+use crate::engine::{Computed, Grad};
 use crate::error::{Error, Result};
 use crate::ops::cuda::{arg, arg_ptr, device_of, launch, launch_with, output};
+use crate::ops::{device_counts, device_counts_n, grad};
+use crate::rng::Rng;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
@@ -289,4 +293,105 @@ pub fn embedding_backward(
     };
     launch!(dev, kernel, threads, &gp, &sp, &tp, &op_, &yp, &k, &dd, &vv, &pad, &counts);
     Ok(out)
+}
+
+/// The device's layer-norm, embedding and dropout kernels.
+pub struct Device;
+
+impl Kernels for Device {
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        (w, b): (Option<&Tensor>, Option<&Tensor>),
+        d: usize,
+        eps: f64,
+    ) -> Result<(Computed, Stats)> {
+        let (m, r) = ln_stats(x, d, eps)?;
+        let (slot, counts) = device_counts(x)?;
+        let y = ln_forward(x, w, b, (&m, &r), counts)?;
+        Ok((Computed::pending(y, slot), Stats::Device(m, r)))
+    }
+
+    fn layer_norm_backward(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        has_b: bool,
+        g: &Tensor,
+        stats: &Stats,
+        _d: usize,
+    ) -> Result<Vec<Option<Grad>>> {
+        let Stats::Device(m, r) = stats else {
+            return Err(Error::Device(
+                "layer_norm backward: the forward's statistics are on the host".into(),
+            ));
+        };
+        let (slot, counts) = device_counts(g)?;
+        let dx = ln_backward_x(x, w, g, (m, r), counts)?;
+        let mut out = vec![grad(Computed::pending(dx, slot))];
+        let mut taken = device_counts_n(g, w.is_some() as usize + has_b as usize)?.into_iter();
+        let sw = w.and_then(|_| taken.next());
+        let sb = if has_b { taken.next() } else { None };
+        let (gw, gb) = ln_backward_wb(x, g, (m, r), sw.map(|s| s.1), sb.map(|s| s.1))?;
+        if let (Some(t), Some((slot, _))) = (gw, sw) {
+            out.push(grad(Computed::pending(t, slot)));
+        }
+        if let (Some(t), Some((slot, _))) = (gb, sb) {
+            out.push(grad(Computed::pending(t, slot)));
+        }
+        Ok(out)
+    }
+
+    fn embedding(
+        &self,
+        w: &Tensor,
+        ids: &Tensor,
+        out_shape: &[usize],
+    ) -> Result<(Computed, Tensor)> {
+        let dev = device_of("embedding", &[w])?;
+        let idd = ids.to_device(&dev)?;
+        let out = Computed::new(embedding(w, &idd, out_shape)?, Default::default());
+        Ok((out, idd))
+    }
+
+    fn embedding_backward(
+        &self,
+        g: &Tensor,
+        ids: &Tensor,
+        (v, d): (usize, usize),
+        pad: i64,
+        _dtype: DType,
+    ) -> Result<Computed> {
+        let (slot, counts) = device_counts(g)?;
+        Ok(Computed::pending(
+            embedding_backward(g, ids, v, d, pad, counts)?,
+            slot,
+        ))
+    }
+
+    fn dropout(&self, x: &Tensor, rng: Rng, keep: f64, scale: f64) -> Result<(Computed, Mask)> {
+        let state = rng.state();
+        let (slot, counts) = device_counts(x)?;
+        let out = Computed::pending(dropout(x, state, keep, scale, counts)?, slot);
+        Ok((out, Mask::Device { state, keep }))
+    }
+
+    fn dropout_backward(
+        &self,
+        g: &Tensor,
+        mask: &Mask,
+        scale: f64,
+        _dtype: DType,
+    ) -> Result<Computed> {
+        let Mask::Device { state, keep } = *mask else {
+            return Err(Error::Device(
+                "dropout backward: the forward's mask is on the host".into(),
+            ));
+        };
+        let (slot, counts) = device_counts(g)?;
+        Ok(Computed::pending(
+            dropout(g, state, keep, scale, counts)?,
+            slot,
+        ))
+    }
 }

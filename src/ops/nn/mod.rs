@@ -1,16 +1,26 @@
 //! Neural-network ops: layer norm, embedding lookup and dropout.
 
-use super::shape::{check_grad, gather};
-use super::{expect_float, grad, FData};
-use crate::dtype::RoundCounts;
-use crate::engine::{Computed, Engine};
+use super::shape::check_grad;
+use super::{expect_float, grad};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
 mod cpu;
 pub mod cuda;
-use cpu::*;
+mod kernels;
+
+pub use kernels::{Kernels, Mask, Stats};
+
+/// The layer-norm, embedding and dropout kernels of the backend that holds `t`.
+pub fn kernels(t: &Tensor) -> &'static dyn Kernels {
+    if super::on_device(t) {
+        &cuda::Device
+    } else {
+        &cpu::Host
+    }
+}
 
 /// 64-bit FNV-1a hash.
 fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
@@ -26,24 +36,6 @@ fn dropout_rng(seed: u64, step: u64, micro: u32, module: &str, shape: &[usize], 
         seed,
         &[step, micro as u64, fnv1a(module.bytes()), shape_key, salt],
     )
-}
-
-/// The keep mask of a dropout call: element `i` is kept with probability `1 - p`, from a
-/// stream fixed by the seed, step, micro-batch, module path, input shape and `salt`.
-fn dropout_mask(
-    seed: u64,
-    step: u64,
-    micro: u32,
-    module: &str,
-    shape: &[usize],
-    salt: u64,
-    p: f64,
-) -> Vec<bool> {
-    let mut rng = dropout_rng(seed, step, micro, module, shape, salt);
-    let keep = 1.0 - p;
-    (0..shape.iter().product::<usize>())
-        .map(|_| rng.uniform() < keep)
-        .collect()
 }
 
 impl Engine {
@@ -91,61 +83,13 @@ impl Engine {
         let x = &ins[0];
         let w = weight.map(|_| ins[1].clone());
         let b = bias.map(|_| ins[ins.len() - 1].clone());
-        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let device = x.storage().is_device();
-        let (out, stats) = match super::fdata(x, OP) {
-            _ if device => {
-                let (m, r) = cuda::ln_stats(x, d, eps)?;
-                let (slot, counts) = super::device_counts(x)?;
-                let y = cuda::ln_forward(x, w.as_ref(), b.as_ref(), (&m, &r), counts)?;
-                (Computed::pending(y, slot), Stats::Device(m, r))
-            }
-            Err(e) => return Err(e),
-            Ok(FData::F32(xd)) => {
-                let (wd, bd) = (opt_f32(w.as_ref())?, opt_f32(b.as_ref())?);
-                let (m, r) = row_stats(xd, d, eps);
-                let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), &shape, dtype)?;
-                (out, Stats::F32(m, r))
-            }
-            Ok(FData::F64(xd)) => {
-                let (wd, bd) = (opt_f64(w.as_ref())?, opt_f64(b.as_ref())?);
-                let (m, r) = row_stats(xd, d, eps);
-                let out = layer_norm_fwd(xd, wd, bd, d, (&m, &r), &shape, dtype)?;
-                (out, Stats::F64(m, r))
-            }
-        };
+        let shape = x.shape().to_vec();
+        let kern = kernels(x);
+        let (out, stats) = kern.layer_norm(x, (w.as_ref(), b.as_ref()), d, eps)?;
         let (xt, wt, has_b) = (x.clone(), w.clone(), b.is_some());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
-            if let Stats::Device(m, r) = &stats {
-                let (slot, counts) = super::device_counts(g)?;
-                let dx = cuda::ln_backward_x(&xt, wt.as_ref(), g, (m, r), counts)?;
-                let mut out = vec![grad(Computed::pending(dx, slot))];
-                let mut taken =
-                    super::device_counts_n(g, wt.is_some() as usize + has_b as usize)?.into_iter();
-                let sw = wt.as_ref().and_then(|_| taken.next());
-                let sb = if has_b { taken.next() } else { None };
-                let (gw, gb) =
-                    cuda::ln_backward_wb(&xt, g, (m, r), sw.map(|s| s.1), sb.map(|s| s.1))?;
-                if let (Some(t), Some((slot, _))) = (gw, sw) {
-                    out.push(grad(Computed::pending(t, slot)));
-                }
-                if let (Some(t), Some((slot, _))) = (gb, sb) {
-                    out.push(grad(Computed::pending(t, slot)));
-                }
-                return Ok(out);
-            }
-            match (super::fdata(&xt, OP)?, super::fdata(g, OP)?, &stats) {
-                (FData::F32(x), FData::F32(g), Stats::F32(m, r)) => {
-                    let w = opt_f32(wt.as_ref())?;
-                    layer_norm_bwd(x, w, g, d, (m, r), &shape, has_b, dtype)
-                }
-                (FData::F64(x), FData::F64(g), Stats::F64(m, r)) => {
-                    let w = opt_f64(wt.as_ref())?;
-                    layer_norm_bwd(x, w, g, d, (m, r), &shape, has_b, dtype)
-                }
-                _ => Err(Error::shape(OP, "gradient dtype differs from the input")),
-            }
+            kern.layer_norm_backward(&xt, wt.as_ref(), has_b, g, &stats, d)
         });
         let wrt: &'static [&'static str] = match (weight.is_some(), bias.is_some()) {
             (true, true) => &["input", "weight", "bias"],
@@ -213,39 +157,14 @@ impl Engine {
         let (w, ids) = (&ins[0], &ins[1]);
         let mut out_shape = ids.shape().to_vec();
         out_shape.push(d);
-        if w.storage().is_device() {
-            let dev = super::cuda::device_of(OP, &[w])?;
-            let idd = ids.to_device(&dev)?;
-            let out = Computed::new(
-                cuda::embedding(w, &idd, &out_shape)?,
-                RoundCounts::default(),
-            );
-            let bw = Box::new(move |g: &Tensor| {
-                check_grad(g, &out_shape, OP)?;
-                let (slot, counts) = super::device_counts(g)?;
-                let dw = cuda::embedding_backward(g, &idd, v, d, pad, counts)?;
-                Ok(vec![grad(Computed::pending(dw, slot)), None])
-            });
-            return self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw));
-        }
-        let idv = ids.i64s()?;
-        let src: Vec<usize> = idv
-            .iter()
-            .flat_map(|&id| (id as usize * d)..(id as usize + 1) * d)
-            .collect();
-        let out = Tensor::from_storage(
-            gather(w.storage(), &src, "embedding")?,
-            &out_shape,
-            w.dtype(),
-        )?;
-        let (idt, dtype) = (ids.clone(), w.dtype());
+        let kern = kernels(w);
+        let (out, idk) = kern.embedding(w, ids, &out_shape)?;
+        let dtype = w.dtype();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, OP)?;
-            let ids = idt.i64s()?;
-            let r = super::with_float!(g, OP, |gd| embedding_bwd(gd, ids, v, d, pad, dtype))?;
-            Ok(vec![grad(r), None])
+            let dw = kern.embedding_backward(g, &idk, (v, d), pad, dtype)?;
+            Ok(vec![grad(dw), None])
         });
-        let out = Computed::new(out, RoundCounts::default());
         self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw))
     }
 
@@ -272,72 +191,23 @@ impl Engine {
         let x = &ins[0];
         // p == 1 keeps nothing: PyTorch multiplies by zero instead of scaling by 1/0.
         let scale = if p == 1.0 { 0.0 } else { 1.0 / (1.0 - p) };
-        if x.storage().is_device() {
-            let state = dropout_rng(
-                self.seed(),
-                self.step(),
-                self.micro(),
-                &self.module_path(),
-                x.shape(),
-                salt,
-            )
-            .state();
-            let keep = 1.0 - p;
-            let (slot, counts) = super::device_counts(x)?;
-            let out = Computed::pending(cuda::dropout(x, state, keep, scale, counts)?, slot);
-            let shape = x.shape().to_vec();
-            let bw = Box::new(move |g: &Tensor| {
-                check_grad(g, &shape, OP)?;
-                let (slot, counts) = super::device_counts(g)?;
-                let dx = cuda::dropout(g, state, keep, scale, counts)?;
-                Ok(vec![grad(Computed::pending(dx, slot))])
-            });
-            return self.record(OP, &[x], &["input"], out, Some(bw));
-        }
-        let mask = dropout_mask(
+        let rng = dropout_rng(
             self.seed(),
             self.step(),
             self.micro(),
             &self.module_path(),
             x.shape(),
             salt,
-            p,
         );
+        let kern = kernels(x);
+        let (out, mask) = kern.dropout(x, rng, 1.0 - p, scale)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let out = super::with_float!(x, OP, |d| dropout_apply(d, &mask, scale, &shape, dtype))?;
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
-            let r = super::with_float!(g, OP, |gd| dropout_apply(gd, &mask, scale, &shape, dtype))?;
-            Ok(vec![grad(r)])
+            Ok(vec![grad(kern.dropout_backward(g, &mask, scale, dtype)?)])
         });
         self.record(OP, &[x], &["input"], out, Some(bw))
     }
-}
-
-/// The f32 storage of an optional layer-norm operand.
-fn opt_f32(t: Option<&Tensor>) -> Result<Option<&[f32]>> {
-    match t.map(|t| super::fdata(t, "layer_norm")).transpose()? {
-        Some(FData::F32(v)) => Ok(Some(v)),
-        None => Ok(None),
-        Some(FData::F64(_)) => Err(Error::shape("layer_norm", "operands have different dtypes")),
-    }
-}
-
-/// The f64 storage of an optional layer-norm operand.
-fn opt_f64(t: Option<&Tensor>) -> Result<Option<&[f64]>> {
-    match t.map(|t| super::fdata(t, "layer_norm")).transpose()? {
-        Some(FData::F64(v)) => Ok(Some(v)),
-        None => Ok(None),
-        Some(FData::F32(_)) => Err(Error::shape("layer_norm", "operands have different dtypes")),
-    }
-}
-
-/// Saved layer-norm row statistics in the compute type.
-enum Stats {
-    F32(Vec<f32>, Vec<f32>),
-    F64(Vec<f64>, Vec<f64>),
-    /// f32 device tensors.
-    Device(Tensor, Tensor),
 }
 
 #[cfg(test)]

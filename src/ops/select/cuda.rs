@@ -2,13 +2,17 @@
 //! element bits, its gradients are summed in f64 in the CPU's row-major order from the
 //! CPU's start value, and `masked_fill` counts its fill's underflow and its -inf.
 
+use super::kernels::{Kernels, Truth};
+use super::truth::{device_truth, masked_count, truth};
 use crate::device::cuda::arena::MASKED_NEG_INF;
 use crate::device::cuda::buffer::kind_code;
-use crate::dtype::DType;
+use crate::dtype::{DType, RoundCounts};
+use crate::engine::Computed;
 use crate::error::{Error, Result};
 use crate::ops::cuda::{
     arg, arg_ptr, device_of, launch, output, pad_shape, pad_strides, same_dtype, MAX_DIMS,
 };
+use crate::ops::device_counts;
 use crate::ops::reduce::cuda::sum_to_init;
 use crate::ops::{broadcast_shape, bstrides};
 use crate::tensor::{strides, Tensor};
@@ -213,4 +217,84 @@ pub fn masked_fill(
 pub fn masked_neg_inf_word(x: &Tensor, slot: u32) -> Result<u64> {
     let dev = x.cuda("masked_fill")?.dev.clone();
     dev.with_arena(|a| Ok(a.word_ptr(&dev, slot, MASKED_NEG_INF)))
+}
+
+/// The device's selection kernels.
+pub struct Device;
+
+/// The device condition of a forward that ran here.
+fn device_cond<'a>(t: &'a Truth, op: &str) -> Result<&'a Tensor> {
+    match t {
+        Truth::Device(c) => Ok(c),
+        Truth::Host(..) => Err(Error::Device(format!(
+            "{op} backward: the forward's condition is on the host"
+        ))),
+    }
+}
+
+impl Kernels for Device {
+    fn where_(
+        &self,
+        cond: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        out_shape: &[usize],
+    ) -> Result<(Computed, Truth)> {
+        let c = device_truth(cond, a, "where")?;
+        let out = where_(&c, a, b, out_shape)?;
+        // Values are picked, not rounded: nothing to count (the probe takes a slot).
+        Ok((Computed::new(out, RoundCounts::default()), Truth::Device(c)))
+    }
+
+    fn where_grad(
+        &self,
+        c: &Truth,
+        g: &Tensor,
+        out_shape: &[usize],
+        on: bool,
+        target: &[usize],
+        _dtype: DType,
+    ) -> Result<Computed> {
+        let c = device_cond(c, "where")?;
+        let (slot, counts) = device_counts(g)?;
+        let r = where_grad(c, g, out_shape, on, target, counts)?;
+        Ok(Computed::pending(r, slot))
+    }
+
+    fn masked_fill(
+        &self,
+        x: &Tensor,
+        mask: &Tensor,
+        value: f64,
+        v: f64,
+        fill_underflowed: bool,
+    ) -> Result<(Computed, Truth)> {
+        const OP: &str = "masked_fill";
+        // A host mask is counted here; a device mask's -inf count stays on the device
+        // (the kernel counts it into the op's slot, resolved with the step's read).
+        let host_masked = match crate::ops::on_device(mask) {
+            true => None,
+            false => Some(masked_count(&truth(mask, OP)?, mask.shape(), x.shape())),
+        };
+        let m = device_truth(mask, x, OP)?;
+        let (slot, counts) = device_counts(x)?;
+        let neg_inf = value == f64::NEG_INFINITY;
+        let word = match (neg_inf, host_masked) {
+            (true, None) => masked_neg_inf_word(x, slot)?,
+            _ => 0,
+        };
+        let y = masked_fill(x, &m, v as f32, fill_underflowed, counts, word)?;
+        let mut out = Computed::pending(y, slot);
+        if neg_inf {
+            out.masked_neg_inf = host_masked.unwrap_or(0);
+        }
+        Ok((out, Truth::Device(m)))
+    }
+
+    fn masked_fill_backward(&self, g: &Tensor, m: &Truth, _dtype: DType) -> Result<Computed> {
+        let m = device_cond(m, "masked_fill")?;
+        let (slot, counts) = device_counts(g)?;
+        let r = masked_fill(g, m, 0.0, false, counts, 0)?;
+        Ok(Computed::pending(r, slot))
+    }
 }

@@ -2,44 +2,26 @@
 //! the fill value of `masked_fill` is ever rounded.
 
 use super::shape::check_grad;
-use super::{broadcast_shape, bstrides, expect_float, for_each_offset, grad};
-use crate::dtype::{round_f64_to, RoundCounts};
-use crate::engine::{BackwardFn, Computed, Engine};
+use super::{broadcast_shape, expect_float, grad};
+use crate::dtype::round_f64_to;
+use crate::engine::{BackwardFn, Engine};
 use crate::error::{Error, Result};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::Tensor;
 
 mod cpu;
 pub mod cuda;
-use cpu::*;
+mod kernels;
+mod truth;
 
-/// Truth values of a condition or mask: nonzero (NaN included) is true.
-fn truth(t: &Tensor, op: &str) -> Result<Vec<bool>> {
-    Ok(match t.storage() {
-        Storage::F32(v) => v.iter().map(|&x| x != 0.0).collect(),
-        Storage::F64(v) => v.iter().map(|&x| x != 0.0).collect(),
-        Storage::I64(v) => v.iter().map(|&x| x != 0).collect(),
-        Storage::Cuda(_) => return Err(super::no_device_kernel(op)),
-    })
-}
+pub use kernels::{Kernels, Truth};
 
-/// Elements of `shape` where the mask (truth values `m` of shape `mask`, broadcast) is set.
-fn masked_count(m: &[bool], mask: &[usize], shape: &[usize]) -> u64 {
-    let ms = bstrides(mask, shape);
-    let mut masked = 0u64;
-    for_each_offset(shape, [&ms], |[i]| masked += m[i] as u64);
-    masked
-}
-
-/// A condition or mask on the device of `like`: itself when it is there already, else its
-/// truth values uploaded as int64 0/1 (any host dtype, f64 included, keeps its exact
-/// truth).
-fn device_truth(t: &Tensor, like: &Tensor, op: &str) -> Result<Tensor> {
-    if t.storage().is_device() {
-        return Ok(t.clone());
+/// The selection kernels of the backend that holds `t`.
+pub fn kernels(t: &Tensor) -> &'static dyn Kernels {
+    if super::on_device(t) {
+        &cuda::Device
+    } else {
+        &cpu::Host
     }
-    let dev = like.cuda(op)?.dev.clone();
-    let v = truth(t, op)?.into_iter().map(i64::from).collect();
-    Tensor::from_i64(v, t.shape())?.to_device(&dev)
 }
 
 impl Engine {
@@ -68,65 +50,20 @@ impl Engine {
             OP,
         )?;
         let dtype = a.dtype();
-        if a.storage().is_device() || b.storage().is_device() {
-            let c = device_truth(cond, a, OP)?;
-            let out = cuda::where_(&c, a, b, &out_shape)?;
-            let backward: Option<BackwardFn> = if dtype.is_float() {
-                let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
-                Some(Box::new(move |g: &Tensor| {
-                    check_grad(g, &out_shape, OP)?;
-                    let branch = |on: bool, target: &[usize]| -> Result<Computed> {
-                        let (slot, counts) = super::device_counts(g)?;
-                        let r = cuda::where_grad(&c, g, &out_shape, on, target, counts)?;
-                        Ok(Computed::pending(r, slot))
-                    };
-                    Ok(vec![
-                        None,
-                        grad(branch(true, &ta)?),
-                        grad(branch(false, &tb)?),
-                    ])
-                }))
-            } else {
-                None
-            };
-            // Values are picked, not rounded: nothing to count (the probe takes a slot).
-            let out = Computed::new(out, RoundCounts::default());
-            return self.record(
-                OP,
-                &[cond, a, b],
-                &["condition", "self", "other"],
-                out,
-                backward,
-            );
-        }
-        let c = truth(cond, OP)?;
-        let (sc, sa, sb) = (
-            bstrides(cond.shape(), &out_shape),
-            bstrides(a.shape(), &out_shape),
-            bstrides(b.shape(), &out_shape),
-        );
-        let st = [sc.as_slice(), &sa, &sb];
-        let storage = match (a.storage(), b.storage()) {
-            (Storage::F32(x), Storage::F32(y)) => Storage::F32(pick(&c, x, y, st, &out_shape)),
-            (Storage::F64(x), Storage::F64(y)) => Storage::F64(pick(&c, x, y, st, &out_shape)),
-            (Storage::I64(x), Storage::I64(y)) => Storage::I64(pick(&c, x, y, st, &out_shape)),
-            _ => return Err(Error::shape(OP, "branches have different storage")),
-        };
-        let out = Tensor::from_storage(storage, &out_shape, dtype)?;
+        // A device branch puts the op on its device (the other moves there or is refused).
+        let kern = kernels(if super::on_device(b) { b } else { a });
+        let (out, c) = kern.where_(cond, a, b, &out_shape)?;
         let backward: Option<BackwardFn> = if dtype.is_float() {
             let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
             Some(Box::new(move |g: &Tensor| {
                 check_grad(g, &out_shape, OP)?;
-                let (ga, gb) = super::with_float!(g, OP, |gd| (
-                    where_grad(&c, &sc, gd, &out_shape, true, &ta, dtype)?,
-                    where_grad(&c, &sc, gd, &out_shape, false, &tb, dtype)?
-                ));
+                let ga = kern.where_grad(&c, g, &out_shape, true, &ta, dtype)?;
+                let gb = kern.where_grad(&c, g, &out_shape, false, &tb, dtype)?;
                 Ok(vec![None, grad(ga), grad(gb)])
             }))
         } else {
             None
         };
-        let out = Computed::new(out, RoundCounts::default());
         self.record(
             OP,
             &[cond, a, b],
@@ -166,48 +103,11 @@ impl Engine {
             ));
         }
         let fill_underflowed = value != 0.0 && v == 0.0;
-        if x.storage().is_device() {
-            // A host mask is counted here; a device mask's -inf count stays on the device
-            // (the kernel counts it into the op's slot, resolved with the step's read).
-            let host_masked = match mask.storage().is_device() {
-                true => None,
-                false => Some(masked_count(&truth(mask, OP)?, mask.shape(), &shape)),
-            };
-            let m = device_truth(mask, x, OP)?;
-            let (slot, counts) = super::device_counts(x)?;
-            let neg_inf = value == f64::NEG_INFINITY;
-            let word = match (neg_inf, host_masked) {
-                (true, None) => cuda::masked_neg_inf_word(x, slot)?,
-                _ => 0,
-            };
-            let y = cuda::masked_fill(x, &m, v as f32, fill_underflowed, counts, word)?;
-            let mut out = Computed::pending(y, slot);
-            if neg_inf {
-                out.masked_neg_inf = host_masked.unwrap_or(0);
-            }
-            let bw = Box::new(move |g: &Tensor| {
-                check_grad(g, &shape, OP)?;
-                let (slot, counts) = super::device_counts(g)?;
-                let r = cuda::masked_fill(g, &m, 0.0, false, counts, 0)?;
-                Ok(vec![grad(Computed::pending(r, slot)), None])
-            });
-            return self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw));
-        }
-        let m = truth(mask, OP)?;
-        let ms = bstrides(mask.shape(), &shape);
-        let mut out = super::with_float!(x, OP, |d| fill(d, &m, &ms, v, &shape, dtype))?;
-        let masked = masked_count(&m, mask.shape(), &shape);
-        out.rounding = RoundCounts {
-            overflow: 0,
-            underflow: if fill_underflowed { masked } else { 0 },
-        };
-        if value == f64::NEG_INFINITY {
-            out.masked_neg_inf = masked;
-        }
+        let kern = kernels(x);
+        let (out, m) = kern.masked_fill(x, mask, value, v, fill_underflowed)?;
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
-            let r = super::with_float!(g, OP, |gd| fill(gd, &m, &ms, 0.0, &shape, dtype))?;
-            Ok(vec![grad(r), None])
+            Ok(vec![grad(kern.masked_fill_backward(g, &m, dtype)?), None])
         });
         self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw))
     }
