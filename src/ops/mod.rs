@@ -6,10 +6,13 @@
 //! Kernels compute in `f32` (in `f64` for the reference dtype) and round once to the output
 //! dtype; reductions accumulate in `f64` before that single rounding.
 //!
-//! The backend seam: an op dispatches on its inputs' storage. Each family is a folder:
-//! `mod.rs` the op and its recording, `cpu.rs` the host kernels and, where the family has
-//! device kernels, `cuda.rs` the device host code beside its `.cu` source. Families without
-//! device kernels yet refuse device tensors with an error naming the op ([`fdata`]).
+//! The backend seam: each family is a folder whose `kernels.rs` states once, as a
+//! `Kernels` trait, what a backend must provide; `cpu.rs` implements it on the host
+//! (`Host`) and `cuda.rs` on a device (`Device`, beside its `.cu` source); `mod.rs` holds
+//! the ops and their recording and reaches kernels only through the family's `kernels(t)`,
+//! which picks by [`on_device`]. A backend that lacks a kernel does not compile. A host
+//! kernel handed device storage (which the seam never does) refuses it with an error naming
+//! the op ([`fdata`]).
 
 pub mod cast;
 pub mod cuda;

@@ -147,3 +147,59 @@ pub fn scatter_strided(
     )?;
     Ok(y)
 }
+
+/// The device's shape kernels: strided copies, each into a fresh output.
+pub struct Device;
+
+impl super::kernels::Kernels for Device {
+    fn gather_strided(
+        &self,
+        op: &'static str,
+        x: &Tensor,
+        out_shape: &[usize],
+        route: (&[usize], usize),
+        _dtype: DType,
+    ) -> Result<(Tensor, Option<u32>)> {
+        let (slot, sink) = crate::ops::device_out(x)?;
+        Ok((gather_strided(op, x, out_shape, route, sink)?, Some(slot)))
+    }
+
+    fn scatter_strided(
+        &self,
+        op: &'static str,
+        g: &Tensor,
+        (in_shape, _): (&[usize], &[usize]),
+        route: (&[usize], usize),
+        onto: bool,
+        _dtype: DType,
+    ) -> Result<(Tensor, Option<u32>)> {
+        let (slot, sink) = crate::ops::device_out(g)?;
+        Ok((
+            scatter_strided(op, g, in_shape, route, !onto, sink)?,
+            Some(slot),
+        ))
+    }
+
+    fn cat(
+        &self,
+        ins: &[Tensor],
+        out_shape: &[usize],
+        os: &[usize],
+        offs: &[usize],
+    ) -> Result<Tensor> {
+        let dev = device_of("cat", &ins.iter().collect::<Vec<_>>())?;
+        let out = output(&dev, out_shape, ins[0].dtype())?;
+        for (t, &o) in ins.iter().zip(offs) {
+            copy(
+                "cat",
+                t,
+                &out,
+                t.shape(),
+                (&strides(t.shape()), 0),
+                (os, o),
+                Out::NONE,
+            )?;
+        }
+        Ok(out)
+    }
+}
