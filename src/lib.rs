@@ -34,14 +34,15 @@ pub mod ops;
 pub mod optim;
 pub mod probe;
 
-// Layer 8: models and the backend choice.
+// Layer 8: models and the backends by name.
 pub mod backend;
 pub mod models;
 
 // Layer 9: the training step.
 pub mod train;
 
-// Layer 10: run configuration and diagnosis of records.
+// Layer 10: which backend a run uses, run configuration and diagnosis of records.
+pub mod backend_choice;
 pub mod config;
 pub mod diagnose;
 
@@ -69,7 +70,7 @@ pub const LAYERS: &[&[&str]] = &[
     &["optim", "probe"],
     &["backend", "models"],
     &["train"],
-    &["config", "diagnose"],
+    &["backend_choice", "config", "diagnose"],
     &["runner"],
     &["report", "tui"],
     &["cli"],

@@ -3,7 +3,7 @@
 //! A whole run: build the model, data and step engine from a config, train, stream the
 //! trace, and summarise the outcome.
 
-use crate::backend::{BackendChoice, BackendKind, Resolved};
+use crate::backend_choice::resolve_backend;
 use crate::config::RunConfig;
 pub use crate::diagnose::summary::{verdict, ParamSummary, RunSummary, StepSummary};
 use crate::dtype::DType;
@@ -20,12 +20,10 @@ use crate::models::weights::{load_safetensors, take};
 use crate::models::{Batch, Model, ParamStore, Pretrained};
 use crate::trace::io::TraceWriter;
 use crate::trace::record::{EndRecord, Header, Record};
-use crate::train::confirm::{confirm_device_step, Confirmation};
 use crate::train::{DataSource, FixedBatch, Synthetic, TrainConfig, Trainer};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Instant;
 
 /// Options of a run that are not part of the config.
@@ -338,52 +336,6 @@ pub fn header(
     })
 }
 
-/// The backend a run uses. A real GPU that `auto` finds runs the step only after it passed
-/// the step check against the CPU emulator ([`confirm_device_step`]), once per process;
-/// when the check fails the run keeps the CPU and the reason says why.
-pub fn resolve_backend(choice: BackendChoice) -> Result<Resolved> {
-    let found = crate::backend::resolve(choice)?;
-    if choice != BackendChoice::Auto || found.kind != BackendKind::Cuda {
-        return Ok(found);
-    }
-    static CHECKED: OnceLock<Resolved> = OnceLock::new();
-    Ok(CHECKED
-        .get_or_init(|| {
-            checked(found, || {
-                crate::backend::open_device(0, false).and_then(|d| confirm_device_step(&d))
-            })
-        })
-        .clone())
-}
-
-/// `found` (a GPU `auto` chose) after `check`: the GPU with the check in its reason, or the
-/// CPU with a warning that says why the GPU was not used.
-fn checked(found: Resolved, check: impl FnOnce() -> Result<Confirmation>) -> Resolved {
-    let name = found.device.clone().unwrap_or_else(|| "a GPU".into());
-    match check() {
-        Ok(c) => Resolved {
-            reason: format!(
-                "{}; it passed the step check against the CPU emulator ({} kernel checks, {} \
-                 whole steps)",
-                found.reason, c.kernel_checks, c.steps
-            ),
-            ..found
-        },
-        Err(e) => {
-            let why = format!(
-                "found {name}, but it failed the step check against the CPU emulator ({e}); \
-                 auto keeps the CPU emulator (--backend cuda runs the device anyway)"
-            );
-            Resolved {
-                kind: BackendKind::Cpu,
-                reason: why.clone(),
-                device: None,
-                warning: Some(why),
-            }
-        }
-    }
-}
-
 /// A progress bar over the run's steps, when asked for, stdout is a terminal and there is
 /// more than one step.
 fn progress_bar(opts: &RunOptions, steps: u64) -> Option<indicatif::ProgressBar> {
@@ -496,48 +448,4 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunSummary> {
         verdict,
         diagnosis,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn gpu() -> Resolved {
-        Resolved {
-            kind: BackendKind::Cuda,
-            reason: "found NVIDIA H100".into(),
-            device: Some("NVIDIA H100".into()),
-            warning: None,
-        }
-    }
-
-    #[test]
-    fn a_gpu_that_passes_the_step_check_runs_the_step() {
-        let r = checked(gpu(), || {
-            Ok(Confirmation {
-                kernel_checks: 300,
-                steps: 6,
-                skipped: 2,
-            })
-        });
-        assert_eq!(r.kind, BackendKind::Cuda);
-        assert!(r.warning.is_none());
-        assert!(r.reason.contains("passed the step check"), "{}", r.reason);
-    }
-
-    #[test]
-    fn a_gpu_that_fails_the_step_check_leaves_the_cpu_and_a_warning() {
-        let r = checked(gpu(), || {
-            Err(Error::Device(
-                "step 3: loss 1.5 on the CPU, 1.7 on the device".into(),
-            ))
-        });
-        assert_eq!(r.kind, BackendKind::Cpu);
-        assert_eq!(r.device, None);
-        let w = r.warning.expect("a warning");
-        assert!(
-            w.contains("NVIDIA H100") && w.contains("step 3: loss") && w.contains("CPU emulator"),
-            "{w}"
-        );
-    }
 }

@@ -1,9 +1,9 @@
-//! Every device op against the CPU emulator (bounds in `amprobe::backend::parity`).
+//! Every device op against the CPU emulator (bounds in `amprobe::backend_choice::parity`).
 //! Skips where no GPU is usable; `AMPROBE_REQUIRE_GPU=1` turns the skip into a failure.
 
 #[path = "device_step/common.rs"]
 mod common;
-use amprobe::backend::parity;
+use amprobe::backend_choice::parity;
 use amprobe::device::cuda::CudaDevice;
 
 /// The device, opened, or None where the test skips (see `common::device_or_skip`).

@@ -1,7 +1,8 @@
 //! `amprobe doctor`: what this machine offers the CUDA backend, and a device self-test.
 
 use super::out::outln;
-use amprobe::backend::{parity, BackendChoice};
+use amprobe::backend::BackendChoice;
+use amprobe::backend_choice::parity;
 use amprobe::device::cuda::program::arch_name;
 use amprobe::device::detect::{self, detect, Detection};
 use clap::Args;
@@ -24,7 +25,7 @@ pub struct DoctorArgs {
 /// Prints what was found; returns the exit code.
 pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
     let found = detect();
-    let resolved = amprobe::runner::resolve_backend(BackendChoice::Auto)?;
+    let resolved = amprobe::backend_choice::resolve_backend(BackendChoice::Auto)?;
     let nvrtc = detect::nvrtc_version();
     // Compiling needs only libnvrtc: say whether the kernels build here.
     let compiled = nvrtc.as_ref().ok().map(|_| {

@@ -8,7 +8,6 @@
 //! ([`phases::StepSide`]); this file only declares and re-exports them.
 
 mod config;
-pub mod confirm;
 mod data;
 mod device;
 mod device_state;

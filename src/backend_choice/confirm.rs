@@ -2,18 +2,17 @@
 //! device kernel against the CPU emulator, then a few whole AMP steps of a small model on
 //! both backends, held to each other.
 
-use super::config::TrainConfig;
-use super::data::FixedBatch;
-use super::trainer::Trainer;
+use super::parity;
 use crate::amp::mode::Precision;
 use crate::amp::scaler::ScalerConfig;
-use crate::backend::{parity, BackendKind};
+use crate::backend::BackendKind;
 use crate::device::cuda::CudaDevice;
 use crate::error::{Error, Result};
 use crate::models::mlp::{synthetic_batch, Mlp};
 use crate::optim::clip::NormType;
 use crate::optim::{AdamWConfig, OptimizerConfig};
 use crate::trace::record::StepRecord;
+use crate::train::{FixedBatch, TrainConfig, Trainer};
 use std::sync::Arc;
 
 /// Elements per tensor in the kernel checks: a few blocks, an odd tail.
