@@ -376,14 +376,32 @@ impl OpsView<'_> {
             ));
         let inner = block.inner(area);
         block.render(area, buf);
-        let w = inner.width as usize;
-        let s = &op.stats;
-        let kv = |k: &str, v: String| {
-            Line::from(vec![
-                Span::styled(format!("{k:<9}"), th.dim()),
-                Span::raw(v),
-            ])
-        };
+        let mut lines = self.identity_lines(ops, op);
+        lines.extend(self.value_lines(op, inner.width as usize));
+        let used = lines.len() as u16;
+        let [text, hist] =
+            Layout::vertical([Constraint::Length(used), Constraint::Min(0)]).areas(inner);
+        Paragraph::new(lines).render(text, buf);
+        if hist.height >= 4 {
+            let hl = histogram_lines(
+                &op.stats.exp_hist,
+                hist.width as usize,
+                hist.height as usize - 1,
+                th,
+            );
+            let mut all = vec![Line::styled(
+                "exponent histogram of finite nonzero |x| (bar height ~ log count)",
+                th.dim(),
+            )];
+            all.extend(hl);
+            Paragraph::new(all).render(hist, buf);
+        }
+    }
+
+    /// Which op this is: its phase, name and module, whether it is its step's first Inf or
+    /// NaN, and the forward op it is a gradient of.
+    fn identity_lines(&self, ops: &[OpRecord], op: &OpRecord) -> Vec<Line<'static>> {
+        let th = &self.ctx.theme;
         let mut lines = vec![Line::from(vec![
             Span::styled(
                 format!("{} {}", format::phase(op.phase), op.op),
@@ -423,21 +441,36 @@ impl OpsView<'_> {
                 None => format!("#{f}"),
             };
             let wrt = op.wrt.as_deref().unwrap_or("?");
-            lines.push(kv("grad of", format!("{wrt} of forward {what}")));
+            lines.push(detail_line(
+                th,
+                "grad of",
+                format!("{wrt} of forward {what}"),
+            ));
         }
+        lines
+    }
+
+    /// What the op made, in lines `w` columns wide: its operands' shapes, its output's
+    /// value counts, range and headroom, its own rounding, and what a cast to fp16 or bf16
+    /// would do to it.
+    fn value_lines(&self, op: &OpRecord, w: usize) -> Vec<Line<'static>> {
+        let th = &self.ctx.theme;
+        let s = &op.stats;
         let metas: Vec<String> = op
             .inputs
             .iter()
             .map(|m| format!("{}{:?}", format::dtype(m.dtype), m.shape))
             .collect();
-        lines.push(kv(
+        let mut lines = vec![detail_line(
+            th,
             "inputs",
             clip(
                 &format!("{} (statistics are kept for outputs)", metas.join(" ")),
                 w.saturating_sub(9),
             ),
-        ));
-        lines.push(kv(
+        )];
+        lines.push(detail_line(
+            th,
             "output",
             format!(
                 "{}{:?}  numel {}",
@@ -455,7 +488,8 @@ impl OpsView<'_> {
             ),
             Span::raw(format!("  zero {}  subnormal {}", s.zeros, s.subnormal)),
         ]));
-        lines.push(kv(
+        lines.push(detail_line(
+            th,
             "range",
             format!(
                 "max|x| {}  min|x|>0 {}  L2 {}  headroom {}",
@@ -486,32 +520,24 @@ impl OpsView<'_> {
                 String::new()
             }),
         ]));
-        lines.push(kv(
+        lines.push(detail_line(
+            th,
             "as fp16",
             format!(
                 "overflow {}  underflow {}   as bf16: overflow {}  underflow {}",
                 s.to_f16.overflow, s.to_f16.underflow, s.to_bf16.overflow, s.to_bf16.underflow
             ),
         ));
-        let used = lines.len() as u16;
-        let [text, hist] =
-            Layout::vertical([Constraint::Length(used), Constraint::Min(0)]).areas(inner);
-        Paragraph::new(lines).render(text, buf);
-        if hist.height >= 4 {
-            let hl = histogram_lines(
-                &s.exp_hist,
-                hist.width as usize,
-                hist.height as usize - 1,
-                th,
-            );
-            let mut all = vec![Line::styled(
-                "exponent histogram of finite nonzero |x| (bar height ~ log count)",
-                th.dim(),
-            )];
-            all.extend(hl);
-            Paragraph::new(all).render(hist, buf);
-        }
+        lines
     }
+}
+
+/// A line of the op details: a dim nine-column key, then its value.
+fn detail_line(th: &Theme, k: &str, v: String) -> Line<'static> {
+    Line::from(vec![
+        Span::styled(format!("{k:<9}"), th.dim()),
+        Span::raw(v),
+    ])
 }
 
 /// fp16's limits in binades: values with `floor(log2|x|)` below -24 flush to zero (all of
