@@ -14,9 +14,12 @@ mod device_state;
 mod grads;
 mod host;
 mod phases;
+mod replay;
 mod step;
+mod step_record;
 mod trainer;
 
 pub use config::{OpSampling, TrainConfig};
 pub use data::{DataSource, FixedBatch, Synthetic};
-pub use trainer::{Replay, StepOutput, Trainer, Variant};
+pub use replay::{Replay, Variant};
+pub use trainer::{StepOutput, Trainer};

@@ -2,12 +2,11 @@
 //! of a step that do not depend on the backend (the forward, the backward, the scale update
 //! and the record). Layer 9 (train) like the rest of `train/`; uses everything below it.
 
-use super::config::{OpSampling, TrainConfig};
-use super::data::{DataSource, Replayed};
+use super::config::TrainConfig;
+use super::data::DataSource;
 use super::device_state::DeviceState;
-use crate::amp::mode::Precision;
 use crate::amp::policy::PolicyTable;
-use crate::amp::scaler::{GradScaler, StepDecision, UpdateOutcome};
+use crate::amp::scaler::{GradScaler, UpdateOutcome};
 use crate::backend::BackendKind;
 use crate::device::cuda::CudaDevice;
 use crate::dtype::DType;
@@ -19,7 +18,6 @@ use crate::optim::clip::ClipOutcome;
 use crate::optim::Optimizer;
 use crate::probe::recorder::Recorder;
 use crate::tensor::Tensor;
-use crate::trace::record::{ParamRecord, StepRecord};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -88,31 +86,6 @@ pub struct StepOutput {
     pub loss: f64,
     /// The model's final hidden state.
     pub hidden: Tensor,
-}
-
-/// A different precision recipe for re-running a step from the same weights and data.
-#[derive(Debug, Clone, Default)]
-pub struct Variant {
-    /// Precision mode (None: the trainer's).
-    pub precision: Option<Precision>,
-    /// Module patterns kept in fp32 (None: the trainer's).
-    pub keep_fp32: Option<Vec<String>>,
-    /// Loss scale for the step (None: the scale the step used).
-    pub scale: Option<f32>,
-    /// transformers' fp16 clamp (None: the model's setting).
-    pub clamp: Option<bool>,
-    /// The model's fp16 switches to turn on ([`crate::models::Model::fp16_switches`]).
-    pub switches: Vec<String>,
-    /// Probes on or off (None: the trainer's).
-    pub probes: Option<bool>,
-}
-
-/// A step re-run under a [`Variant`].
-pub struct Replay {
-    /// Its record (op records always kept).
-    pub record: StepRecord,
-    /// Loss and hidden state per micro-batch.
-    pub outputs: Vec<StepOutput>,
 }
 
 impl Trainer {
@@ -239,61 +212,6 @@ impl Trainer {
     /// Loss and final hidden state of each micro-batch of the last step.
     pub fn last_outputs(&self) -> &[StepOutput] {
         &self.outputs
-    }
-
-    /// Re-runs the last step from the weights, loss scale and batches it started from,
-    /// under another precision recipe; this trainer's state is untouched.
-    pub fn replay(&self, v: &Variant) -> Result<Replay> {
-        let b = self
-            .before
-            .as_ref()
-            .ok_or_else(|| Error::Invalid("no step to re-run yet".into()))?;
-        let mut cfg = self.cfg.clone();
-        if let Some(p) = v.precision {
-            cfg.precision = p;
-        }
-        if let Some(k) = &v.keep_fp32 {
-            cfg.keep_fp32 = k.clone();
-        }
-        if let Some(p) = v.probes {
-            cfg.probes = p;
-        }
-        cfg.scaler.init_scale = v.scale.unwrap_or(b.scale);
-        cfg.sampling = OpSampling {
-            every: 1,
-            first: true,
-            nonfinite: true,
-        };
-        let mut model = self.model.clone_model();
-        if let Some(c) = v.clamp {
-            if !model.set_clamp(c) && c {
-                return Err(Error::Invalid(format!(
-                    "{} has no fp16 clamp",
-                    model.describe()
-                )));
-            }
-        }
-        for s in &v.switches {
-            if !model.set_switch(s, true) {
-                return Err(Error::Invalid(format!(
-                    "{} has no fp16 switch `{s}`",
-                    model.describe()
-                )));
-            }
-        }
-        let mut params = b.params.clone();
-        params.convert(DType::F32, |_| false)?;
-        let mut t = Trainer::new(cfg, model, params, Box::new(Replayed(b.batches.clone())))?;
-        // Injections stand for faults in the step itself (data, kernels): they recur in
-        // every recipe of the same step.
-        for inj in &self.injections {
-            t.inject(inj.clone());
-        }
-        let record = t.step(b.step)?;
-        Ok(Replay {
-            record,
-            outputs: t.outputs,
-        })
     }
 
     /// Adds an observer: it sees every op of every step from now on, beside the probes.
@@ -431,107 +349,6 @@ impl Trainer {
         }
         self.told.scaler_warnings = self.scaler.warnings().len();
         Ok(upd)
-    }
-
-    /// The step's record from its parameter records (None: no gradient), the op records
-    /// the sampling keeps and the origins.
-    pub(super) fn record_step(
-        &mut self,
-        st: StepState,
-        records: Vec<Option<ParamRecord>>,
-        decision: StepDecision,
-        upd: UpdateOutcome,
-    ) -> Result<StepRecord> {
-        let mut params_rec = Vec::new();
-        let mut sum_sq = 0f64;
-        let mut any_grad = false;
-        for rec in records.into_iter().flatten() {
-            any_grad = true;
-            sum_sq += if rec.nonfinite > 0 {
-                f64::INFINITY
-            } else {
-                rec.grad_l2 * rec.grad_l2
-            };
-            params_rec.push(rec);
-        }
-        let grad_norm = match st.clip {
-            Some(c) => Some(c.total_norm as f64),
-            None if any_grad => Some(sum_sq.sqrt()),
-            None => None,
-        };
-        let step = st.step;
-        let scheduled = self.scheduled(step);
-        let kept_nonfinite =
-            self.cfg.sampling.nonfinite && self.recorder().is_some_and(|r| r.saw_nonfinite());
-        self.last_kept_nonfinite = kept_nonfinite;
-        if kept_nonfinite && self.recorder().is_some_and(|r| r.is_check_only()) {
-            self.complete_statistics()?;
-        }
-        let (origins, ops, op_count) = match self.recorder() {
-            Some(r) => {
-                let keep = scheduled || kept_nonfinite;
-                let origins = r.origins();
-                let count = r.ops().len() as u64;
-                (origins, if keep { Some(r.take_ops()) } else { None }, count)
-            }
-            None => (Default::default(), None, 0),
-        };
-        let accumulate = self.cfg.accumulate;
-        Ok(StepRecord {
-            step,
-            micro_batches: accumulate,
-            loss: Some(st.loss_sum / accumulate as f64),
-            scaled_loss: st.scaled_loss,
-            scale_before: upd.scale_before as f64,
-            scale_after: upd.scale_after as f64,
-            found_inf: upd.found_inf || decision.found_inf,
-            skipped: decision.skip,
-            growth_tracker: upd.growth_tracker as i64,
-            grad_norm,
-            clip_coef: st.clip.map(|c| c.clip_coef as f64),
-            lr: self.optimizer.lr_f64(),
-            weight_casts: st.weight_casts,
-            origins,
-            params: params_rec,
-            ops,
-            op_count,
-            events: st.events,
-            wall_ms: st.t0.elapsed().as_secs_f64() * 1e3,
-            skip_cause: None,
-        })
-    }
-
-    /// Each parameter's gradient (`grad_of(i, shape)`, None without one) as an
-    /// optimizer-phase op `op` of its module, when probing.
-    pub(super) fn emit_grads(
-        &mut self,
-        op: &'static str,
-        grad_of: impl Fn(usize, &[usize]) -> Result<Option<Tensor>>,
-    ) -> Result<()> {
-        if !self.engine.probing() {
-            return Ok(());
-        }
-        for (i, p) in self.params.params.iter().enumerate() {
-            if let Some(g) = grad_of(i, p.value.shape())? {
-                let m = p.module.clone();
-                self.engine.emit_optimizer_op(op, &m, &[], &g);
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) fn param_names(&self) -> Vec<String> {
-        self.params.params.iter().map(|p| p.name.clone()).collect()
-    }
-
-    /// The full statistics of a step recorded in the check-only mode, from a re-run of
-    /// it (the same weights, scale, batches and injections) with full statistics.
-    fn complete_statistics(&mut self) -> Result<()> {
-        let full = self.replay(&Variant::default())?.record.ops;
-        match self.recorder() {
-            Some(r) => r.complete_from(full.as_deref().unwrap_or_default()),
-            None => Ok(()),
-        }
     }
 
     /// On a device: whether op kernels gather their outputs' statistics as they write them
