@@ -446,15 +446,10 @@ pub fn run(
         "  fp32 reference (AMPROBE_AUTOCAST=fp32): finite to step {n}, loss {}",
         ref_loss.map_or("?".into(), |l| format!("{l:.6}"))
     )?;
-    let mut results: Vec<Tried> = Vec::new();
-    let mut push = |result: RemedyResult, plan: Plan, pattern: bool| -> anyhow::Result<()> {
-        outln!("{}", result_line(&result, n))?;
-        results.push(Tried {
-            result,
-            plan,
-            pattern,
-        });
-        Ok(())
+    let mut tried = Tries {
+        n,
+        ref_loss,
+        results: Vec::new(),
     };
     if precision == "fp16" {
         let plan = Plan {
@@ -462,120 +457,163 @@ pub fn run(
             ..Plan::default()
         };
         let o = runner.run("bf16", plan.clone(), n)?;
-        push(
-            result(
-                RemedyKind::Bf16,
-                "bf16 autocast".into(),
-                &plan,
-                &o,
-                ref_loss,
-            ),
-            plan,
-            false,
-        )?;
+        tried.push(RemedyKind::Bf16, "bf16 autocast".into(), plan, &o, false)?;
     }
     // A gradient overflow that goes away at loss scale 1 is the scale's: a lower initial
     // scale fixes it. Anything else left the range: keep modules in fp32.
-    let mut range = true;
-    if forward_origin(&fail).is_none() && has_scaler && fail.scale_before > 1.0 {
+    let scale_was_the_cause = forward_origin(&fail).is_none()
+        && has_scaler
+        && fail.scale_before > 1.0
+        && try_lower_scale(&mut runner, &own, &fail, &mut tried)?;
+    if !scale_was_the_cause {
+        try_keep_fp32(&mut runner, &own, &fail, budget, &mut tried)?;
+    }
+    outln!("The script ran {} times.", runner.runs)?;
+    print_fix(&tried, &own_trace, &device, &h.model)
+}
+
+/// The remedies tried on failing step `n`, each against the fp32 reference's loss.
+struct Tries {
+    n: u64,
+    ref_loss: Option<f64>,
+    results: Vec<Tried>,
+}
+
+impl Tries {
+    /// Records remedy `name` (run as `o` under `plan`) and prints its line.
+    fn push(
+        &mut self,
+        kind: RemedyKind,
+        name: String,
+        plan: Plan,
+        o: &Outcome,
+        pattern: bool,
+    ) -> anyhow::Result<()> {
+        let result = result(kind, name, &plan, o, self.ref_loss);
+        outln!("{}", result_line(&result, self.n))?;
+        self.results.push(Tried {
+            result,
+            plan,
+            pattern,
+        });
+        Ok(())
+    }
+}
+
+/// Step `fail` re-run at loss scale 1: when that is finite the overflow was the scale's,
+/// and the largest initial scale that keeps the step's gradients in range is tried.
+/// True when the step is finite at scale 1 (the range is not the problem).
+fn try_lower_scale(
+    runner: &mut Runner<'_>,
+    own: &Finished,
+    fail: &StepRecord,
+    tried: &mut Tries,
+) -> anyhow::Result<bool> {
+    let n = tried.n;
+    let plan = Plan {
+        init_scale: Some(1.0),
+        ..Plan::default()
+    };
+    let one = runner.run("scale-1", plan, n)?;
+    if !one.finite {
+        return Ok(false);
+    }
+    let at = one.run.trace.steps.iter().find(|s| s.step == n);
+    let safe = at.and_then(safe_scale_at);
+    let first = own.trace.steps.first().map_or(1.0, |s| s.scale_before);
+    // The scale at step n is the initial one times the growth since: no step before n
+    // was skipped.
+    let growth = fail.scale_before / first;
+    match safe.map(|s| s / growth).filter(|&s| s >= 1.0) {
+        Some(init) => {
+            let init = 2f64.powi(init.log2().floor() as i32);
+            let plan = Plan {
+                init_scale: Some(init),
+                ..Plan::default()
+            };
+            let o = runner.run(&format!("scale-{init}"), plan.clone(), n)?;
+            let name = format!("initial loss scale {init} = 2^{}", init.log2().round());
+            tried.push(RemedyKind::LowerScale, name, plan, &o, false)?;
+        }
+        None => outln!(
+            "  At loss scale 1 step {n} is finite, but no initial scale of 1 or more keeps its gradients in range."
+        )?,
+    }
+    Ok(true)
+}
+
+/// The modules kept in fp32 that make step `fail` finite, found by bisection over the
+/// model's modules, tried as found and, when they share a last name segment that names
+/// more modules, as that pattern.
+fn try_keep_fp32(
+    runner: &mut Runner<'_>,
+    own: &Finished,
+    fail: &StepRecord,
+    budget: u32,
+    tried: &mut Tries,
+) -> anyhow::Result<()> {
+    let n = tried.n;
+    let fine = own
+        .trace
+        .steps
+        .first()
+        .map(|s| param_modules(s.params.iter().map(|p| p.name.as_str())))
+        .unwrap_or_default();
+    let Some(b) = bisect(runner, fail, fine, budget)? else {
+        outln!("  Bisection: keeping the model's modules in fp32 does not make step {n} finite.")?;
+        return Ok(());
+    };
+    outln!(
+        "  Bisection ({} runs over {} candidate modules{}): keeping {} in fp32 makes step {n} finite{}.",
+        b.tests,
+        b.universe.len(),
+        if b.coarse { ", parent modules included" } else { "" },
+        b.modules.join(", "),
+        if b.minimal {
+            " (1-minimal: dropping any one of them fails again)"
+        } else {
+            " (the run budget ran out before the set was minimal)"
+        }
+    )?;
+    let plan = Plan {
+        fp32_modules: b.modules.clone(),
+        ..Plan::default()
+    };
+    let o = match b.modules_run {
+        Some(o) => o,
+        None => runner.run("keep-fp32", plan.clone(), n)?,
+    };
+    let name = format!("keeping {} in fp32", b.modules.join(", "));
+    tried.push(RemedyKind::KeepFp32, name, plan, &o, false)?;
+    // Generalise to the shared last segment when it keeps more than the set.
+    let last = |m: &str| m.rsplit('.').next().unwrap_or(m).to_string();
+    let seg = last(&b.modules[0]);
+    let shared = b.modules.iter().all(|m| last(m) == seg);
+    let wider = b
+        .universe
+        .iter()
+        .any(|m| module_matches(&seg, m) && !b.modules.contains(m));
+    if shared && wider {
         let plan = Plan {
-            init_scale: Some(1.0),
+            fp32_modules: vec![seg.clone()],
             ..Plan::default()
         };
-        let one = runner.run("scale-1", plan, n)?;
-        if one.finite {
-            range = false;
-            let at = one.run.trace.steps.iter().find(|s| s.step == n);
-            let safe = at.and_then(safe_scale_at);
-            let first = own.trace.steps.first().map_or(1.0, |s| s.scale_before);
-            // The scale at step n is the initial one times the growth since: no step
-            // before n was skipped.
-            let growth = fail.scale_before / first;
-            match safe.map(|s| s / growth).filter(|&s| s >= 1.0) {
-                Some(init) => {
-                    let init = 2f64.powi(init.log2().floor() as i32);
-                    let plan = Plan {
-                        init_scale: Some(init),
-                        ..Plan::default()
-                    };
-                    let o = runner.run(&format!("scale-{init}"), plan.clone(), n)?;
-                    let name = format!("initial loss scale {init} = 2^{}", init.log2().round());
-                    push(result(RemedyKind::LowerScale, name, &plan, &o, ref_loss), plan, false)?;
-                }
-                None => outln!(
-                    "  At loss scale 1 step {n} is finite, but no initial scale of 1 or more keeps its gradients in range."
-                )?,
-            }
-        }
+        let o = runner.run("keep-fp32-pattern", plan.clone(), n)?;
+        let name = format!("keeping every `{seg}` module in fp32");
+        tried.push(RemedyKind::KeepFp32, name, plan, &o, true)?;
     }
-    if range {
-        let fine = own
-            .trace
-            .steps
-            .first()
-            .map(|s| param_modules(s.params.iter().map(|p| p.name.as_str())))
-            .unwrap_or_default();
-        match bisect(&mut runner, &fail, fine, budget)? {
-            None => outln!(
-                "  Bisection: keeping the model's modules in fp32 does not make step {n} finite."
-            )?,
-            Some(b) => {
-                outln!(
-                    "  Bisection ({} runs over {} candidate modules{}): keeping {} in fp32 makes step {n} finite{}.",
-                    b.tests,
-                    b.universe.len(),
-                    if b.coarse { ", parent modules included" } else { "" },
-                    b.modules.join(", "),
-                    if b.minimal {
-                        " (1-minimal: dropping any one of them fails again)"
-                    } else {
-                        " (the run budget ran out before the set was minimal)"
-                    }
-                )?;
-                let plan = Plan {
-                    fp32_modules: b.modules.clone(),
-                    ..Plan::default()
-                };
-                let o = match b.modules_run {
-                    Some(o) => o,
-                    None => runner.run("keep-fp32", plan.clone(), n)?,
-                };
-                let name = format!("keeping {} in fp32", b.modules.join(", "));
-                push(
-                    result(RemedyKind::KeepFp32, name, &plan, &o, ref_loss),
-                    plan,
-                    false,
-                )?;
-                // Generalise to the shared last segment when it keeps more than the set.
-                let last = |m: &str| m.rsplit('.').next().unwrap_or(m).to_string();
-                let seg = last(&b.modules[0]);
-                let shared = b.modules.iter().all(|m| last(m) == seg);
-                let wider = b
-                    .universe
-                    .iter()
-                    .any(|m| module_matches(&seg, m) && !b.modules.contains(m));
-                if shared && wider {
-                    let plan = Plan {
-                        fp32_modules: vec![seg.clone()],
-                        ..Plan::default()
-                    };
-                    let o = runner.run("keep-fp32-pattern", plan.clone(), n)?;
-                    let name = format!("keeping every `{seg}` module in fp32");
-                    push(
-                        result(RemedyKind::KeepFp32, name, &plan, &o, ref_loss),
-                        plan,
-                        true,
-                    )?;
-                }
-            }
-        }
-    }
-    let mut ranked: Vec<&Tried> = results.iter().filter(|t| t.result.finite).collect();
+    Ok(())
+}
+
+/// The remedies that made the step finite, ranked by their loss's distance from fp32's,
+/// and the best one as code to paste. Exit code 0, or 1 when none did.
+fn print_fix(tried: &Tries, own_trace: &Path, device: &str, model: &str) -> anyhow::Result<i32> {
+    let n = tried.n;
+    let mut ranked: Vec<&Tried> = tried.results.iter().filter(|t| t.result.finite).collect();
     ranked.sort_by(|a, b| {
         let k = |t: &Tried| t.result.loss_rel_err.unwrap_or(f64::INFINITY);
         k(a).total_cmp(&k(b))
     });
-    outln!("The script ran {} times.", runner.runs)?;
     let Some(best) = ranked.first() else {
         outln!("No remedy makes step {n} finite.")?;
         return Ok(1);
@@ -596,14 +634,14 @@ pub fn run(
                 .map_or("?".into(), |v| format!("{v:.1e}"))
         )?;
     }
-    let transformers = header_of(&own_trace).and_then(|h| h.source?.transformers) == Some(true);
+    let transformers = header_of(own_trace).and_then(|h| h.source?.transformers) == Some(true);
     outln!()?;
     outln!(
         "Fix: {} (what {} did). Paste into the script:",
         best.result.remedy,
         best.plan.shell()
     )?;
-    for line in fix_code(best, &device, &h.model, transformers) {
+    for line in fix_code(best, device, model, transformers) {
         if line.is_empty() {
             outln!()?;
         } else {
