@@ -799,12 +799,16 @@ fn reduction_checks(
         )?;
     }
     // Short lines, and lines longer than a warp (70 = 2 × 32 + 6), along the last dim and
-    // along a middle one.
+    // along a middle one; then enough lines for the grouped kernels (GROUPED_MIN_LINES: a
+    // warp per 32 lines), the last group partly filled, the lines shorter and longer than
+    // a warp.
     for (dim, shape) in [
         (-1isize, [3, 4, 5]),
         (1, [3, 4, 5]),
         (-1, [2, 3, 70]),
         (1, [2, 70, 3]),
+        (-1, [2, 4103, 7]),
+        (1, [3, 37, 2737]),
     ] {
         let xs = random_tensor(rng, &shape, dt, 3)?;
         let gy = g(rng, &shape)?;

@@ -152,28 +152,21 @@ impl Out {
         })
     }
 
-    /// [`Out::for_output`] for a kernel with one thread per line of `n / lines` values:
-    /// when gathering, one thread per line on at most [`MAX_PARTIALS`] blocks.
+    /// [`Out::for_output`] for a kernel that shares the output's lines out to `threads`
+    /// threads (a thread per line, a warp per line, or a warp per group of 32 lines): when
+    /// gathering, those threads on at most [`MAX_PARTIALS`] blocks.
     ///
     /// [`MAX_PARTIALS`]: crate::device::cuda::arena::MAX_PARTIALS
-    pub fn for_lines(&self, y: &Tensor, n: u64, lines: u64) -> Result<OutArgs> {
+    pub fn for_lines(&self, y: &Tensor, n: u64, threads: u64) -> Result<OutArgs> {
         let mut o = self.for_output(y, n)?;
-        o.cfg = cfg(lines);
+        o.cfg = cfg(threads);
         if o.partials != 0 {
-            let blocks = lines
+            let blocks = threads
                 .div_ceil(THREADS as u64)
                 .clamp(1, crate::device::cuda::arena::MAX_PARTIALS as u64);
             o.cfg.grid_dim = (blocks as u32, 1, 1);
         }
         Ok(o)
-    }
-
-    /// [`Out::for_output`] for a kernel with a warp per line of `n / lines` values: when
-    /// gathering, the warps on at most [`MAX_PARTIALS`] blocks.
-    ///
-    /// [`MAX_PARTIALS`]: crate::device::cuda::arena::MAX_PARTIALS
-    pub fn for_warp_lines(&self, y: &Tensor, n: u64, lines: u64) -> Result<OutArgs> {
-        self.for_lines(y, n, lines * 32)
     }
 }
 

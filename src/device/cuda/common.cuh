@@ -397,6 +397,22 @@ __device__ __forceinline__ void grid_map(u64 n, Value value, Finish finish) {
     }
 }
 
+// ---- A sum in one thread's order: init + term(0) + ... + term(n - 1), added in that order,
+// the terms computed eight at a time before the first of them is added, so that their loads
+// wait on memory together rather than one after another.
+template <typename Term>
+__device__ __forceinline__ double thread_ordered_sum(double s, u64 n, Term term) {
+    for (u64 c = 0; c < n; c += 8) {
+        double t[8];
+#ifdef __CUDACC_RTC__
+#pragma unroll
+#endif
+        for (int u = 0; u < 8; ++u) t[u] = c + u < n ? term(c + u) : 0.0;
+        for (int u = 0; u < 8 && c + u < n; ++u) s += t[u];
+    }
+    return s;
+}
+
 // ---- Sums in one thread's order, spread over a warp. Each lane computes the terms of its
 // positions of a chunk of 32 (the expensive part: loads, exponentials, index arithmetic);
 // every lane then adds the chunk's terms in position order from shared memory, so each
@@ -473,4 +489,54 @@ __device__ __forceinline__ float warp_max(float m) {
         m = o > m ? o : m;
     }
     return m;
+}
+
+// ---- Line groups: a warp owns 32 consecutive lines, lane r the line first + r, so each
+// line's sum is one lane's chain in position order (the sum a single thread forms, bit for
+// bit) with one add per value, where warp_ordered_sum has every lane add every term. The
+// values go through a per-warp 32 × 32 tile of shared memory: the lanes compute a chunk of
+// 32 positions of every line (each line's chunk read along the line), then lane r reads
+// its line's row. Worth it where there are enough lines to give every SM several warps.
+
+#define LINE_GROUP 32
+
+// A warp's tile (row r, column k at r * 32 + ((k + r) & 31): neither the writes along a
+// row nor the reads down a column meet a bank twice) and two values per line.
+struct LineGroup {
+    float tile[LINE_GROUP * 32];
+    u64 base[LINE_GROUP];
+    float a[LINE_GROUP], b[LINE_GROUP];
+};
+
+// The calling warp's LineGroup.
+__device__ LineGroup* line_group() {
+    __shared__ LineGroup s[WARPS];
+    return &s[threadIdx.x / 32];
+}
+
+__device__ __forceinline__ u32 tile_at(u32 r, u32 k) { return r * 32u + ((k + r) & 31u); }
+
+// Lane r < rows folds value(r, 0), ..., value(r, n - 1) into `acc` in that order and gets
+// the result; other lanes get `acc` back. value(r, i) is computed by lane i % 32 for every
+// r < rows. Every lane of the warp calls it.
+template <typename Acc, typename Value, typename Fold>
+__device__ __forceinline__ Acc line_group_fold(LineGroup* g, u32 rows, u64 n, Acc acc,
+                                               Value value, Fold fold) {
+    u32 lane = threadIdx.x & 31u;
+    for (u64 c = 0; c < n; c += 32) {
+        u64 i = c + lane;
+        if (i < n) {
+#ifdef __CUDACC_RTC__
+#pragma unroll 8
+#endif
+            for (u32 r = 0; r < rows; ++r) g->tile[tile_at(r, lane)] = value(r, i);
+        }
+        __syncwarp();
+        u32 count = n - c < 32 ? (u32)(n - c) : 32u;
+        if (lane < rows) {
+            for (u32 k = 0; k < count; ++k) acc = fold(acc, g->tile[tile_at(lane, k)]);
+        }
+        __syncwarp();
+    }
+    return acc;
 }

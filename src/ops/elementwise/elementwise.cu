@@ -284,15 +284,13 @@ extern "C" __global__ void amp_binary_grad(const void* a, const void* b, const v
         [&](u64 t) {
             u64 base_a = 0, base_b = 0, base_g = 0;
             grad_coords(geo, t, 0, &base_a, &base_b, &base_g);
-            // The CPU's sums: one term as it is (its zero's sign kept), more from `init`.
-            double acc = init;
-            for (u64 r = 0; r < n_reduced; ++r) {
+            auto term = [&](u64 r) {
                 u64 ia = base_a, ib = base_b, ig = base_g;
                 grad_coords(geo, r, 1, &ia, &ib, &ig);
-                double v = (double)grad_term_at(h, a, b, g, kind, ia, ib, ig);
-                acc = n_reduced == 1 ? v : acc + v;
-            }
-            return acc;
+                return (double)grad_term_at(h, a, b, g, kind, ia, ib, ig);
+            };
+            // The CPU's sums: one term as it is (its zero's sign kept), more from `init`.
+            return n_reduced == 1 ? term(0) : thread_ordered_sum(init, n_reduced, term);
         },
         [&](u64 t, double acc) {
             store_round_f64(out, kind, t, acc, &over, &under);

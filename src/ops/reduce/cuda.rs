@@ -22,7 +22,24 @@ pub const KERNELS: &[&str] = &[
     "amp_argmax_backward",
     "amp_softmax",
     "amp_softmax_backward",
+    "amp_softmax_grouped",
+    "amp_softmax_backward_grouped",
 ];
+
+/// From this many lines on, softmax and its gradient run a warp per 32 lines (each line's
+/// sums formed by one lane: one add per value) rather than a warp per line (every lane
+/// adds every term): enough warps then to fill a GPU's SMs several times over.
+pub const GROUPED_MIN_LINES: u64 = 8192;
+
+/// The softmax kernel for `lines` lines and its launch's thread count: grouped lines from
+/// [`GROUPED_MIN_LINES`] on, a warp per line below.
+fn softmax_kernel(name: &'static str, grouped: &'static str, lines: u64) -> (&'static str, u64) {
+    if lines >= GROUPED_MIN_LINES {
+        (grouped, lines.div_ceil(32) * 32)
+    } else {
+        (name, lines * 32)
+    }
+}
 
 /// `SumGeometry` in reduce.cu.
 #[repr(C)]
@@ -241,10 +258,11 @@ pub fn softmax(
     let y = output(&dev, x.shape(), x.dtype())?;
     let ((xp, k), (yp, _)) = (arg(x, op)?, arg(&y, op)?);
     let (lines, n, inner, l) = ((outer * inner) as u64, n as u64, inner as u64, log as i32);
-    let o = sink.for_warp_lines(&y, lines * n, lines)?;
+    let (name, threads) = softmax_kernel("amp_softmax", "amp_softmax_grouped", lines);
+    let o = sink.for_lines(&y, lines * n, threads)?;
     launch_with!(
         dev,
-        "amp_softmax",
+        name,
         o.cfg,
         &xp,
         &yp,
@@ -274,10 +292,15 @@ pub fn softmax_backward(
     let ((yp, k), (gp, _), (dp, _)) = (arg(y, op)?, arg(g, op)?, arg(&dx, op)?);
     let (lines, n, inner, l) = ((outer * inner) as u64, n as u64, inner as u64, log as i32);
     let init = sum_identity();
-    let o = sink.for_warp_lines(&dx, lines * n, lines)?;
+    let (name, threads) = softmax_kernel(
+        "amp_softmax_backward",
+        "amp_softmax_backward_grouped",
+        lines,
+    );
+    let o = sink.for_lines(&dx, lines * n, threads)?;
     launch_with!(
         dev,
-        "amp_softmax_backward",
+        name,
         o.cfg,
         &yp,
         &gp,

@@ -2,7 +2,8 @@
 // operations: every sum accumulates in f64 in the CPU's sequential order (a tree reduction
 // would change the f64 rounding). Short sums take a thread per output element; long ones
 // and softmax lines a warp, whose lanes load and compute the terms in parallel and add
-// them in order (warp_ordered_add).
+// them in order (warp_ordered_add); softmax over many lines a warp per 32 lines, each
+// lane adding its own line's terms (line_group_fold).
 
 #ifndef MAX_DIMS
 #define MAX_DIMS 6
@@ -42,10 +43,9 @@ extern "C" __global__ void amp_sum(const void* x, void* y, int kind, u64 n_out,
         n_out,
         [&](u64 t) {
             u64 base = sum_offset(g, t, 0, 0);
-            double acc = init;
-            for (u64 r = 0; r < n_reduced; ++r) {
-                acc += (double)load_f32(x, kind, sum_offset(g, r, 1, base));
-            }
+            double acc = thread_ordered_sum(init, n_reduced, [&](u64 r) {
+                return (double)load_f32(x, kind, sum_offset(g, r, 1, base));
+            });
             return has_div ? acc / div : acc;
         },
         [&](u64 t, double acc) {
@@ -212,6 +212,96 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
             store_round(dx, kind, k, v, &over, &under);
             out_add(&st, dx, kind, k);
         }
+    }
+    block_add_counts(over, under, counts);
+    out_end(&st, lines * n);
+}
+
+// amp_softmax on line groups (LINE_GROUP lines a warp, for many lines): the same values,
+// with each line's max, sum and output rounding as there; lane r forms line r's max and
+// sum, the lanes write each line's outputs together.
+extern "C" __global__ void amp_softmax_grouped(const void* x, void* y, int kind, u64 lines,
+                                               u64 n, u64 inner, int log_, u64* counts,
+                                               double* partials) {
+    u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
+    LineGroup* grp = line_group();
+    u32 lane = threadIdx.x & 31u;
+    u64 step = (u64)gridDim.x * (blockDim.x / 32) * LINE_GROUP;
+    for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * LINE_GROUP;
+         first < lines; first += step) {
+        u32 rows = lines - first < LINE_GROUP ? (u32)(lines - first) : LINE_GROUP;
+        if (lane < rows) grp->base[lane] = line_base(first + lane, n, inner);
+        __syncwarp();
+        float m = line_group_fold(
+            grp, rows, n, __int_as_float(0xff800000),
+            [&](u32 r, u64 i) { return load_f32(x, kind, grp->base[r] + i * inner); },
+            [](float m, float v) { return v > m ? v : m; });
+        if (lane < rows) grp->a[lane] = m;
+        __syncwarp();
+        double s = line_group_fold(
+            grp, rows, n, 0.0,
+            [&](u32 r, u64 i) {
+                return red_exp(load_f32(x, kind, grp->base[r] + i * inner) - grp->a[r]);
+            },
+            [](double s, float t) { return s + (double)t; });
+        if (lane < rows) grp->b[lane] = log_ ? (float)log(s) : (float)s;
+        __syncwarp();
+        for (u32 r = 0; r < rows; ++r) {
+            u64 base = grp->base[r];
+            float mr = grp->a[r], br = grp->b[r];
+            for (u64 i = lane; i < n; i += 32) {
+                u64 k = base + i * inner;
+                float v = load_f32(x, kind, k) - mr;
+                store_round(y, kind, k, log_ ? v - br : red_exp(v) / br, &over, &under);
+                out_add(&st, y, kind, k);
+            }
+        }
+        __syncwarp();
+    }
+    block_add_counts(over, under, counts);
+    out_end(&st, lines * n);
+}
+
+// amp_softmax_backward on line groups (see amp_softmax_grouped).
+extern "C" __global__ void amp_softmax_backward_grouped(const void* y, const void* g, void* dx,
+                                                        int kind, u64 lines, u64 n, u64 inner,
+                                                        int log_, double init, u64* counts,
+                                                        double* partials) {
+    u32 over = 0, under = 0;
+    OutStats st;
+    out_begin(&st, counts, partials, kind);
+    LineGroup* grp = line_group();
+    u32 lane = threadIdx.x & 31u;
+    u64 step = (u64)gridDim.x * (blockDim.x / 32) * LINE_GROUP;
+    for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * LINE_GROUP;
+         first < lines; first += step) {
+        u32 rows = lines - first < LINE_GROUP ? (u32)(lines - first) : LINE_GROUP;
+        if (lane < rows) grp->base[lane] = line_base(first + lane, n, inner);
+        __syncwarp();
+        double s = line_group_fold(
+            grp, rows, n, init,
+            [&](u32 r, u64 i) {
+                u64 k = grp->base[r] + i * inner;
+                float gv = load_f32(g, kind, k);
+                return log_ ? gv : gv * load_f32(y, kind, k);
+            },
+            [](double s, float t) { return s + (double)t; });
+        if (lane < rows) grp->a[lane] = (float)s;
+        __syncwarp();
+        for (u32 r = 0; r < rows; ++r) {
+            u64 base = grp->base[r];
+            float sf = grp->a[r];
+            for (u64 i = lane; i < n; i += 32) {
+                u64 k = base + i * inner;
+                float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
+                float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
+                store_round(dx, kind, k, v, &over, &under);
+                out_add(&st, dx, kind, k);
+            }
+        }
+        __syncwarp();
     }
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
