@@ -114,15 +114,18 @@ impl Out {
         self.counts
     }
 
-    /// True when the kernel writing the output on `dev` neither counts its rounding nor
-    /// gathers statistics: then a library call may round it instead (cuBLAS's epilogue).
+    /// True when nothing needs the kernel writing the output on `dev` to count its
+    /// rounding or gather its statistics: then a library call may round it instead
+    /// (cuBLAS's epilogue), and a check of its values, if any, is the arena's own pass
+    /// over it. So it is where neither is asked for, and in a check-only step, whose
+    /// rounding counts are read only if it keeps its records after all, and then come
+    /// from its re-run with full statistics (the recorder's `complete_from`).
     pub fn silent(&self, dev: &CudaDevice) -> Result<bool> {
-        if self.counts != 0 {
-            return Ok(false);
-        }
         match self.slot {
-            None => Ok(true),
-            Some(_) => dev.with_arena(|a| Ok(!a.gathering())),
+            None => Ok(self.counts == 0),
+            Some(_) => {
+                dev.with_arena(|a| Ok(a.is_check_only() || (self.counts == 0 && !a.gathering())))
+            }
         }
     }
 

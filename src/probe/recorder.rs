@@ -165,8 +165,9 @@ impl Recorder {
     }
 
     /// Completes the statistics of a step recorded in the check-only mode
-    /// ([`Recorder::check_only`]): each forward and backward op takes the statistics of
-    /// the op at its position among those of `full`, the op records of the same step
+    /// ([`Recorder::check_only`]): each forward and backward op takes the statistics and
+    /// rounding counts (which a device does not count in that mode) of the op at its
+    /// position among those of `full`, the op records of the same step
     /// recorded with full statistics, and each optimizer-phase op's are computed from its
     /// held output. The op in `full` must be the same op — phase, index, name, module,
     /// output dtype and shape — with the same non-finite counts, or the records are left
@@ -215,6 +216,7 @@ impl Recorder {
         }
         for (&i, f) in mine.iter().zip(theirs) {
             self.ops[i].stats = f.stats.clone();
+            self.ops[i].rounding = f.rounding;
         }
         for (i, v, dtype) in std::mem::take(&mut self.held) {
             self.scanned += v.len() as u64;

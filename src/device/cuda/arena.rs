@@ -159,9 +159,16 @@ impl StatsArena {
     /// +inf and -inf counts and its length (every other word of the slot stays zero), or
     /// the full statistics (the default). The check-only mode is for a step whose op
     /// records are not kept: origins need nothing else, and a step that turns out to keep
-    /// its records takes their statistics from a re-run. The rounding counts are kept.
+    /// its records takes their statistics from a re-run. Rounding is counted or not as
+    /// [`set_counting`](Self::set_counting) says.
     pub fn set_check_only(&mut self, on: bool) {
         self.check_only = on;
+    }
+
+    /// Whether slots get only their tensors' non-finite counts
+    /// ([`set_check_only`](Self::set_check_only)).
+    pub fn is_check_only(&self) -> bool {
+        self.check_only
     }
 
     /// True while the arena gathers statistics in producing kernels.
