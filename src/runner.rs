@@ -329,6 +329,7 @@ pub fn header(
         scaler: json(serde_json::to_value(&train.scaler))?,
         optimizer: json(serde_json::to_value(&train.optimizer))?,
         backend: train.backend.to_string(),
+        host_gemm: Some(crate::ops::linalg::host_gemm::describe()),
         seed: train.seed,
         command_line: opts.command_line.clone(),
         config: json(serde_json::to_value(cfg))?,

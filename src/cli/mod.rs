@@ -22,6 +22,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "amprobe", version, about)]
 struct Cli {
+    /// Run the host's matrix products with the fixed-order kernels, whose bits are the same
+    /// on every machine, instead of the fastest for this one (also AMPROBE_REPRODUCIBLE=1).
+    #[arg(long, global = true)]
+    reproducible: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -57,6 +61,9 @@ enum Command {
 /// Parses the command line and runs; returns the exit code.
 pub fn main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
+    if cli.reproducible {
+        amprobe::ops::linalg::host_gemm::set_reproducible(true);
+    }
     match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Report(a) => report::run(a),

@@ -51,6 +51,11 @@ pub struct Header {
     /// The name of the device that ran the step, when it was a GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The host's GEMM kernels (`fixed-order`, or `gemm-crate:` and the instruction set
+    /// they ran with): whether products can differ from another machine's in their last
+    /// bits (absent in traces of older builds and of the PyTorch companion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_gemm: Option<String>,
     /// Random seed.
     pub seed: u64,
     /// Command line of the run, program name first.
@@ -115,6 +120,7 @@ impl Header {
             optimizer: serde_json::Value::Null,
             backend: String::new(),
             device: None,
+            host_gemm: None,
             seed: 0,
             command_line: Vec::new(),
             config: serde_json::Value::Null,

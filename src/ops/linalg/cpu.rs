@@ -1,20 +1,13 @@
 //! GEMM on the host: the gemm crate accumulates in f32 (f64 for the reference dtype); the
 //! result is rounded once to the output dtype.
 
+use super::mat::Mat;
 use super::shape::MmShape;
 use crate::engine::{Computed, Grad};
 use crate::error::{Error, Result};
 use crate::ops::grad;
 use crate::ops::{fdata, sum_to, FData, Finish};
 use crate::tensor::{Real, Tensor};
-
-/// A strided matrix operand: data, row stride, column stride.
-#[derive(Clone, Copy)]
-pub(crate) struct Mat<'a, T> {
-    pub data: &'a [T],
-    pub rs: usize,
-    pub cs: usize,
-}
 
 /// C = A·B for A [m, k] and B [k, n] (strided), accumulated in T, as a new row-major Vec.
 pub(crate) fn gemm<T: Real>(m: usize, n: usize, k: usize, a: Mat<'_, T>, b: Mat<'_, T>) -> Vec<T> {
@@ -77,6 +70,9 @@ fn gemm_into<T: Real>(
     c: &mut [std::mem::MaybeUninit<T>],
 ) {
     assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
+    if super::host_gemm::reproducible() {
+        return super::fixed_order::gemm_into(m, n, k, a, b, parallel, c);
+    }
     if m == 0 || n == 0 {
         return;
     }

@@ -2,12 +2,16 @@
 //! reference dtype) and the result is rounded once to the output dtype.
 
 //!
-//! The host kernels are in `cpu.rs` (the gemm crate, f32 accumulation); the device path in
+//! The host kernels are in `cpu.rs` (the gemm crate, f32 accumulation, or on request the
+//! fixed-order kernels of `fixed_order.rs`: see `host_gemm.rs`); the device path in
 //! `cuda.rs` (cuBLAS).
 
 mod cpu;
 pub mod cuda;
+mod fixed_order;
+pub mod host_gemm;
 mod kernels;
+mod mat;
 mod shape;
 
 pub(crate) use kernels::Kernels;

@@ -1,0 +1,328 @@
+//! Matrix products whose bits depend on the operands alone: element (i, j) is the chain of
+//! fused multiply-adds c = fma(a[i][p], b[p][j], c) for p = 0, 1, …, k − 1 from c = +0,
+//! on every machine. The blocked kernels of the default GEMM choose their k blocks from
+//! the machine's cache sizes and their microkernel from its instruction set, so their
+//! sums group differently from one machine to another; these do not block k at all.
+//!
+//! With AVX2 and FMA, eight f32 chains (eight columns of one row) advance together in one
+//! register; without them, each chain is `mul_add` one term at a time, which rounds the
+//! same way (IEEE 754's fusedMultiplyAdd, in hardware or in the C library), so both give
+//! the same bits.
+
+use super::mat::Mat;
+use crate::tensor::Real;
+use std::mem::MaybeUninit;
+
+/// Columns of one packed panel of B: two registers of eight f32 lanes.
+const NR: usize = 16;
+/// Rows of C one pass of the f32 kernel keeps in registers.
+const MR: usize = 6;
+
+/// C = A·B over `c` (row-major m×n, every element written), each element its own
+/// fused multiply-add chain in k order (see the module's comment). Rows of C are shared
+/// out to threads when `parallel`; which thread computes a row does not change it.
+pub(crate) fn gemm_into<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    parallel: bool,
+    c: &mut [MaybeUninit<T>],
+) {
+    assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(MaybeUninit::new(T::zero()));
+        return;
+    }
+    if let Some(c32) = as_f32(c) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            let (a32, b32) = (cast_mat::<T>(a), cast_mat::<T>(b));
+            let panels = pack_panels(k, n, b32);
+            run_rows(m, n, MR, parallel, c32, |i0, rows, out| {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                unsafe { avx2::rows(i0, rows, n, k, a32, &panels, out) }
+            });
+            return;
+        }
+    }
+    run_rows(m, n, 1, parallel, c, |i0, _, out| {
+        scalar_row(i0, n, k, a, b, out)
+    });
+}
+
+/// The scalar chains of row `i` of C.
+fn scalar_row<T: Real>(
+    i: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    out: &mut [MaybeUninit<T>],
+) {
+    for (j, o) in out.iter_mut().enumerate().take(n) {
+        let mut s = T::zero();
+        for p in 0..k {
+            s = a.data[i * a.rs + p * a.cs].mul_add(b.data[p * b.rs + j * b.cs], s);
+        }
+        o.write(s);
+    }
+}
+
+/// Calls `f(first_row, rows, out)` for blocks of `block` rows of C (the last may be
+/// shorter), on threads when `parallel`.
+fn run_rows<T: Send>(
+    m: usize,
+    n: usize,
+    block: usize,
+    parallel: bool,
+    c: &mut [MaybeUninit<T>],
+    f: impl Fn(usize, usize, &mut [MaybeUninit<T>]) + Sync,
+) {
+    let chunk = block * n;
+    if parallel {
+        use rayon::prelude::*;
+        c.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(blk, out)| f(blk * block, (m - blk * block).min(block), out));
+    } else {
+        for (blk, out) in c.chunks_mut(chunk).enumerate() {
+            f(blk * block, (m - blk * block).min(block), out);
+        }
+    }
+}
+
+/// `c` as f32 storage when T is f32.
+fn as_f32<T: Real>(c: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<f32>]> {
+    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
+        return None;
+    }
+    // SAFETY: T is f32 (checked above): same size, alignment and validity.
+    Some(unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), c.len()) })
+}
+
+/// An operand of T = f32 as f32 (called only when T is f32).
+fn cast_mat<T: Real>(m: Mat<'_, T>) -> Mat<'_, f32> {
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<f32>());
+    // SAFETY: T is f32 (asserted above).
+    let data = unsafe { std::slice::from_raw_parts(m.data.as_ptr().cast::<f32>(), m.data.len()) };
+    Mat {
+        data,
+        rs: m.rs,
+        cs: m.cs,
+    }
+}
+
+/// B copied into panels of NR columns, each panel k rows of NR contiguous values (columns
+/// past n are zeros, whose products are never stored).
+fn pack_panels(k: usize, n: usize, b: Mat<'_, f32>) -> Vec<f32> {
+    let panels = n.div_ceil(NR);
+    let mut out = vec![0.0f32; panels * k * NR];
+    for (q, panel) in out.chunks_mut(k * NR).enumerate() {
+        let j0 = q * NR;
+        let w = (n - j0).min(NR);
+        for p in 0..k {
+            let row = &mut panel[p * NR..p * NR + w];
+            for (jj, v) in row.iter_mut().enumerate() {
+                *v = b.data[p * b.rs + (j0 + jj) * b.cs];
+            }
+        }
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Mat, MR, NR};
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+
+    /// Rows i0 .. i0 + rows (at most MR) of C, every panel, into `out` (those rows,
+    /// row-major, n wide).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows(
+        i0: usize,
+        rows: usize,
+        n: usize,
+        k: usize,
+        a: Mat<'_, f32>,
+        panels: &[f32],
+        out: &mut [MaybeUninit<f32>],
+    ) {
+        for (q, panel) in panels.chunks(k * NR).enumerate() {
+            let j0 = q * NR;
+            let w = (n - j0).min(NR);
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            for p in 0..k {
+                let bp = panel.as_ptr().add(p * NR);
+                let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
+                    let av = _mm256_set1_ps(*a.data.get_unchecked((i0 + r) * a.rs + p * a.cs));
+                    acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
+                    acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+                }
+            }
+            for (r, acc_r) in acc.iter().enumerate().take(rows) {
+                let mut lanes = [0.0f32; NR];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc_r[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc_r[1]);
+                for (jj, v) in lanes.iter().enumerate().take(w) {
+                    out[r * n + j0 + jj].write(*v);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    fn mats(rng: &mut Rng, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut v = |len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
+        (v(m * k), v(k * n))
+    }
+
+    fn run<T: Real>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Mat<'_, T>,
+        b: Mat<'_, T>,
+        par: bool,
+    ) -> Vec<T> {
+        let mut c = vec![MaybeUninit::<T>::uninit(); m * n];
+        gemm_into(m, n, k, a, b, par, &mut c);
+        // SAFETY: gemm_into writes every element.
+        c.into_iter().map(|x| unsafe { x.assume_init() }).collect()
+    }
+
+    /// The SIMD kernel gives the scalar chains' bits, on shapes with partial row blocks
+    /// and panels, transposed and strided operands, threads or not.
+    #[test]
+    fn the_vector_kernel_gives_the_scalar_chains_bits() {
+        let mut rng = Rng::new(3);
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (7, 17, 5),
+            (13, 33, 64),
+            (6, 16, 200),
+            (25, 3, 9),
+        ] {
+            let (a, b) = mats(&mut rng, m, n, k);
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let am = if ta {
+                    Mat {
+                        data: &a,
+                        rs: 1,
+                        cs: m,
+                    }
+                } else {
+                    Mat {
+                        data: &a,
+                        rs: k,
+                        cs: 1,
+                    }
+                };
+                let bm = if tb {
+                    Mat {
+                        data: &b,
+                        rs: 1,
+                        cs: k,
+                    }
+                } else {
+                    Mat {
+                        data: &b,
+                        rs: n,
+                        cs: 1,
+                    }
+                };
+                let want: Vec<f32> = (0..m * n)
+                    .map(|t| {
+                        let (i, j) = (t / n, t % n);
+                        (0..k).fold(0.0f32, |s, p| {
+                            am.data[i * am.rs + p * am.cs]
+                                .mul_add(bm.data[p * bm.rs + j * bm.cs], s)
+                        })
+                    })
+                    .collect();
+                for par in [false, true] {
+                    let got = run(m, n, k, am, bm, par);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{m}x{n}x{k} trans {ta}/{tb} par {par}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Each element is within the error bound of a k-term sum, k·u·Σ|a||b|, of the exact
+    /// product (in f64, itself exact to far below it), in f32 and in f64.
+    #[test]
+    fn products_are_within_the_sums_error_bound() {
+        let mut rng = Rng::new(9);
+        let (m, n, k) = (9, 21, 300);
+        let (a, b) = mats(&mut rng, m, n, k);
+        let got = run(
+            m,
+            n,
+            k,
+            Mat {
+                data: &a,
+                rs: k,
+                cs: 1,
+            },
+            Mat {
+                data: &b,
+                rs: n,
+                cs: 1,
+            },
+            false,
+        );
+        let (a64, b64): (Vec<f64>, Vec<f64>) = (
+            a.iter().map(|&x| f64::from(x)).collect(),
+            b.iter().map(|&x| f64::from(x)).collect(),
+        );
+        let got64 = run(
+            m,
+            n,
+            k,
+            Mat {
+                data: &a64,
+                rs: k,
+                cs: 1,
+            },
+            Mat {
+                data: &b64,
+                rs: n,
+                cs: 1,
+            },
+            true,
+        );
+        for t in 0..m * n {
+            let (i, j) = (t / n, t % n);
+            let exact: f64 = (0..k).map(|p| a64[i * k + p] * b64[p * n + j]).sum();
+            let mag: f64 = (0..k)
+                .map(|p| (a64[i * k + p] * b64[p * n + j]).abs())
+                .sum();
+            let bound32 = k as f64 * f64::from(f32::EPSILON) / 2.0 * mag;
+            assert!(
+                (f64::from(got[t]) - exact).abs() <= bound32,
+                "f32 element {t}"
+            );
+            assert!(
+                (got64[t] - exact).abs() <= k as f64 * f64::EPSILON * mag,
+                "f64 element {t}"
+            );
+        }
+    }
+}
