@@ -217,6 +217,25 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
     out_end(&st, lines * n);
 }
 
+// Calls body(rows) for each group of LINE_GROUP lines of an (outer, n, inner) split that
+// the calling warp owns (rows of them: fewer in the last group), with grp->base holding
+// where its lines start. Every lane of the warp calls it.
+template <typename Body>
+__device__ __forceinline__ void for_line_groups(LineGroup* grp, u64 lines, u64 n, u64 inner,
+                                                Body body) {
+    u32 lane = threadIdx.x & 31u;
+    u64 step = (u64)gridDim.x * (blockDim.x / 32) * LINE_GROUP;
+    for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * LINE_GROUP;
+         first < lines; first += step) {
+        u32 rows = lines - first < LINE_GROUP ? (u32)(lines - first) : LINE_GROUP;
+        if (lane < rows) grp->base[lane] = line_base(first + lane, n, inner);
+        __syncwarp();
+        body(rows);
+        // The next group's bases overwrite these only after every lane is done with them.
+        __syncwarp();
+    }
+}
+
 // amp_softmax on line groups (LINE_GROUP lines a warp, for many lines): the same values,
 // with each line's max, sum and output rounding as there; lane r forms line r's max and
 // sum, the lanes write each line's outputs together.
@@ -228,12 +247,7 @@ extern "C" __global__ void amp_softmax_grouped(const void* x, void* y, int kind,
     out_begin(&st, counts, partials, kind);
     LineGroup* grp = line_group();
     u32 lane = threadIdx.x & 31u;
-    u64 step = (u64)gridDim.x * (blockDim.x / 32) * LINE_GROUP;
-    for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * LINE_GROUP;
-         first < lines; first += step) {
-        u32 rows = lines - first < LINE_GROUP ? (u32)(lines - first) : LINE_GROUP;
-        if (lane < rows) grp->base[lane] = line_base(first + lane, n, inner);
-        __syncwarp();
+    for_line_groups(grp, lines, n, inner, [&](u32 rows) {
         float m = line_group_fold(
             grp, rows, n, __int_as_float(0xff800000),
             [&](u32 r, u64 i) { return load_f32(x, kind, grp->base[r] + i * inner); },
@@ -258,8 +272,7 @@ extern "C" __global__ void amp_softmax_grouped(const void* x, void* y, int kind,
                 out_add(&st, y, kind, k);
             }
         }
-        __syncwarp();
-    }
+    });
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
 }
@@ -274,12 +287,7 @@ extern "C" __global__ void amp_softmax_backward_grouped(const void* y, const voi
     out_begin(&st, counts, partials, kind);
     LineGroup* grp = line_group();
     u32 lane = threadIdx.x & 31u;
-    u64 step = (u64)gridDim.x * (blockDim.x / 32) * LINE_GROUP;
-    for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * LINE_GROUP;
-         first < lines; first += step) {
-        u32 rows = lines - first < LINE_GROUP ? (u32)(lines - first) : LINE_GROUP;
-        if (lane < rows) grp->base[lane] = line_base(first + lane, n, inner);
-        __syncwarp();
+    for_line_groups(grp, lines, n, inner, [&](u32 rows) {
         double s = line_group_fold(
             grp, rows, n, init,
             [&](u32 r, u64 i) {
@@ -301,8 +309,7 @@ extern "C" __global__ void amp_softmax_backward_grouped(const void* y, const voi
                 out_add(&st, dx, kind, k);
             }
         }
-        __syncwarp();
-    }
+    });
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
 }
