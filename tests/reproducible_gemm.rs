@@ -76,7 +76,7 @@ fn every_sample_has_the_same_diagnosis_with_either_gemm() {
             let (fast, fast_kernels) = diagnosis(sample, precision, false);
             let (fixed, fixed_kernels) = diagnosis(sample, precision, true);
             assert!(fast_kernels.starts_with("gemm-crate:"), "{fast_kernels}");
-            assert_eq!(fixed_kernels, "fixed-order");
+            assert!(fixed_kernels.starts_with("fixed-order:"), "{fixed_kernels}");
             assert_eq!(fast, fixed, "{sample} {precision}");
             nonfinite += usize::from(!fast["first_inf"]["op"].is_null());
         }

@@ -99,7 +99,7 @@ fn step(n: u64) -> StepRecord {
             1024.0,
             &[1.0, -3.0],
         )],
-        ops: (n % 2 == 0).then_some(ops),
+        ops: n.is_multiple_of(2).then_some(ops),
         op_count: 2,
         events: match n {
             2 => vec!["scale halved → 32768 (inf in grads)".into()],

@@ -161,7 +161,7 @@ mod avx2 {
     /// and ties are counted afterwards, only when the tie's binade is present.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn blocks_avx2(data: &[f32], tie: u32, acc: &mut Acc, table: &mut [u16]) -> bool {
-        debug_assert!(data.len() % BLOCK == 0 && data.len() <= SEGMENT);
+        debug_assert!(data.len().is_multiple_of(BLOCK) && data.len() <= SEGMENT);
         debug_assert_eq!(table.len(), 2 * TABLE);
         let abs = _mm256_set1_epi32(ABS as i32);
         let minus_one = _mm256_set1_epi32(-1);

@@ -241,7 +241,7 @@ impl Trainer {
     /// Whether the sampling keeps every op record of `step` by its schedule.
     pub(super) fn scheduled(&self, step: u64) -> bool {
         let s = self.cfg.sampling;
-        (s.first && step == 0) || (s.every > 0 && step % s.every == 0)
+        (s.first && step == 0) || (s.every > 0 && step.is_multiple_of(s.every))
     }
 
     pub(super) fn recorder(&mut self) -> Option<&mut Recorder> {

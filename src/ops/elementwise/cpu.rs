@@ -402,7 +402,7 @@ pub(super) fn binary_grad<T: Finish>(
         // Summed to a bias (Tile) or a per-row value (Repeat): the terms are summed as they
         // are made, in the order `sum_to` sums the full product.
         match Pattern::of(target, out) {
-            Pattern::Tile(k) if k > 0 && n % k == 0 && target != out => {
+            Pattern::Tile(k) if k > 0 && n.is_multiple_of(k) && target != out => {
                 let mut acc = vec![0f64; k];
                 let mut row = vec![T::zero(); k];
                 let mut bv = vec![T::zero(); k];
@@ -417,7 +417,7 @@ pub(super) fn binary_grad<T: Finish>(
                 }
                 return T::finish_acc(acc, target, dtype);
             }
-            Pattern::Repeat(r) if r > 0 && n % r == 0 && target != out => {
+            Pattern::Repeat(r) if r > 0 && n.is_multiple_of(r) && target != out => {
                 let (mut row, mut bv) = (vec![T::zero(); r], vec![T::zero(); r]);
                 let acc: Vec<f64> = (0..n / r)
                     .map(|i| {

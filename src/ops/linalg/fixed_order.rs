@@ -4,24 +4,79 @@
 //! the machine's cache sizes and their microkernel from its instruction set, so their
 //! sums group differently from one machine to another; these do not block k at all.
 //!
-//! With AVX2 and FMA, eight f32 chains (eight columns of one row) advance together in one
-//! register; without them, each chain is `mul_add` one term at a time, which rounds the
-//! same way (IEEE 754's fusedMultiplyAdd, in hardware or in the C library), so both give
-//! the same bits.
+//! With AVX-512, sixteen f32 chains (sixteen columns of one row) advance together in one
+//! register; with AVX2 and FMA, eight; without them, each chain is `mul_add` one term at a
+//! time. All round the same way (IEEE 754's fusedMultiplyAdd, in hardware or in the C
+//! library), so all give the same bits; only the speed depends on the machine.
 
 use super::mat::Mat;
 use crate::tensor::Real;
 use std::mem::MaybeUninit;
 
-/// Columns of one packed panel of B: two registers of eight f32 lanes.
-const NR: usize = 16;
-/// Rows of C one pass of the f32 kernel keeps in registers.
-const MR: usize = 6;
+/// How many chains advance together: the widest registers the CPU has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lanes {
+    /// Sixteen f32 lanes (AVX-512F).
+    Avx512,
+    /// Eight f32 lanes (AVX2 and FMA).
+    Avx2,
+    /// One chain at a time (`mul_add`).
+    Scalar,
+}
+
+impl Lanes {
+    /// The widest this CPU runs.
+    pub(crate) fn detect() -> Lanes {
+        Lanes::available()[0]
+    }
+
+    /// Every width this CPU runs, widest first.
+    fn available() -> Vec<Lanes> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Lanes::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                v.push(Lanes::Avx2);
+            }
+        }
+        v.push(Lanes::Scalar);
+        v
+    }
+
+    /// The name the trace header gives it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Lanes::Avx512 => "avx512f",
+            Lanes::Avx2 => "avx2-fma",
+            Lanes::Scalar => "scalar",
+        }
+    }
+}
 
 /// C = A·B over `c` (row-major m×n, every element written), each element its own
 /// fused multiply-add chain in k order (see the module's comment). Rows of C are shared
 /// out to threads when `parallel`; which thread computes a row does not change it.
 pub(crate) fn gemm_into<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    parallel: bool,
+    c: &mut [MaybeUninit<T>],
+) {
+    gemm_with(Lanes::detect(), m, n, k, a, b, parallel, c)
+}
+
+/// [`gemm_into`] on `lanes`, which the CPU must run.
+#[allow(clippy::too_many_arguments)]
+fn gemm_with<T: Real>(
+    lanes: Lanes,
     m: usize,
     n: usize,
     k: usize,
@@ -39,16 +94,27 @@ pub(crate) fn gemm_into<T: Real>(
         return;
     }
     if let Some(c32) = as_f32(c) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            let (a32, b32) = (cast_mat::<T>(a), cast_mat::<T>(b));
-            let panels = pack_panels(k, n, b32);
-            run_rows(m, n, MR, parallel, c32, |i0, rows, out| {
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
-                unsafe { avx2::rows(i0, rows, n, k, a32, &panels, out) }
-            });
-            return;
+        let (a32, b32) = (cast_mat::<T>(a), cast_mat::<T>(b));
+        match lanes {
+            #[cfg(target_arch = "x86_64")]
+            Lanes::Avx512 => {
+                let panels = pack_panels(k, n, b32, avx512::NR);
+                run_rows(m, n, avx512::MR, parallel, c32, |i0, rows, out| {
+                    // SAFETY: `lanes` is one the CPU runs (Lanes::available).
+                    unsafe { avx512::rows(i0, rows, n, k, a32, &panels, out) }
+                });
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            Lanes::Avx2 => {
+                let panels = pack_panels(k, n, b32, avx2::NR);
+                run_rows(m, n, avx2::MR, parallel, c32, |i0, rows, out| {
+                    // SAFETY: `lanes` is one the CPU runs (Lanes::available).
+                    unsafe { avx2::rows(i0, rows, n, k, a32, &panels, out) }
+                });
+                return;
+            }
+            _ => {}
         }
     }
     run_rows(m, n, 1, parallel, c, |i0, _, out| {
@@ -118,16 +184,16 @@ fn cast_mat<T: Real>(m: Mat<'_, T>) -> Mat<'_, f32> {
     }
 }
 
-/// B copied into panels of NR columns, each panel k rows of NR contiguous values (columns
-/// past n are zeros, whose products are never stored).
-fn pack_panels(k: usize, n: usize, b: Mat<'_, f32>) -> Vec<f32> {
-    let panels = n.div_ceil(NR);
-    let mut out = vec![0.0f32; panels * k * NR];
-    for (q, panel) in out.chunks_mut(k * NR).enumerate() {
-        let j0 = q * NR;
-        let w = (n - j0).min(NR);
+/// B copied into panels of `nr` columns, each panel k rows of `nr` contiguous values
+/// (columns past n are zeros, whose products are never stored).
+fn pack_panels(k: usize, n: usize, b: Mat<'_, f32>, nr: usize) -> Vec<f32> {
+    let panels = n.div_ceil(nr);
+    let mut out = vec![0.0f32; panels * k * nr];
+    for (q, panel) in out.chunks_mut(k * nr).enumerate() {
+        let j0 = q * nr;
+        let w = (n - j0).min(nr);
         for p in 0..k {
-            let row = &mut panel[p * NR..p * NR + w];
+            let row = &mut panel[p * nr..p * nr + w];
             for (jj, v) in row.iter_mut().enumerate() {
                 *v = b.data[p * b.rs + (j0 + jj) * b.cs];
             }
@@ -136,48 +202,81 @@ fn pack_panels(k: usize, n: usize, b: Mat<'_, f32>) -> Vec<f32> {
     out
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{Mat, MR, NR};
-    use std::arch::x86_64::*;
-    use std::mem::MaybeUninit;
+/// The vector kernels: for a block of ROWS rows of C and each panel of B, 2·ROWS
+/// registers of chains that stay in registers over the whole k loop (ROWS is a constant,
+/// so the loops over rows unroll), then stored.
+macro_rules! vector_kernel {
+    ($name:ident, $feature:literal, $lanes:literal, $mr:literal, $reg:ty, $zero:ident, $load:ident,
+     $set1:ident, $fma:ident, $store:ident, rows: [$($r:literal),+]) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $name {
+            use super::Mat;
+            use std::arch::x86_64::*;
+            use std::mem::MaybeUninit;
 
-    /// Rows i0 .. i0 + rows (at most MR) of C, every panel, into `out` (those rows,
-    /// row-major, n wide).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn rows(
-        i0: usize,
-        rows: usize,
-        n: usize,
-        k: usize,
-        a: Mat<'_, f32>,
-        panels: &[f32],
-        out: &mut [MaybeUninit<f32>],
-    ) {
-        for (q, panel) in panels.chunks(k * NR).enumerate() {
-            let j0 = q * NR;
-            let w = (n - j0).min(NR);
-            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-            for p in 0..k {
-                let bp = panel.as_ptr().add(p * NR);
-                let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
-                for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
-                    let av = _mm256_set1_ps(*a.data.get_unchecked((i0 + r) * a.rs + p * a.cs));
-                    acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
-                    acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+            /// Columns of one packed panel of B: two registers.
+            pub(super) const NR: usize = 2 * $lanes;
+            /// Rows of C one block keeps in registers.
+            pub(super) const MR: usize = $mr;
+
+            /// Rows i0 .. i0 + rows (at most MR) of C, every panel, into `out` (those
+            /// rows, row-major, n wide).
+            #[target_feature(enable = $feature)]
+            pub(super) unsafe fn rows(
+                i0: usize,
+                rows: usize,
+                n: usize,
+                k: usize,
+                a: Mat<'_, f32>,
+                panels: &[f32],
+                out: &mut [MaybeUninit<f32>],
+            ) {
+                match rows {
+                    $($r => block::<$r>(i0, n, k, a, panels, out),)+
+                    _ => unreachable!("a block of {rows} rows"),
                 }
             }
-            for (r, acc_r) in acc.iter().enumerate().take(rows) {
-                let mut lanes = [0.0f32; NR];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc_r[0]);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc_r[1]);
-                for (jj, v) in lanes.iter().enumerate().take(w) {
-                    out[r * n + j0 + jj].write(*v);
+
+            #[target_feature(enable = $feature)]
+            unsafe fn block<const ROWS: usize>(
+                i0: usize,
+                n: usize,
+                k: usize,
+                a: Mat<'_, f32>,
+                panels: &[f32],
+                out: &mut [MaybeUninit<f32>],
+            ) {
+                for (q, panel) in panels.chunks(k * NR).enumerate() {
+                    let j0 = q * NR;
+                    let w = (n - j0).min(NR);
+                    let mut acc: [[$reg; 2]; ROWS] = [[$zero(); 2]; ROWS];
+                    for p in 0..k {
+                        let bp = panel.as_ptr().add(p * NR);
+                        let (b0, b1) = ($load(bp), $load(bp.add($lanes)));
+                        for (r, acc_r) in acc.iter_mut().enumerate() {
+                            let av = $set1(*a.data.get_unchecked((i0 + r) * a.rs + p * a.cs));
+                            acc_r[0] = $fma(av, b0, acc_r[0]);
+                            acc_r[1] = $fma(av, b1, acc_r[1]);
+                        }
+                    }
+                    for (r, acc_r) in acc.iter().enumerate() {
+                        let mut lanes = [0.0f32; NR];
+                        $store(lanes.as_mut_ptr(), acc_r[0]);
+                        $store(lanes.as_mut_ptr().add($lanes), acc_r[1]);
+                        for (jj, v) in lanes.iter().enumerate().take(w) {
+                            out[r * n + j0 + jj].write(*v);
+                        }
+                    }
                 }
             }
         }
-    }
+    };
 }
+
+vector_kernel!(avx512, "avx512f", 16, 12, __m512, _mm512_setzero_ps, _mm512_loadu_ps,
+    _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps, rows: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+vector_kernel!(avx2, "avx2,fma", 8, 6, __m256, _mm256_setzero_ps, _mm256_loadu_ps,
+    _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps, rows: [1, 2, 3, 4, 5, 6]);
 
 #[cfg(test)]
 mod tests {
@@ -187,6 +286,21 @@ mod tests {
     fn mats(rng: &mut Rng, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
         let mut v = |len: usize| (0..len).map(|_| rng.normal() as f32).collect::<Vec<f32>>();
         (v(m * k), v(k * n))
+    }
+
+    fn run_with<T: Real>(
+        lanes: Lanes,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Mat<'_, T>,
+        b: Mat<'_, T>,
+        par: bool,
+    ) -> Vec<T> {
+        let mut c = vec![MaybeUninit::<T>::uninit(); m * n];
+        gemm_with(lanes, m, n, k, a, b, par, &mut c);
+        // SAFETY: gemm_with writes every element.
+        c.into_iter().map(|x| unsafe { x.assume_init() }).collect()
     }
 
     fn run<T: Real>(
@@ -203,10 +317,12 @@ mod tests {
         c.into_iter().map(|x| unsafe { x.assume_init() }).collect()
     }
 
-    /// The SIMD kernel gives the scalar chains' bits, on shapes with partial row blocks
-    /// and panels, transposed and strided operands, threads or not.
+    /// Every lane width the CPU runs gives the scalar chains' bits, on shapes with partial
+    /// row blocks and panels of both widths, transposed and strided operands, threads or not.
     #[test]
-    fn the_vector_kernel_gives_the_scalar_chains_bits() {
+    fn every_lane_width_gives_the_scalar_chains_bits() {
+        let widths = Lanes::available();
+        eprintln!("lane widths on this CPU: {widths:?}");
         let mut rng = Rng::new(3);
         for &(m, n, k) in &[
             (1, 1, 1),
@@ -214,6 +330,7 @@ mod tests {
             (13, 33, 64),
             (6, 16, 200),
             (25, 3, 9),
+            (30, 70, 33),
         ] {
             let (a, b) = mats(&mut rng, m, n, k);
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -252,13 +369,13 @@ mod tests {
                         })
                     })
                     .collect();
-                for par in [false, true] {
-                    let got = run(m, n, k, am, bm, par);
+                for (&lanes, par) in widths.iter().flat_map(|l| [(l, false), (l, true)]) {
+                    let got = run_with(lanes, m, n, k, am, bm, par);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "{m}x{n}x{k} trans {ta}/{tb} par {par}"
+                        "{lanes:?} {m}x{n}x{k} trans {ta}/{tb} par {par}"
                     );
                 }
             }

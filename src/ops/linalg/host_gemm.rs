@@ -30,12 +30,13 @@ pub fn reproducible() -> bool {
     }
 }
 
-/// The host's GEMM kernels as the trace header names them: `fixed-order` (the same bits on
-/// every machine) or `gemm-crate:` and the instruction set its dispatch picks here
-/// (`avx2-fma`, `scalar`, or the target's name off x86-64).
+/// The host's GEMM kernels as the trace header names them: `fixed-order:` and the lanes
+/// its chains advance in (the same bits whatever they are), or `gemm-crate:` and the
+/// instruction set its dispatch picks here (`avx2-fma`, `scalar`, or the target's name off
+/// x86-64).
 pub fn describe() -> String {
     if reproducible() {
-        return "fixed-order".to_string();
+        return format!("fixed-order:{}", super::fixed_order::Lanes::detect().name());
     }
     format!("gemm-crate:{}", instruction_set())
 }

@@ -80,7 +80,7 @@ fn resolve_shape(n: usize, shape: &[isize], from: &[usize], op: &str) -> Result<
     let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
         Some(i) => {
-            if known == 0 || n % known != 0 {
+            if known == 0 || !n.is_multiple_of(known) {
                 return Err(Error::shape(
                     op,
                     format!("cannot reshape {from:?} ({n} elements) into {shape:?}"),
