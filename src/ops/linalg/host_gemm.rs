@@ -1,7 +1,8 @@
 //! Which GEMM kernels the host runs: by default the gemm crate's blocked kernels, picked at
-//! run time for the machine's instruction set and sized to its caches (fast, but their sums
-//! group differently from one machine to another); on request the fixed-order kernels of
-//! `fixed_order.rs`, whose bits are the same on every machine. Asked for by
+//! run time for the machine's instruction set (AVX-512 where the CPU has it, else AVX2 and
+//! FMA) and sized to its caches: the fastest, but their sums group differently from one
+//! machine to another. On request the fixed-order kernels of `fixed_order.rs`, whose bits
+//! are the same on every machine. Asked for by
 //! [`set_reproducible`] (the command line's `--reproducible`) or by the environment
 //! variable `AMPROBE_REPRODUCIBLE=1`.
 
@@ -32,8 +33,8 @@ pub fn reproducible() -> bool {
 
 /// The host's GEMM kernels as the trace header names them: `fixed-order:` and the lanes
 /// its chains advance in (the same bits whatever they are), or `gemm-crate:` and the
-/// instruction set its dispatch picks here (`avx2-fma`, `scalar`, or the target's name off
-/// x86-64).
+/// instruction set its dispatch picks here (`avx512f`, `avx2-fma`, `scalar`, or the
+/// target's name off x86-64).
 pub fn describe() -> String {
     if reproducible() {
         return format!("fixed-order:{}", super::fixed_order::Lanes::detect().name());
@@ -41,10 +42,14 @@ pub fn describe() -> String {
     format!("gemm-crate:{}", instruction_set())
 }
 
+/// The kernel the gemm crate's dispatch picks on this CPU (built with its `x86-v4`
+/// feature, it takes AVX-512 where the CPU has it).
 fn instruction_set() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            "avx512f"
+        } else if std::arch::is_x86_feature_detected!("fma") {
             "avx2-fma"
         } else {
             "scalar"
