@@ -311,10 +311,7 @@ mod tests {
         b: Mat<'_, T>,
         par: bool,
     ) -> Vec<T> {
-        let mut c = vec![MaybeUninit::<T>::uninit(); m * n];
-        gemm_into(m, n, k, a, b, par, &mut c);
-        // SAFETY: gemm_into writes every element.
-        c.into_iter().map(|x| unsafe { x.assume_init() }).collect()
+        run_with(Lanes::detect(), m, n, k, a, b, par)
     }
 
     /// Every lane width the CPU runs gives the scalar chains' bits, on shapes with partial

@@ -143,6 +143,36 @@ extern "C" __global__ void amp_argmax_backward(const void* g, const long long* i
     }
 }
 
+// A line's softmax outputs from its max m and its sum's f32 b (log-softmax: the log of its
+// sum), the warp's lanes across the positions; each lane tallies what it writes.
+__device__ __forceinline__ void softmax_write_line(const void* x, void* y, int kind, u64 base,
+                                                   u64 n, u64 inner, int log_, float m,
+                                                   float b, u32* over, u32* under,
+                                                   OutStats* st) {
+    for (u64 i = threadIdx.x & 31u; i < n; i += 32) {
+        u64 k = base + i * inner;
+        float v = load_f32(x, kind, k) - m;
+        store_round(y, kind, k, log_ ? v - b : red_exp(v) / b, over, under);
+        out_add(st, y, kind, k);
+    }
+}
+
+// A line's softmax (log-softmax) gradient from its sum's f32 sf, the warp's lanes across
+// the positions; each lane tallies what it writes.
+__device__ __forceinline__ void softmax_backward_write_line(const void* y, const void* g,
+                                                            void* dx, int kind, u64 base, u64 n,
+                                                            u64 inner, int log_, float sf,
+                                                            u32* over, u32* under,
+                                                            OutStats* st) {
+    for (u64 i = threadIdx.x & 31u; i < n; i += 32) {
+        u64 k = base + i * inner;
+        float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
+        float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
+        store_round(dx, kind, k, v, over, under);
+        out_add(st, dx, kind, k);
+    }
+}
+
 // Softmax (log = 0) or log-softmax (log = 1) along lines, a warp per line: the max in f32
 // (NaNs never win, as on the CPU), exponentials in f32 (through f64), their sum in f64 in
 // position order, one rounding per output.
@@ -165,21 +195,8 @@ extern "C" __global__ void amp_softmax(const void* x, void* y, int kind, u64 lin
         double s = warp_ordered_sum(0.0, n, scratch, [&](u64 i) {
             return (double)red_exp(load_f32(x, kind, base + i * inner) - m);
         });
-        if (log_) {
-            float lg = (float)log(s);
-            for (u64 i = lane; i < n; i += 32) {
-                u64 k = base + i * inner;
-                store_round(y, kind, k, load_f32(x, kind, k) - m - lg, &over, &under);
-                out_add(&st, y, kind, k);
-            }
-        } else {
-            float sf = (float)s;
-            for (u64 i = lane; i < n; i += 32) {
-                u64 k = base + i * inner;
-                store_round(y, kind, k, red_exp(load_f32(x, kind, k) - m) / sf, &over, &under);
-                out_add(&st, y, kind, k);
-            }
-        }
+        float b = log_ ? (float)log(s) : (float)s;
+        softmax_write_line(x, y, kind, base, n, inner, log_, m, b, &over, &under, &st);
     }
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
@@ -196,7 +213,7 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
     OutStats st;
     out_begin(&st, counts, partials, kind);
     double* scratch = warp_scratch();
-    u64 lane = threadIdx.x & 31u, warps = (u64)gridDim.x * (blockDim.x / 32);
+    u64 warps = (u64)gridDim.x * (blockDim.x / 32);
     for (u64 l = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; l < lines; l += warps) {
         u64 base = line_base(l, n, inner);
         double s = warp_ordered_sum(init, n, scratch, [&](u64 i) {
@@ -204,14 +221,8 @@ extern "C" __global__ void amp_softmax_backward(const void* y, const void* g, vo
             float gv = load_f32(g, kind, k);
             return log_ ? (double)gv : (double)(gv * load_f32(y, kind, k));
         });
-        float sf = (float)s;
-        for (u64 i = lane; i < n; i += 32) {
-            u64 k = base + i * inner;
-            float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
-            float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
-            store_round(dx, kind, k, v, &over, &under);
-            out_add(&st, dx, kind, k);
-        }
+        softmax_backward_write_line(y, g, dx, kind, base, n, inner, log_, (float)s, &over,
+                                    &under, &st);
     }
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
@@ -262,16 +273,9 @@ extern "C" __global__ void amp_softmax_grouped(const void* x, void* y, int kind,
             [](double s, float t) { return s + (double)t; });
         if (lane < rows) grp->b[lane] = log_ ? (float)log(s) : (float)s;
         __syncwarp();
-        for (u32 r = 0; r < rows; ++r) {
-            u64 base = grp->base[r];
-            float mr = grp->a[r], br = grp->b[r];
-            for (u64 i = lane; i < n; i += 32) {
-                u64 k = base + i * inner;
-                float v = load_f32(x, kind, k) - mr;
-                store_round(y, kind, k, log_ ? v - br : red_exp(v) / br, &over, &under);
-                out_add(&st, y, kind, k);
-            }
-        }
+        for (u32 r = 0; r < rows; ++r)
+            softmax_write_line(x, y, kind, grp->base[r], n, inner, log_, grp->a[r], grp->b[r],
+                               &over, &under, &st);
     });
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
@@ -298,17 +302,9 @@ extern "C" __global__ void amp_softmax_backward_grouped(const void* y, const voi
             [](double s, float t) { return s + (double)t; });
         if (lane < rows) grp->a[lane] = (float)s;
         __syncwarp();
-        for (u32 r = 0; r < rows; ++r) {
-            u64 base = grp->base[r];
-            float sf = grp->a[r];
-            for (u64 i = lane; i < n; i += 32) {
-                u64 k = base + i * inner;
-                float gv = load_f32(g, kind, k), yv = load_f32(y, kind, k);
-                float v = log_ ? gv - red_exp(yv) * sf : yv * (gv - sf);
-                store_round(dx, kind, k, v, &over, &under);
-                out_add(&st, dx, kind, k);
-            }
-        }
+        for (u32 r = 0; r < rows; ++r)
+            softmax_backward_write_line(y, g, dx, kind, grp->base[r], n, inner, log_, grp->a[r],
+                                        &over, &under, &st);
     });
     block_add_counts(over, under, counts);
     out_end(&st, lines * n);
