@@ -1,17 +1,33 @@
 //! The host's two GEMM kernel choices (the gemm crate's, fastest for the machine, and the
-//! fixed-order ones of `--reproducible`) give every sample the same diagnosis: the first
-//! Inf and NaN (step, op, module), the chain between them, each step's found-inf, skip and
-//! loss scales, and the verdict, in every precision mode; and the trace header names the
-//! kernels that ran.
+//! fixed-order ones of `--reproducible`) give every sample and every Hugging Face fixture of
+//! tests/golden the same diagnosis: the first Inf and NaN (step, op, module), the chain
+//! between them, each step's found-inf, skip and loss scales, and the verdict, in every
+//! precision mode; and the trace header names the kernels that ran.
 
 use std::process::Command;
 
-/// One run's diagnosis from its summary JSON, and its trace header's `host_gemm`.
+/// One run's diagnosis from its summary JSON, and its trace header's `host_gemm`. `sample`
+/// is a config file, or a fixture folder (its model with its inputs.safetensors).
 fn diagnosis(sample: &str, precision: &str, reproducible: bool) -> (serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let (summary, trace) = (dir.path().join("s.json"), dir.path().join("t.jsonl"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_amprobe"));
-    cmd.args(["run", sample, "--precision", precision, "--backend", "cpu"])
+    cmd.arg("run");
+    if sample.ends_with(".toml") {
+        cmd.arg(sample);
+    } else {
+        let (dir, inputs) = match sample.strip_suffix(":unplanted") {
+            Some(d) => (d, "unplanted.safetensors"),
+            None => (sample, "inputs.safetensors"),
+        };
+        let dir = std::path::Path::new(dir);
+        cmd.arg("--hf")
+            .arg(dir)
+            .arg("--inputs")
+            .arg(dir.join(inputs));
+        cmd.args(["--steps", "3"]);
+    }
+    cmd.args(["--precision", precision, "--backend", "cpu"])
         .arg("--summary-json")
         .arg(&summary)
         .arg("--trace")
@@ -62,7 +78,7 @@ fn diagnosis(sample: &str, precision: &str, reproducible: bool) -> (serde_json::
 }
 
 #[test]
-fn every_sample_has_the_same_diagnosis_with_either_gemm() {
+fn every_sample_and_fixture_has_the_same_diagnosis_with_either_gemm() {
     let samples: Vec<String> = std::fs::read_dir("samples")
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -70,6 +86,17 @@ fn every_sample_has_the_same_diagnosis_with_either_gemm() {
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
     assert!(samples.len() >= 6, "samples: {samples:?}");
+    let mut samples = samples;
+    for d in [
+        "bert_tiny",
+        "gpt2_tiny",
+        "llama_tiny",
+        "t5_seq2seq_tiny",
+        "t5_variants/gated_gelu_block1",
+        "t5_variants/relu_6_layers_block4",
+    ] {
+        samples.push(format!("tests/golden/{d}"));
+    }
     let mut nonfinite = 0;
     for sample in &samples {
         for precision in ["fp16", "bf16", "fp32"] {
