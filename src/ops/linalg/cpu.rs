@@ -1,5 +1,6 @@
-//! GEMM on the host: the gemm crate accumulates in f32 (f64 for the reference dtype); the
-//! result is rounded once to the output dtype.
+//! GEMM on the host: the gemm crate accumulates in f32 (f64 for the reference dtype), or,
+//! with `--reproducible`, the fixed-order kernels do (`host_gemm.rs`); the result is
+//! rounded once to the output dtype.
 
 use super::mat::Mat;
 use super::shape::MmShape;
