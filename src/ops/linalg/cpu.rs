@@ -71,15 +71,15 @@ fn gemm_into<T: Real>(
     c: &mut [std::mem::MaybeUninit<T>],
 ) {
     assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
-    if super::host_gemm::reproducible() {
-        return super::fixed_order::gemm_into(m, n, k, a, b, parallel, c);
-    }
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         c.fill(std::mem::MaybeUninit::new(T::zero()));
         return;
+    }
+    if super::host_gemm::reproducible() {
+        return super::fixed_order::gemm_into(m, n, k, a, b, parallel, c);
     }
     let par = if parallel {
         gemm::Parallelism::Rayon(0)

@@ -59,8 +59,9 @@ impl Lanes {
 }
 
 /// C = A·B over `c` (row-major m×n, every element written), each element its own
-/// fused multiply-add chain in k order (see the module's comment). Rows of C are shared
-/// out to threads when `parallel`; which thread computes a row does not change it.
+/// fused multiply-add chain in k order (see the module's comment), for m, n and k of at
+/// least 1 (the caller, `cpu.rs`, answers empty products). Rows of C are shared out to
+/// threads when `parallel`; which thread computes a row does not change it.
 pub(crate) fn gemm_into<T: Real>(
     m: usize,
     n: usize,
@@ -85,14 +86,11 @@ fn gemm_with<T: Real>(
     parallel: bool,
     c: &mut [MaybeUninit<T>],
 ) {
+    assert!(
+        m > 0 && n > 0 && k > 0,
+        "an empty product of {m}x{k} by {k}x{n}"
+    );
     assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        c.fill(MaybeUninit::new(T::zero()));
-        return;
-    }
     if let Some(c32) = as_f32(c) {
         let (a32, b32) = (cast_mat::<T>(a), cast_mat::<T>(b));
         match lanes {
