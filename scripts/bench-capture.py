@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """What the PyTorch companion costs: the same AMP training step of a T5 encoder timed in one
 process, the variants interleaved round by round — plain eager, `amprobe_torch.watch` in its
-default mode (full records of the first step, NaN/Inf counts of every op after it), `watch`
-with full statistics every step, and `torch.autograd.detect_anomaly` — and printed as a
-table of median step times and their ratio to eager.
+default mode (full records of the first step; after it, every module's output, the script's
+own ops, the loss and the gradients checked, a failing step replayed), `watch` checking
+every op of every step (AMPROBE_CHECK=ops), `watch` with full statistics every step, and
+`torch.autograd.detect_anomaly` — and printed as a table of median step times and their
+ratio to eager.
 
     scripts/bench-capture.py [--device cpu|cuda] [--size mini|base] [--rounds N] [--steps N]
-                             [--variants eager,watch,watch-full,anomaly]
+                             [--variants eager,watch,watch-ops,watch-full,anomaly]
 
 Needs torch and transformers. mini: T5-mini-sized (d_model 384, 4 layers, 8 heads, d_ff
 1536, batch 4, seq 128; CPU default). base: T5-base-sized (d_model 768, 12 layers, 12
@@ -32,7 +34,7 @@ SIZES = {
     "mini": dict(d_model=384, num_layers=4, num_heads=8, d_ff=1536, d_kv=48, batch=4, seq=128),
     "base": dict(d_model=768, num_layers=12, num_heads=12, d_ff=3072, d_kv=64, batch=8, seq=512),
 }
-VARIANTS = ("eager", "watch", "watch-full", "anomaly")
+VARIANTS = ("eager", "watch", "watch-ops", "watch-full", "anomaly")
 
 
 def main():
@@ -82,6 +84,7 @@ def main():
                 model, opt, scaler,
                 trace=os.path.join(tmp, f"{variant}-{rnd}.jsonl"),
                 sample_every=1 if variant == "watch-full" else 0,
+                check="ops" if variant == "watch-ops" else "modules",
             )
         times = []
         for step in range(a.steps + 1):
@@ -123,8 +126,9 @@ def main():
     for v in variants:
         m = statistics.median(results[v])
         print(f"{v:<12} {m:>10.1f} {min(results[v]):>10.1f} {m / eager:>8.2f}")
-    print("watch: records of the first step of each run (not timed), NaN/Inf counts of every op "
-          "after it; watch-full: full statistics of every op every step")
+    print("watch: records of the first step of each run (not timed), the steps after it checked by "
+          "modules (a failing step replayed); watch-ops: NaN/Inf counts of every op after it; "
+          "watch-full: full statistics of every op every step")
 
 
 class _null:

@@ -10,6 +10,10 @@ Environment:
     AMPROBE_DISABLE=1     `watch` does nothing
     AMPROBE_SAMPLE_EVERY  keep full op records every N steps besides the first (default 0:
                           the first step only; steps with a non-finite value keep theirs)
+    AMPROBE_CHECK         how steps whose records are not kept are checked: `modules`
+                          (default: every module's output, the script's own ops, the loss
+                          and the gradients; a failing step is replayed op by op) or `ops`
+                          (every op, as a kept step sees them, at a higher cost)
 
 The plan (`amprobe compare -- CMD` and `amprobe fix -- CMD` set it; see _plan.py): with none
 of these set, watching changes nothing.
@@ -27,7 +31,7 @@ __all__ = ["watch"]
 __version__ = _capture.TOOL_VERSION
 
 
-def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None):
+def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check=None):
     """Captures the training of `model` by `optimizer` (and `scaler`, a GradScaler, when the
     script uses one) from now on. Steps end at `scaler.update()` when the scaler is enabled
     (a skipped step never reaches `optimizer.step()`), else at `optimizer.step()`. Returns
@@ -42,7 +46,11 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None):
     path = trace or _capture.trace_path()
     if sample_every is None:
         sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
-    w = _capture.Watcher(model, optimizer, scaler, path, sample_every)
+    if check is None:
+        check = os.environ.get("AMPROBE_CHECK") or "modules"
+    if check not in ("modules", "ops"):
+        raise ValueError(f"AMPROBE_CHECK (or check=): expected `modules` or `ops`, not {check!r}")
+    w = _capture.Watcher(model, optimizer, scaler, path, sample_every, check)
     _capture._WATCHERS.append(w)
     atexit.register(w.close)
     return w

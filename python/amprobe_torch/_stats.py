@@ -173,9 +173,9 @@ def gather(vecs):
         if isinstance(v, DeviceCheck):
             out[i] = [float(v[0]), 0.0, 0.0, 0.0]
             for j, c in enumerate(v[1:], 1):
-                parts.setdefault((c.device, c.dtype), []).append((i, j, c))
+                parts.setdefault((c.device, c.dtype, 0), []).append((i, j, c))
         elif isinstance(v, torch.Tensor):
-            parts.setdefault((v.device, v.dtype), []).append((i, None, v))
+            parts.setdefault((v.device, v.dtype, v.numel()), []).append((i, None, v))
     for items in parts.values():
         rows = torch.stack([v for _, _, v in items]).cpu().tolist()
         for (i, j, _), row in zip(items, rows):
@@ -649,3 +649,34 @@ def from_full(v):
         "to_f16": {"overflow": int(f["f16_over"]), "underflow": int(f["f16_under"])},
         "to_bf16": {"overflow": int(f["bf16_over"]), "underflow": int(f["bf16_under"])},
     }
+
+
+def nonfinite_flag(tensors):
+    """Whether any of `tensors` holds a NaN or an infinity: a host bool when all are on the
+    CPU (one sum each, exact as in `check`), else a 0-d device tensor read back with the
+    step (multi-tensor max-abs norms: a few kernels for them all, no synchronisation)."""
+    host, dev = [], []
+    for t in tensors:
+        x = local(t).detach()
+        if x.numel():
+            (host if x.device.type == "cpu" else dev).append(x)
+    for x in host:
+        v = check(x)
+        if v[1] + v[2] + v[3]:
+            return True
+    return device_flag(dev) if dev else False
+
+
+def device_flag(tensors):
+    """`nonfinite_flag` as a device computes it: a 0-d bool tensor per device, no
+    synchronisation (any device may run it: the tests run it on the CPU)."""
+    by_device = {}
+    for x in tensors:
+        if x.numel():
+            by_device.setdefault(x.device, []).append(x)
+    flags = [
+        (~torch.stack(list(torch._foreach_norm(xs, float("inf")))).isfinite()).any() for xs in by_device.values()
+    ]
+    if len(flags) == 1:
+        return flags[0]
+    return any(bool(f) for f in flags)

@@ -321,8 +321,13 @@ def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does()
     assert got[-1] == _stats._full_host(tensors[0]).tolist()
 
 
-def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
+@pytest.mark.parametrize("device_path", [False, True])
+def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch, device_path):
+    # The device path (multi-tensor norms of every gradient) runs here on the CPU.
+    from amprobe_torch import _capture
     from amprobe_torch._capture import param_vector, param_vectors
+
+    monkeypatch.setattr(_capture, "_DEVICE_PATH_ON_CPU", device_path)
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(1000))
@@ -347,8 +352,21 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
     big_clean.grad = torch.randn(10000).sign() * (1.0 + torch.rand(10000))
     tiny = torch.nn.Parameter(torch.randn(10000))  # squares vanish in f32: scaled norm
     tiny.grad = torch.randn(10000) * 1e-30
-    params = [p, clean, bad, none, big, big_clean, tiny]
-    for scale in (1.0, 65536.0, 0.5):
+    # At and beside each threshold: 2^-25 unscaled, 2^-25 / scale scaled.
+    edge = torch.nn.Parameter(torch.randn(9000))
+    edge.grad = torch.randn(9000)
+    for k, t in enumerate((2.0**-25, 2.0**-41, 2.0**-24, 2.0**-26)):
+        t = torch.tensor(t)
+        for j, v in enumerate((t, torch.nextafter(t, torch.tensor(0.0)), torch.nextafter(t, torch.tensor(1.0)))):
+            edge.grad[100 * k + j::1000] = v * (-1) ** j
+    wide = torch.nn.Parameter(torch.randn(9000, dtype=torch.float64))  # f64: the scaled copy
+    wide.grad = edge.grad.double() * (1 + 2.0**-40)
+    # No zeros, its smallest |g| at the threshold: the shortcut that skips the counts must not.
+    at_bound = torch.nn.Parameter(torch.randn(300))
+    at_bound.grad = torch.randn(300).sign() * (1.0 + torch.rand(300))
+    at_bound.grad[7] = -(2.0**-25)
+    params = [p, clean, bad, none, big, big_clean, tiny, edge, wide, at_bound]
+    for scale in (1.0, 65536.0, 0.5, 3.0):
         fast = param_vectors(params, scale)
         for q, f in zip(params, fast):
             slow = param_vector(q, scale).tolist()
@@ -362,14 +380,14 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut():
     assert b[7] == 2 and b[6] == 18
 
 
-def test_a_checked_step_counts_what_full_statistics_count(tmp_path):
-    # The default step reads only NaN/Inf counts, and skips reading outputs of ops that
-    # cannot make a non-finite value from finite inputs; its failing step's counts must be
-    # those that full statistics of every op give.
+def test_a_step_checked_by_ops_counts_what_full_statistics_count(tmp_path):
+    # A step checked op by op reads only NaN/Inf counts, and skips reading outputs of ops
+    # that cannot make a non-finite value from finite inputs; its failing step's counts must
+    # be those that full statistics of every op give.
     full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
     train(torch.float16, steps=4, boom_step=2, watch=watcher(full, sample_every=1))
     close_all()
-    train(torch.float16, steps=4, boom_step=2, watch=watcher(fast))
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(fast, check="ops"))
     close_all()
     a, b = read(full)[3], read(fast)[3]
     assert a["step"] == b["step"] == 2 and a["skipped"] and b["skipped"]
@@ -384,16 +402,18 @@ def test_a_checked_step_counts_what_full_statistics_count(tmp_path):
     assert a["origins"] == b["origins"]
 
 
-def test_the_device_path_finds_what_the_host_path_finds(tmp_path, monkeypatch):
-    # A device's checks and full vectors stay on it until the step's one read back: run
-    # here through that path (on the CPU), the trace's origins, skips, scales and every
-    # op's NaN/Inf counts are those of the host path.
+@pytest.mark.parametrize("check", ["modules", "ops"])
+def test_the_device_path_finds_what_the_host_path_finds(tmp_path, monkeypatch, check):
+    # A device's checks, module flags and full vectors stay on it until the step's read
+    # back: run here through that path (on the CPU), the trace's origins, skips, scales
+    # and every op's NaN/Inf counts are those of the host path.
     host, dev = tmp_path / "host.jsonl", tmp_path / "device.jsonl"
-    train(torch.float16, steps=4, boom_step=2, watch=watcher(host))
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(host, check=check))
     close_all()
     monkeypatch.setattr(_stats, "check", lambda t: _stats.device_check(_stats.local(t).detach()))
     monkeypatch.setattr(_stats, "full", lambda t: _stats._full_device(_stats.local(t)))
-    train(torch.float16, steps=4, boom_step=2, watch=watcher(dev))
+    monkeypatch.setattr(_stats, "nonfinite_flag", lambda ts: _stats.device_flag([_stats.local(t).detach() for t in ts]))
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(dev, check=check))
     close_all()
     a, b = read(host), read(dev)
     assert len(a) == len(b) == 6
@@ -444,11 +464,11 @@ def test_a_constant_made_from_integers_is_no_origin(tmp_path):
     assert o is not None and (o["module"], o["op"], o["phase"]) == ("lin", "addmm", "forward")
 
 
-def test_a_failing_step_is_recorded_in_full_from_its_first_nonfinite_value(tmp_path):
+def test_a_failing_step_checked_by_ops_is_recorded_in_full_from_its_first_nonfinite_value(tmp_path):
     # Step 2 is not a kept step: its ops are checked until the planted overflow, and
     # recorded with full statistics from that op on.
     path = tmp_path / "t.jsonl"
-    train(torch.float16, steps=4, boom_step=2, watch=watcher(path))
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(path, check="ops"))
     close_all()
     s = read(path)[3]
     assert s["step"] == 2 and s["skipped"]

@@ -1,0 +1,243 @@
+"""Steps checked by modules (the default after the first): the model's own ops only run, each
+module's output, the script's own ops, the loss and the gradients are checked, and a failing
+step is replayed under the capture. The replay must record what full statistics of the same
+step record, and change nothing in the training."""
+
+import pytest
+import torch
+
+import amprobe_torch
+from amprobe_torch import _capture
+from scripts import train
+from test_watch import close_all, read, watcher
+
+
+def steps_of(path):
+    return [r for r in read(path) if r["type"] == "step"]
+
+
+def _same(r, f):
+    """The same op with the same figures: full statistics equal, or for an op of the
+    script's own that was only checked, the counts of full statistics."""
+    key = ("micro", "phase", "op", "module", "inputs", "output")
+    if {k: r[k] for k in key} != {k: f[k] for k in key}:
+        return False
+    if r["stats"]["exp_hist"]["counts"]:
+        return r["stats"] == f["stats"]
+    return all(r["stats"][k] == f["stats"][k] for k in ("numel", "nan", "pos_inf", "neg_inf"))
+
+
+def assert_replay_records_full_statistics(full_step, replayed_step):
+    """The replayed step's ops are the fully recorded run's ops of the same step, in the
+    same order, with the same figures, less those that accumulate gradients into `.grad`
+    (a detach of the first, an add_ of the next: a replay keeps its gradients to itself);
+    the origins are the same ops."""
+    assert full_step["step"] == replayed_step["step"]
+    full, replayed = full_step["ops"], replayed_step["ops"]
+    at = {}  # index in the full run -> index in the replayed step
+    i = 0
+    for r in replayed:
+        while i < len(full) and not _same(r, full[i]):
+            f = full[i]
+            assert f["op"] in ("detach", "add_") and f["phase"] == "backward", (
+                "replayed", (r["index"], r["op"], r["module"]), "full", (f["index"], f["op"], f["module"]))
+            i += 1
+        assert i < len(full), ("not in the full run", r["index"], r["op"], r["module"])
+        at[full[i]["index"]] = r["index"]
+        i += 1
+    assert all(f["op"] in ("detach", "add_") for f in full[i:])
+    for k in ("first_inf", "first_nan"):
+        a, b = full_step["origins"][k], replayed_step["origins"][k]
+        assert (a is None) == (b is None), k
+        if a is not None:
+            assert {**a, "op_index": at[a["op_index"]]} == b, k
+    assert [at[o["op_index"]] for o in full_step["origins"]["chain"]] == [
+        o["op_index"] for o in replayed_step["origins"]["chain"]]
+    # The model's ops came from the replay, with full statistics where the full run has
+    # them (equal above).
+    model = [r for r in replayed if r["module"] and r["phase"] != "optimizer"]
+    assert len(model) > 10 and any(r["stats"]["exp_hist"]["counts"] for r in model)
+
+
+def test_a_failing_step_is_replayed_as_full_statistics_record_it(tmp_path):
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(full, sample_every=1))
+    close_all()
+    train(torch.float16, steps=4, boom_step=2, watch=watcher(fast))
+    close_all()
+    a, b = steps_of(full), steps_of(fast)
+    assert [s["ops"] is None for s in b] == [False, True, False, True]
+    assert b[2]["skipped"] and b[2]["origins"]["first_inf"]["module"] == "embed"
+    assert_replay_records_full_statistics(a[2], b[2])
+    # Clean steps: same parameters' figures and losses, no op records.
+    for x, y in zip(a, b):
+        assert (x["loss"], x["scale_before"], x["scale_after"], x["params"]) == (
+            y["loss"], y["scale_before"], y["scale_after"], y["params"])
+
+
+class Noisy(torch.nn.Module):
+    """Dropout and batch norm (random state and buffers a replay must restore), a block
+    whose gain can overflow fp16, and a loss computed by the model itself."""
+
+    def __init__(self, d=16, gain=1.0):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, d)
+        self.norm = torch.nn.BatchNorm1d(d)
+        self.drop = torch.nn.Dropout(0.3)
+        self.boom = torch.nn.Linear(d, d)
+        self.out = torch.nn.Linear(d, 5)
+        with torch.no_grad():
+            self.boom.weight.mul_(gain)
+
+    def forward(self, x, y, k=1.0):
+        h = self.drop(torch.relu(self.norm(self.inp(x))))
+        h = self.out(torch.tanh(self.boom(h * k)))
+        return torch.nn.functional.cross_entropy(h.float(), y)
+
+
+def train_noisy(dtype, steps=4, boom_step=2, watch=None, seed=0, micro=1):
+    torch.manual_seed(seed)
+    model = Noisy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=dtype == torch.float16)
+    if watch is not None:
+        watch(model, opt, scaler)
+    g = torch.Generator().manual_seed(seed + 1)
+    xs = torch.randn(steps, micro, 12, 8, generator=g)
+    ys = torch.randint(0, 5, (steps, micro, 12), generator=g)
+    losses, scales = [], []
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for m in range(micro):
+            # The overflow is planted after the batch norm (its running statistics stay
+            # finite) by a keyword argument the replay must pass again.
+            k = 1.0e39 if s == boom_step and m == micro - 1 else 1.0
+            with torch.autocast("cpu", dtype=dtype):
+                loss = model(xs[s, m], ys[s, m], k=k) / micro
+            scaler.scale(loss).backward()
+            losses.append(loss.detach().clone())
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    state.update({f"rng": torch.get_rng_state()})
+    return losses, scales, state
+
+
+def assert_same_bits(plain, seen):
+    """Losses, scales and the final state (parameters, buffers, the generator) bitwise
+    equal, NaN payloads included."""
+
+    def bits(t):
+        return t.view(torch.int16 if t.element_size() == 2 else torch.int32) if t.is_floating_point() else t
+
+    for a, b in zip(plain[0], seen[0]):
+        assert torch.equal(bits(a), bits(b))
+    assert plain[1] == seen[1]
+    for n in plain[2]:
+        assert torch.equal(bits(plain[2][n]), bits(seen[2][n])), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("micro", [1, 2])
+def test_a_replay_changes_nothing_and_records_what_full_statistics_record(tmp_path, dtype, micro):
+    # Dropout draws from the generator and batch norm updates its running statistics: a
+    # replay that did not restore them would change the training or its own records.
+    plain = train_noisy(dtype, micro=micro)
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train_noisy(dtype, micro=micro, watch=watcher(full, sample_every=1))
+    close_all()
+    seen = train_noisy(dtype, micro=micro, watch=watcher(fast))
+    close_all()
+    assert_same_bits(plain, seen)
+    a, b = steps_of(full), steps_of(fast)
+    assert b[2]["ops"] is not None and b[2]["origins"]["first_inf"] is not None
+    assert b[2]["origins"]["first_inf"]["micro"] == micro - 1
+    assert_replay_records_full_statistics(a[2], b[2])
+    assert b[1]["ops"] is None
+    # In fp16 the scaler skips the failing step; bf16 runs unscaled, and its NaN update
+    # fails the next step too (replayed as well).
+    assert (b[3]["ops"] is None) == (dtype == torch.float16)
+
+
+class Clamped(torch.nn.Module):
+    """T5's fp16 guard: a block's output that overflows is clamped by its parent, so the
+    loss and the gradients stay finite while a module made an infinity."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 1)
+        with torch.no_grad():
+            self.up.weight.fill_(1.0)
+
+    def forward(self, x):
+        h = self.up(x)
+        h = torch.clamp(h, -60000.0, 60000.0)
+        return self.head(h * 1.0e-3)
+
+
+def test_a_module_output_that_the_model_clamps_back_is_still_found(tmp_path):
+    torch.manual_seed(0)
+    model = Clamped()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    path = tmp_path / "t.jsonl"
+    amprobe_torch.watch(model, opt, None, trace=str(path))
+    for scale in (1.0, 1.0, 3.0e4, 1.0):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.ones(2, 4) * scale).float().sum()
+        loss.backward()
+        assert loss.isfinite()
+        opt.step()
+    close_all()
+    s = steps_of(path)
+    assert [x["ops"] is None for x in s] == [False, True, False, True]
+    o = s[2]["origins"]["first_inf"]
+    assert (o["module"], o["op"], o["phase"]) == ("up", "addmm", "forward")
+
+
+def test_gradients_that_overflow_without_a_scaler_replay_before_the_update(tmp_path):
+    # fp16 without a GradScaler: the forward is finite, the backward overflows; the step is
+    # replayed where the optimizer is called, before it writes the non-finite update.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    path = tmp_path / "t.jsonl"
+    amprobe_torch.watch(model, opt, None, trace=str(path))
+    for weight in (1.0, 1.0, 1.0e9, 1.0):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(torch.ones(3, 4))
+        (out.float().sum() * weight).backward()
+        opt.step()
+    close_all()
+    s = steps_of(path)
+    assert [x["ops"] is None for x in s][:3] == [False, True, False]
+    o = s[2]["origins"]["first_inf"]
+    # The script's own loss casts its gradient back to fp16 (the backward of `.float()`).
+    assert (o["phase"], o["module"], o["op"]) == ("backward", "", "_to_copy"), o
+    # The replay ran before the update: the model's backward saw the parameters of the
+    # forward, and its gradients went non-finite with the one that entered it.
+    mm = [r for r in s[2]["ops"] if r["phase"] == "backward" and r["module"] and r["op"] == "mm"]
+    assert mm and all(r["stats"]["pos_inf"] + r["stats"]["neg_inf"] + r["stats"]["nan"] for r in mm)
+    assert all(p["nonfinite"] for p in s[2]["params"])
+
+
+def test_a_step_the_capture_cannot_replay_says_so_and_later_steps_check_every_op(tmp_path, monkeypatch):
+    monkeypatch.setattr(_capture, "MAX_CALLS", 0)
+    path = tmp_path / "t.jsonl"
+    train(torch.float16, steps=5, boom_step=2, watch=watcher(path))
+    close_all()
+    s = steps_of(path)
+    assert s[2]["ops"] is not None and s[2]["skipped"]
+    assert any("could not be replayed" in e for e in s[2]["events"])
+    assert all(r["module"] == "" for r in s[2]["ops"] if r["phase"] != "optimizer")
+    assert s[2]["origins"]["first_inf"] is None
+
+
+def test_a_check_mode_that_is_not_one_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPROBE_CHECK", "sometimes")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="AMPROBE_CHECK"):
+        amprobe_torch.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), None, trace=str(tmp_path / "t"))
