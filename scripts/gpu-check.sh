@@ -77,8 +77,9 @@ step torch_llama 240 python3 scripts/bench_t5_gpu_torch.py --model llama --layer
     --bw-log2 "" --json "$out/torch_llama.json"
 step amprobe_llama 300 gpu-bin/t5_base_gpu --model llama --layers "$llama_layers" \
     --json "$out/amprobe_llama.json" --torch "$out/torch_llama.json"
-# The PyTorch companion's cost on the GPU (T5-base size): eager, watch, watch with full
-# statistics, detect_anomaly, interleaved (the mini size with --quick).
+# The PyTorch companion's cost on the GPU (T5-base size): eager, watch (checked by
+# modules), watch checking every op, watch with full statistics, detect_anomaly,
+# interleaved (the mini size with --quick).
 capture_size=base; [ "$quick" = "--quick" ] && capture_size=mini
 step bench_capture 240 python3 scripts/bench-capture.py --device cuda --size "$capture_size" \
     --rounds 3 --steps 3

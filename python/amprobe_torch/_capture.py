@@ -137,8 +137,13 @@ def param_vector(p, scale):
     )
 
 
-# The tests set it to run the device path of the parameters' figures on the CPU.
+# The tests set it to run the device paths of the parameters' figures and of a
+# multi-tensor op's inputs on the CPU.
 _DEVICE_PATH_ON_CPU = False
+
+# An op with this many tensor inputs or more (a multi-tensor op) has its unchecked inputs
+# on a device checked together.
+_BATCHED_INPUTS = 8
 
 # Gradients up to this many elements are reduced together by multi-tensor norms (their
 # cost is the calls); larger ones one by one, by reductions that make no temporary of
@@ -877,6 +882,7 @@ class Watcher:
         preds, ext, moved = [], [], []
         derived = maskish_in = const_in = param_in = False
         producer, ops, checks = self.producer, self.ops, self.check_vecs
+        unchecked = []
         # Whether every floating input is known finite on the host now (the CPU's checks
         # are host lists; a kept step's full vectors and a device's are not read yet).
         known_finite = not (self.kept or self.replaying)
@@ -922,6 +928,9 @@ class Watcher:
             param_in = param_in or k in self.param_keys
             if k[1] in _stats.FLOATING:
                 e = self.external.get(k)
+                if e is None and len(ins) >= _BATCHED_INPUTS and (t.device.type != "cpu" or _DEVICE_PATH_ON_CPU):
+                    unchecked.append((k, t))
+                    continue
                 if e is None:
                     checks.append(_stats.check(t))
                     e = self.external[k] = len(checks) - 1
@@ -929,6 +938,20 @@ class Watcher:
                 if known_finite:
                     v = checks[e]
                     known_finite = type(v) is list and v[1] + v[2] + v[3] == 0
+        if unchecked:
+            # A multi-tensor op's inputs on a device (the optimizer's: every gradient and
+            # parameter): checked together, a few kernels instead of six a tensor
+            # (`_stats.batch_check`: whether a NaN is there, whether an Inf may be, which
+            # is what a check of an input is read for).
+            by_device = {}
+            for k, t in unchecked:
+                by_device.setdefault(t.device, []).append((k, t))
+            for group in by_device.values():
+                checks.append(_stats.batch_check([t for _, t in group]))
+                for k, _ in group:
+                    self.external[k] = len(checks) - 1
+                ext.append(len(checks) - 1)
+            known_finite = False
         return (
             phase,
             node,

@@ -680,3 +680,20 @@ def device_flag(tensors):
     if len(flags) == 1:
         return flags[0]
     return any(bool(f) for f in flags)
+
+
+def batch_check(tensors):
+    """A check standing for all of `tensors` (on one device) together: their element count,
+    then whether any holds a NaN (exactly), whether any holds a NaN or an infinity (NaN
+    hides an infinity beside it in a max-abs norm), and 0; a multi-tensor norm and a few
+    kernels for them all, no synchronisation. Read as a check of an op's input is read
+    (is there a NaN; is there an infinity), it errs only toward an infinity being there."""
+    xs = [local(t).detach() for t in tensors]
+    live = [x for x in xs if x.numel()]
+    n = sum(x.numel() for x in xs)
+    if not live:
+        zero = torch.zeros((), dtype=torch.float64, device=xs[0].device)
+        return DeviceCheck((n, zero, zero, zero))
+    norms = torch.stack(list(torch._foreach_norm(live, float("inf"))))
+    nan = norms.isnan().any().double()
+    return DeviceCheck((n, nan, (~norms.isfinite()).any().double(), torch.zeros_like(nan)))
