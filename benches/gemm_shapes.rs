@@ -1,5 +1,5 @@
-//! Speed of the host's matrix products on the shapes of a T5-mini step (fp32, both
-//! threads): the attention's batched products (batch 8 × 4 heads: 32 products of 128×64
+//! Speed of the host's matrix products on the shapes of a T5-mini step (fp32, then bf16
+//! operands as bf16 autocast gives them; both threads): the attention's batched products (batch 8 × 4 heads: 32 products of 128×64
 //! by 64×128, and of 128×128 by 128×64) and the projections' and feed-forward's products, each through the
 //! engine as a step calls it. Median of 40 calls, in microseconds and GFLOP/s.
 //! Run with `cargo bench --bench gemm_shapes`; `scripts/bench_gemm_torch.py` prints PyTorch's
@@ -9,12 +9,12 @@ use amprobe::engine::Engine;
 use amprobe::{DType, Tensor};
 use std::time::Instant;
 
-fn filled(shape: &[usize], seed: u32) -> Tensor {
+fn filled(shape: &[usize], seed: u32, dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();
     let v = (0..n)
         .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
         .collect();
-    Tensor::from_f32(v, shape, DType::F32).expect("tensor")
+    Tensor::from_f32(v, shape, dtype).expect("tensor")
 }
 
 fn main() {
@@ -54,8 +54,15 @@ fn main() {
             false,
         ),
     ];
-    for (label, sa, sb, batched) in shapes {
-        let (a, b) = (filled(sa, 1), filled(sb, 2));
+    for (dtype, label, sa, sb, batched) in [DType::F32, DType::BF16]
+        .into_iter()
+        .flat_map(|d| shapes.map(|(l, a, b, bt)| (d, l, a, b, bt)))
+    {
+        let (a, b) = (filled(sa, 1, dtype), filled(sb, 2, dtype));
+        let label = format!(
+            "{} {label}",
+            if dtype == DType::BF16 { "bf16" } else { "f32 " }
+        );
         let mut t: Vec<f64> = (0..41)
             .map(|_| {
                 let t0 = Instant::now();

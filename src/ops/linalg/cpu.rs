@@ -10,9 +10,27 @@ use crate::ops::grad;
 use crate::ops::{fdata, sum_to, FData, Finish};
 use crate::tensor::{Real, Tensor};
 
+/// Whether a product's operands are all bf16 values (then `bf16_dot.rs` may take it).
+#[derive(Clone, Copy)]
+pub(crate) struct Bf16(pub bool);
+
+impl Bf16 {
+    /// Whether every one of `dtypes` is bf16.
+    fn of(dtypes: &[crate::DType]) -> Bf16 {
+        Bf16(dtypes.iter().all(|d| *d == crate::DType::BF16))
+    }
+}
+
 /// C = A·B for A [m, k] and B [k, n] (strided), accumulated in T, as a new row-major Vec.
-pub(crate) fn gemm<T: Real>(m: usize, n: usize, k: usize, a: Mat<'_, T>, b: Mat<'_, T>) -> Vec<T> {
-    gemm_batched(1, m, n, k, |_| a, |_| b)
+pub(crate) fn gemm<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    bf16: Bf16,
+) -> Vec<T> {
+    gemm_batched(1, m, n, k, |_| a, |_| b, bf16)
 }
 
 /// Batched C_i = A_i·B_i into one row-major Vec: small products run one per thread, large
@@ -24,6 +42,7 @@ fn gemm_batched<'a, T: Real>(
     k: usize,
     a: impl Fn(usize) -> Mat<'a, T> + Sync,
     b: impl Fn(usize) -> Mat<'a, T> + Sync,
+    bf16: Bf16,
 ) -> Vec<T> {
     use rayon::prelude::*;
     let size = m * n;
@@ -34,10 +53,10 @@ fn gemm_batched<'a, T: Real>(
         if batch > 1 && m * n * k < 1 << 21 {
             out.par_chunks_mut(size)
                 .enumerate()
-                .for_each(|(i, c)| gemm_into(m, n, k, a(i), b(i), false, c));
+                .for_each(|(i, c)| gemm_into(m, n, k, a(i), b(i), false, bf16, c));
         } else {
             for (i, c) in out.chunks_mut(size).enumerate() {
-                gemm_into(m, n, k, a(i), b(i), m * n * k >= 1 << 18, c);
+                gemm_into(m, n, k, a(i), b(i), m * n * k >= 1 << 18, bf16, c);
             }
         }
     }
@@ -61,6 +80,8 @@ fn uninit_output<T: Real>(len: usize) -> Vec<T> {
 /// C = A·B written over `c` (row-major, exactly m*n elements), every element of which it
 /// writes: the product is written over memory that is not zeroed first (gemm with
 /// `read_dst` false writes every element and reads none it has not written).
+// A kernel takes its operands, their shapes and how to run explicitly.
+#[allow(clippy::too_many_arguments)]
 fn gemm_into<T: Real>(
     m: usize,
     n: usize,
@@ -68,6 +89,7 @@ fn gemm_into<T: Real>(
     a: Mat<'_, T>,
     b: Mat<'_, T>,
     parallel: bool,
+    bf16: Bf16,
     c: &mut [std::mem::MaybeUninit<T>],
 ) {
     assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
@@ -80,6 +102,17 @@ fn gemm_into<T: Real>(
     }
     if super::host_gemm::reproducible() {
         return super::fixed_order::gemm_into(m, n, k, a, b, parallel, c);
+    }
+    if bf16.0 {
+        if let Some(c32) = super::fixed_order::as_f32(c) {
+            let (a32, b32) = (
+                super::fixed_order::cast_mat(a),
+                super::fixed_order::cast_mat(b),
+            );
+            if super::bf16_dot::gemm_into(m, n, k, a32, b32, parallel, c32) {
+                return;
+            }
+        }
     }
     let par = if parallel {
         gemm::Parallelism::Rayon(0)
@@ -146,9 +179,10 @@ pub(super) fn linear_fwd<T: Finish>(
     n: usize,
     out_shape: &[usize],
     dtype: crate::DType,
+    bf16: Bf16,
 ) -> Result<Computed> {
     let wm = if w_t { row(w, n) } else { transposed(w, k) };
-    let mut y = gemm(m, n, k, row(x, k), wm);
+    let mut y = gemm(m, n, k, row(x, k), wm, bf16);
     if let Some(b) = b {
         let add = |r: &mut [T]| {
             for (v, &bb) in r.iter_mut().zip(b) {
@@ -170,6 +204,7 @@ pub(super) fn matmul_fwd<T: Finish>(
     b: &[T],
     s: &MmShape,
     dtype: crate::DType,
+    bf16: Bf16,
 ) -> Result<Computed> {
     let MmShape {
         batch,
@@ -180,7 +215,11 @@ pub(super) fn matmul_fwd<T: Finish>(
         ..
     } = *s;
     if b_shared {
-        return T::finish(gemm(batch * m, n, k, row(a, k), row(b, n)), &s.out, dtype);
+        return T::finish(
+            gemm(batch * m, n, k, row(a, k), row(b, n), bf16),
+            &s.out,
+            dtype,
+        );
     }
     let y = gemm_batched(
         batch,
@@ -189,10 +228,13 @@ pub(super) fn matmul_fwd<T: Finish>(
         k,
         |i| row(&a[i * m * k..], k),
         |i| row(&b[i * k * n..], n),
+        bf16,
     );
     T::finish(y, &s.out, dtype)
 }
 
+// A kernel takes its operands, their shapes and the output dtype explicitly.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_bwd<T: Finish>(
     a: &[T],
     b: &[T],
@@ -201,6 +243,7 @@ pub(super) fn matmul_bwd<T: Finish>(
     sa: &[usize],
     sb: &[usize],
     dtype: crate::DType,
+    bf16: Bf16,
 ) -> Result<(Computed, Computed)> {
     let MmShape {
         batch,
@@ -212,8 +255,8 @@ pub(super) fn matmul_bwd<T: Finish>(
     } = *s;
     if b_shared {
         // ga [B*m, k] = g [B*m, n] · bᵀ; gb [k, n] = aᵀ [k, B*m] · g [B*m, n]
-        let ga = gemm(batch * m, k, n, row(g, n), transposed(b, n));
-        let gb = gemm(k, n, batch * m, transposed(a, k), row(g, n));
+        let ga = gemm(batch * m, k, n, row(g, n), transposed(b, n), bf16);
+        let gb = gemm(k, n, batch * m, transposed(a, k), row(g, n), bf16);
         return Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?));
     }
     let ga = gemm_batched(
@@ -223,6 +266,7 @@ pub(super) fn matmul_bwd<T: Finish>(
         n,
         |i| row(&g[i * m * n..], n),
         |i| transposed(&b[i * k * n..], n),
+        bf16,
     );
     let gb = gemm_batched(
         batch,
@@ -231,6 +275,7 @@ pub(super) fn matmul_bwd<T: Finish>(
         m,
         |i| transposed(&a[i * m * k..], k),
         |i| row(&g[i * m * n..], n),
+        bf16,
     );
     Ok((T::finish(ga, sa, dtype)?, T::finish(gb, sb, dtype)?))
 }
@@ -248,13 +293,14 @@ pub(super) fn linear_bwd<T: Finish>(
     (x_shape, w_shape): (&[usize], &[usize]),
     has_b: bool,
     dtype: crate::DType,
+    bf16: Bf16,
 ) -> Result<Vec<Option<Grad>>> {
     let (gx, gw) = if w_t {
-        let gx = gemm(m, k, n, row(g, n), transposed(w, n));
-        (gx, gemm(k, n, m, transposed(x, k), row(g, n)))
+        let gx = gemm(m, k, n, row(g, n), transposed(w, n), bf16);
+        (gx, gemm(k, n, m, transposed(x, k), row(g, n), bf16))
     } else {
-        let gx = gemm(m, k, n, row(g, n), row(w, k));
-        (gx, gemm(n, k, m, transposed(g, n), row(x, k)))
+        let gx = gemm(m, k, n, row(g, n), row(w, k), bf16);
+        (gx, gemm(n, k, m, transposed(g, n), row(x, k), bf16))
     };
     let gx = T::finish(gx, x_shape, dtype)?;
     let gw = T::finish(gw, w_shape, dtype)?;
@@ -280,22 +326,23 @@ impl super::kernels::Kernels for Host {
         out_shape: &[usize],
     ) -> Result<Computed> {
         let dtype = x.dtype();
+        let bf = Bf16::of(&[x.dtype(), w.dtype()]);
         match (
             fdata(x, op)?,
             fdata(w, op)?,
             b.map(|t| fdata(t, op)).transpose()?,
         ) {
             (FData::F32(xd), FData::F32(wd), Some(FData::F32(bd))) => {
-                linear_fwd(xd, wd, w_t, Some(bd), m, k, n, out_shape, dtype)
+                linear_fwd(xd, wd, w_t, Some(bd), m, k, n, out_shape, dtype, bf)
             }
             (FData::F32(xd), FData::F32(wd), None) => {
-                linear_fwd(xd, wd, w_t, None, m, k, n, out_shape, dtype)
+                linear_fwd(xd, wd, w_t, None, m, k, n, out_shape, dtype, bf)
             }
             (FData::F64(xd), FData::F64(wd), Some(FData::F64(bd))) => {
-                linear_fwd(xd, wd, w_t, Some(bd), m, k, n, out_shape, dtype)
+                linear_fwd(xd, wd, w_t, Some(bd), m, k, n, out_shape, dtype, bf)
             }
             (FData::F64(xd), FData::F64(wd), None) => {
-                linear_fwd(xd, wd, w_t, None, m, k, n, out_shape, dtype)
+                linear_fwd(xd, wd, w_t, None, m, k, n, out_shape, dtype, bf)
             }
             _ => Err(Error::shape(op, "operands have different dtypes")),
         }
@@ -313,12 +360,13 @@ impl super::kernels::Kernels for Host {
     ) -> Result<Vec<Option<Grad>>> {
         let shapes = (x.shape(), w.shape());
         let dtype = x.dtype();
+        let bf = Bf16::of(&[x.dtype(), w.dtype(), g.dtype()]);
         match (fdata(x, op)?, fdata(w, op)?, fdata(g, op)?) {
             (FData::F32(xd), FData::F32(wd), FData::F32(gd)) => {
-                linear_bwd(xd, wd, w_t, gd, mkn, shapes, has_b, dtype)
+                linear_bwd(xd, wd, w_t, gd, mkn, shapes, has_b, dtype, bf)
             }
             (FData::F64(xd), FData::F64(wd), FData::F64(gd)) => {
-                linear_bwd(xd, wd, w_t, gd, mkn, shapes, has_b, dtype)
+                linear_bwd(xd, wd, w_t, gd, mkn, shapes, has_b, dtype, bf)
             }
             _ => Err(Error::shape(op, "gradient dtype differs from inputs")),
         }
@@ -326,7 +374,8 @@ impl super::kernels::Kernels for Host {
 
     fn matmul(&self, op: &'static str, a: &Tensor, b: &Tensor, s: &MmShape) -> Result<Computed> {
         let dtype = a.dtype();
-        crate::ops::with_float2!(a, b, op, |x, y| matmul_fwd(x, y, s, dtype))
+        let bf = Bf16::of(&[a.dtype(), b.dtype()]);
+        crate::ops::with_float2!(a, b, op, |x, y| matmul_fwd(x, y, s, dtype, bf))
     }
 
     fn matmul_backward(
@@ -338,12 +387,13 @@ impl super::kernels::Kernels for Host {
         s: &MmShape,
     ) -> Result<Vec<Option<Grad>>> {
         let dtype = a.dtype();
+        let bf = Bf16::of(&[a.dtype(), b.dtype(), g.dtype()]);
         let (ga, gb) = match (fdata(a, op)?, fdata(b, op)?, fdata(g, op)?) {
             (FData::F32(x), FData::F32(y), FData::F32(gg)) => {
-                matmul_bwd(x, y, gg, s, a.shape(), b.shape(), dtype)?
+                matmul_bwd(x, y, gg, s, a.shape(), b.shape(), dtype, bf)?
             }
             (FData::F64(x), FData::F64(y), FData::F64(gg)) => {
-                matmul_bwd(x, y, gg, s, a.shape(), b.shape(), dtype)?
+                matmul_bwd(x, y, gg, s, a.shape(), b.shape(), dtype, bf)?
             }
             _ => return Err(Error::shape(op, "gradient dtype differs from inputs")),
         };

@@ -162,7 +162,7 @@ fn run_rows<T: Send>(
 }
 
 /// `c` as f32 storage when T is f32.
-fn as_f32<T: Real>(c: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<f32>]> {
+pub(super) fn as_f32<T: Real>(c: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<f32>]> {
     if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
         return None;
     }
@@ -171,7 +171,7 @@ fn as_f32<T: Real>(c: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<f32>]> 
 }
 
 /// An operand of T = f32 as f32 (called only when T is f32).
-fn cast_mat<T: Real>(m: Mat<'_, T>) -> Mat<'_, f32> {
+pub(super) fn cast_mat<T: Real>(m: Mat<'_, T>) -> Mat<'_, f32> {
     assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<f32>());
     // SAFETY: T is f32 (asserted above).
     let data = unsafe { std::slice::from_raw_parts(m.data.as_ptr().cast::<f32>(), m.data.len()) };

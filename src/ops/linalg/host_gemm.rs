@@ -1,8 +1,9 @@
 //! Which GEMM kernels the host runs: by default the gemm crate's blocked kernels, picked at
 //! run time for the machine's instruction set (AVX-512 where the CPU has it, else AVX2 and
-//! FMA) and sized to its caches: the fastest, but their sums group differently from one
-//! machine to another. On request the fixed-order kernels of `fixed_order.rs`, whose bits
-//! are the same on every machine. Asked for by
+//! FMA) and sized to its caches, and for bf16 operands on CPUs with AVX512-BF16 its dot
+//! products where they are exact (`bf16_dot.rs`): the fastest, but their sums group
+//! differently from one machine to another. On request the fixed-order kernels of
+//! `fixed_order.rs`, whose bits are the same on every machine. Asked for by
 //! [`set_reproducible`] (the command line's `--reproducible`) or by the environment
 //! variable `AMPROBE_REPRODUCIBLE=1`.
 
@@ -34,12 +35,18 @@ pub fn reproducible() -> bool {
 /// The host's GEMM kernels as the trace header names them: `fixed-order:` and the lanes
 /// its chains advance in (the same bits whatever they are), or `gemm-crate:` and the
 /// instruction set its dispatch picks here (`avx512f`, `avx2-fma`, `scalar`, or the
-/// target's name off x86-64).
+/// target's name off x86-64), with `+bf16-dot` where bf16 products may run the CPU's
+/// bf16 dot products.
 pub fn describe() -> String {
     if reproducible() {
         return format!("fixed-order:{}", super::fixed_order::Lanes::detect().name());
     }
-    format!("gemm-crate:{}", instruction_set())
+    let dot = if super::bf16_dot::available() {
+        "+bf16-dot"
+    } else {
+        ""
+    };
+    format!("gemm-crate:{}{dot}", instruction_set())
 }
 
 /// The kernel the gemm crate's dispatch picks on this CPU (built with its `x86-v4`

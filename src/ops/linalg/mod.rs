@@ -3,9 +3,11 @@
 
 //!
 //! The host kernels are in `cpu.rs` (the gemm crate, f32 accumulation, or on request the
-//! fixed-order kernels of `fixed_order.rs`: see `host_gemm.rs`); the device path in
+//! fixed-order kernels of `fixed_order.rs`: see `host_gemm.rs`; bf16 operands by the CPU's
+//! bf16 dot products where they are exact, `bf16_dot.rs`); the device path in
 //! `cuda.rs` (cuBLAS).
 
+mod bf16_dot;
 mod cpu;
 pub mod cuda;
 mod fixed_order;
