@@ -26,8 +26,9 @@ use std::mem::MaybeUninit;
 const MR: usize = 12;
 /// Columns of B a tile computes (two registers of sixteen lanes).
 const NR: usize = 32;
-/// Products with fewer multiply-adds than this run the f32 kernels (packing would not pay).
-const MIN_WORK: usize = 1 << 16;
+/// Products with fewer multiply-adds than this run the f32 kernels: packing does not pay
+/// (T5-mini's attention products, 2^20 each, run faster there).
+const MIN_WORK: usize = 1 << 21;
 /// The least sum of the two smallest nonzero biased exponents for which no flush can
 /// happen (ea + eb ≥ −112 unbiased).
 const MIN_EXPONENT_SUM: u32 = 2 * 127 - 112;
@@ -58,8 +59,21 @@ pub(super) fn gemm_into(
     parallel: bool,
     c: &mut [MaybeUninit<f32>],
 ) -> bool {
+    m * n * k >= MIN_WORK && product(m, n, k, a, b, parallel, c)
+}
+
+/// [`gemm_into`] whatever the product's size.
+fn product(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_, f32>,
+    b: Mat<'_, f32>,
+    parallel: bool,
+    c: &mut [MaybeUninit<f32>],
+) -> bool {
     assert_eq!(c.len(), m * n, "gemm output of {m}x{n}");
-    if m == 0 || n == 0 || k == 0 || m * n * k < MIN_WORK || !available() {
+    if m == 0 || n == 0 || k == 0 || !available() {
         return false;
     }
     let (Some(ra), Some(rb)) = (region(a, m, k), region(b, k, n)) else {
@@ -69,17 +83,34 @@ pub(super) fn gemm_into(
     if !(exact_a && exact_b) || ea + eb < MIN_EXPONENT_SUM {
         return false;
     }
-    let (pa, pb) = (pack_a(m, k, a, parallel), pack_b(k, n, b, parallel));
+    let (mut pa, mut pb) = (take_buffer(&PACKED_A), take_buffer(&PACKED_B));
+    pack_a(m, k, a, parallel, &mut pa);
+    pack_b(k, n, b, parallel, &mut pb);
     #[cfg(target_arch = "x86_64")]
-    {
-        run(m, n, k, &pa, &pb, parallel, c);
-        true
+    run(m, n, k, &pa, &pb, parallel, c);
+    PACKED_A.with(|b| b.replace(pa));
+    PACKED_B.with(|b| b.replace(pb));
+    cfg!(target_arch = "x86_64")
+}
+
+thread_local! {
+    /// Each thread's packing buffers, kept from product to product (a fresh one of this
+    /// size pays its page faults and its zeroing every time).
+    static PACKED_A: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static PACKED_B: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A thread's packing buffer, taken out while a product uses it.
+fn take_buffer(slot: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u32>>>) -> Vec<u32> {
+    slot.with(|b| b.take())
+}
+
+/// `buf` resized to `len` words without writing them (the packing writes every one).
+fn sized(buf: &mut Vec<u32>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (pa, pb, parallel);
-        false
-    }
+    buf.truncate(len);
 }
 
 /// What a pass over an operand's values says: the smallest biased exponent among its
@@ -166,14 +197,17 @@ fn pairs_across(even: &[f32], odd: Option<&[f32]>, out: &mut [u32]) {
     }
 }
 
-/// A in blocks of MR rows, each block `pairs` steps of MR words (a row's k-pair, see
-/// `pair`; rows past m and the term past an odd k are zeros). A is row- or column-major
-/// (`region`).
-fn pack_a(m: usize, k: usize, a: Mat<'_, f32>, parallel: bool) -> Vec<u32> {
+/// A into `out` in blocks of MR rows, each block `pairs` steps of MR words (a row's
+/// k-pair, see `pair`; rows past m and the term past an odd k are zeros). A is row- or
+/// column-major (`region`).
+fn pack_a(m: usize, k: usize, a: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32>) {
     let pairs = k.div_ceil(2);
-    let mut out = vec![0u32; m.div_ceil(MR) * pairs * MR];
-    fill(&mut out, pairs * MR, parallel, |blk, block| {
+    sized(out, m.div_ceil(MR) * pairs * MR);
+    fill(out, pairs * MR, parallel, |blk, block| {
         let (i0, rows) = (blk * MR, MR.min(m - blk * MR));
+        if rows < MR {
+            block.fill(0);
+        }
         if a.cs == 1 {
             for r in 0..rows {
                 // SAFETY: the CPU runs AVX-512F (this module runs only where `available`).
@@ -189,16 +223,18 @@ fn pack_a(m: usize, k: usize, a: Mat<'_, f32>, parallel: bool) -> Vec<u32> {
             }
         }
     });
-    out
 }
 
-/// B in panels of NR columns, each panel `pairs` steps of NR words (a column's k-pair;
-/// columns past n are zeros). B is row- or column-major (`region`).
-fn pack_b(k: usize, n: usize, b: Mat<'_, f32>, parallel: bool) -> Vec<u32> {
+/// B into `out` in panels of NR columns, each panel `pairs` steps of NR words (a
+/// column's k-pair; columns past n are zeros). B is row- or column-major (`region`).
+fn pack_b(k: usize, n: usize, b: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32>) {
     let pairs = k.div_ceil(2);
-    let mut out = vec![0u32; n.div_ceil(NR) * pairs * NR];
-    fill(&mut out, pairs * NR, parallel, |panel_index, panel| {
+    sized(out, n.div_ceil(NR) * pairs * NR);
+    fill(out, pairs * NR, parallel, |panel_index, panel| {
         let (j0, w) = (panel_index * NR, NR.min(n - panel_index * NR));
+        if w < NR {
+            panel.fill(0);
+        }
         if b.cs == 1 {
             // Row-major: term q of columns j0.. is a run at q·rs + j0.
             for p in 0..pairs {
@@ -214,7 +250,6 @@ fn pack_b(k: usize, n: usize, b: Mat<'_, f32>, parallel: bool) -> Vec<u32> {
             }
         }
     });
-    out
 }
 
 /// Fills `out` chunk by chunk (`len` words each), over rayon's threads when `parallel`.
@@ -407,8 +442,28 @@ mod tests {
 
     fn product(m: usize, n: usize, k: usize, a: Mat<'_, f32>, b: Mat<'_, f32>) -> Option<Vec<f32>> {
         let mut c = vec![MaybeUninit::new(f32::NAN); m * n];
-        gemm_into(m, n, k, a, b, true, &mut c)
+        // SAFETY (assume_init): every element starts initialized (NaN).
+        super::product(m, n, k, a, b, true, &mut c)
             .then(|| c.iter().map(|v| unsafe { v.assume_init() }).collect())
+    }
+
+    #[test]
+    fn small_products_are_left_to_the_f32_kernels() {
+        let (a, b) = (bf16_values(64 * 64, 5), bf16_values(64 * 64, 6));
+        let mut c = vec![MaybeUninit::new(0.0f32); 64 * 64];
+        assert!(!gemm_into(
+            64,
+            64,
+            64,
+            row(&a, 64),
+            row(&b, 64),
+            true,
+            &mut c
+        ));
+        let (a, b) = (bf16_values(128 * 256, 5), bf16_values(256 * 64, 6));
+        let mut c = vec![MaybeUninit::new(0.0f32); 128 * 64];
+        let taken = gemm_into(128, 64, 256, row(&a, 256), row(&b, 64), true, &mut c);
+        assert_eq!(taken, available());
     }
 
     /// The f64 product and, per element, the bound on an f32 accumulation's error
