@@ -209,9 +209,20 @@ fn pack_a(m: usize, k: usize, a: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32
             block.fill(0);
         }
         if a.cs == 1 {
-            for r in 0..rows {
-                // SAFETY: the CPU runs AVX-512F (this module runs only where `available`).
-                unsafe { pairs_of_line(&a.data[(i0 + r) * a.rs..], k, &mut block[r..], MR) };
+            // Row-major: the block's rows side by side, one step of MR words at a time (its
+            // writes in order; a row at a time would write MR words apart).
+            let lines: [&[f32]; MR] = std::array::from_fn(|r| {
+                if r < rows {
+                    &a.data[(i0 + r) * a.rs..][..k]
+                } else {
+                    &[]
+                }
+            });
+            for (p, step) in block.chunks_exact_mut(MR).enumerate() {
+                let (q, odd) = (2 * p, 2 * p + 1 < k);
+                for (w, line) in step.iter_mut().zip(&lines).take(rows) {
+                    *w = pair(line[q], if odd { line[q + 1] } else { 0.0 });
+                }
             }
         } else {
             // Column-major: term q of rows i0.. is a run at q·cs + i0.
