@@ -226,14 +226,29 @@ fn pack_a(m: usize, k: usize, a: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32
             }
         } else {
             // Column-major: term q of rows i0.. is a run at q·cs + i0.
-            for p in 0..pairs {
-                let even = &a.data[2 * p * a.cs + i0..][..rows];
-                let odd = (2 * p + 1 < k).then(|| &a.data[(2 * p + 1) * a.cs + i0..][..rows]);
-                // SAFETY: as above.
-                unsafe { pairs_across(even, odd, &mut block[p * MR..p * MR + rows]) };
-            }
+            runs_of_terms(a.data, a.cs, i0, rows, k, block, MR);
         }
     });
+}
+
+/// For each k-pair p, the pairs of the runs of `width` values at term 2p and 2p + 1
+/// (terms `stride` apart, the runs starting at `start`) into `out[p·step..]`: a
+/// column-major A's rows, a row-major B's columns.
+fn runs_of_terms(
+    data: &[f32],
+    stride: usize,
+    start: usize,
+    width: usize,
+    k: usize,
+    out: &mut [u32],
+    step: usize,
+) {
+    for p in 0..k.div_ceil(2) {
+        let even = &data[2 * p * stride + start..][..width];
+        let odd = (2 * p + 1 < k).then(|| &data[(2 * p + 1) * stride + start..][..width]);
+        // SAFETY: the CPU runs AVX-512F (this module runs only where `available`).
+        unsafe { pairs_across(even, odd, &mut out[p * step..p * step + width]) };
+    }
 }
 
 /// B into `out` in panels of NR columns, each panel `pairs` steps of NR words (a
@@ -248,12 +263,7 @@ fn pack_b(k: usize, n: usize, b: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32
         }
         if b.cs == 1 {
             // Row-major: term q of columns j0.. is a run at q·rs + j0.
-            for p in 0..pairs {
-                let even = &b.data[2 * p * b.rs + j0..][..w];
-                let odd = (2 * p + 1 < k).then(|| &b.data[(2 * p + 1) * b.rs + j0..][..w]);
-                // SAFETY: as in `pack_a`.
-                unsafe { pairs_across(even, odd, &mut panel[p * NR..p * NR + w]) };
-            }
+            runs_of_terms(b.data, b.rs, j0, w, k, panel, NR);
         } else {
             for jj in 0..w {
                 // SAFETY: as in `pack_a`.
