@@ -16,6 +16,11 @@ except ImportError:  # pragma: no cover - torch without distributed tensors
     DTensor = None
 
 
+# The tests set it to run the device paths (the parameters' figures, a multi-tensor op's
+# inputs) on the CPU.
+DEVICE_PATH_ON_CPU = False
+
+
 def local(t):
     """The values this process holds of `t`: its shard when it is a distributed tensor
     (FSDP2's parameters), else `t` itself."""

@@ -324,10 +324,9 @@ def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does()
 @pytest.mark.parametrize("device_path", [False, True])
 def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch, device_path):
     # The device path (multi-tensor norms of every gradient) runs here on the CPU.
-    from amprobe_torch import _capture
-    from amprobe_torch._capture import param_vector, param_vectors
+    from amprobe_torch._params import param_vector, param_vectors
 
-    monkeypatch.setattr(_capture, "_DEVICE_PATH_ON_CPU", device_path)
+    monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", device_path)
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(1000))
@@ -415,7 +414,7 @@ def test_the_device_path_finds_what_the_host_path_finds(tmp_path, monkeypatch, c
     monkeypatch.setattr(_stats, "nonfinite_flag", lambda ts: _stats.device_flag([_stats.local(t).detach() for t in ts]))
     from amprobe_torch import _capture
 
-    monkeypatch.setattr(_capture, "_DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(_capture, "_BATCHED_INPUTS", 2)
     train(torch.float16, steps=4, boom_step=2, watch=watcher(dev, check=check))
     close_all()
@@ -657,7 +656,7 @@ def test_a_multi_tensor_ops_inputs_checked_together_keep_its_origins(tmp_path, m
     host = run(tmp_path / "host.jsonl")
     o = host[1]["origins"]
     assert o["first_nan"]["phase"] == "optimizer" and o["first_inf"]["phase"] == "forward", o
-    monkeypatch.setattr(_capture, "_DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(_capture, "_BATCHED_INPUTS", 2)
     monkeypatch.setattr(_stats, "check", lambda t: _stats.device_check(_stats.local(t).detach()))
     dev = run(tmp_path / "dev.jsonl")
