@@ -297,6 +297,17 @@ def test_the_check_counts_exactly_whatever_its_shortcut():
             got = tuple(int(v) for v in _stats.check(torch.tensor(values, dtype=dtype)))
             assert got == want, (values, dtype)
     assert tuple(_stats.check(torch.tensor([1.0, inf], dtype=torch.bfloat16))) == (2, 0, 1, 0)
+    # fp16 decides by its extremes: one NaN or infinity anywhere in a long tensor is found.
+    half = torch.float16
+    for values, want in cases[:3] + [([65504.0, -65504.0, 1.0], (3, 0, 0, 0))]:
+        assert tuple(int(v) for v in _stats.check(torch.tensor(values, dtype=half))) == want, values
+    for at in (0, 17, 999):
+        for bad, want in ((nan, (1000, 1, 0, 0)), (-inf, (1000, 0, 0, 1)), (inf, (1000, 0, 1, 0))):
+            x = torch.ones(1000, dtype=half)
+            x[at] = bad
+            assert tuple(int(v) for v in _stats.check(x)) == want, (at, bad)
+    assert tuple(_stats.check(torch.ones(0, dtype=half))) == (0, 0, 0, 0)
+    assert tuple(int(v) for v in _stats.check(torch.ones(64, 64, dtype=half).t())) == (4096, 0, 0, 0)
 
 
 def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does():
