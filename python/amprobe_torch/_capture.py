@@ -196,8 +196,8 @@ def _keep_grad(call, j, g):
 class _Call:
     """One outermost call of a module of the model in a step checked by modules: what a
     replay needs to run it again as it ran (its inputs, the random generators' states,
-    autocast, grad mode and train/eval mode at the call), the op indices it ran, and the
-    gradient the backward brought to each of its outputs."""
+    autocast, grad mode and each module's train/eval mode at the call), where its ops
+    began, and the gradient the backward brought to each of its outputs."""
 
     def __init__(self, module, args, kwargs, micro, start):
         self.module = module
@@ -213,7 +213,8 @@ class _Call:
             (d, torch.cuda.get_rng_state(d)) for d in devices if d.type == "cuda" and torch.cuda.is_initialized()
         ]
         self.grad = torch.is_grad_enabled()
-        self.training = module.training
+        # Every module's own flag: a model in training can hold frozen parts in eval mode.
+        self.training = [m.training for m in module.modules()]
         types = {"cpu"} | {d.type for d in devices}
         self.autocast = [
             (t, torch.is_autocast_enabled(t), torch.get_autocast_dtype(t)) for t in sorted(types) if t != "meta"
@@ -499,10 +500,11 @@ class Watcher:
 
     def _replay(self):
         """Runs the step's model calls again under the capture, each as it ran (its inputs,
-        random state, autocast, grad and train mode), and their backward from the
-        gradients their outputs received, into gradients of its own (the parameters' are
-        not touched); restores the random generators and the model's buffers after. The
-        ops take the indices their first run had."""
+        random state, autocast, grad mode and every module's train/eval mode), and their
+        backward from the gradients their outputs received, into gradients of its own (the
+        parameters' are not touched); restores the random generators, the model's buffers
+        and its modules' modes after. The ops go where the first run's went
+        (`_replay_key`)."""
         self.replayed = True
         if self.replay_note is not None or not self.calls:
             self.replay_note = self.replay_note or "no call of the model was seen in this step"
@@ -538,7 +540,8 @@ class Watcher:
                     finally:
                         self.busy = False
                     self.replay_call = c
-                    c.module.train(c.training)
+                    for m, t in zip(c.module.modules(), c.training):
+                        m.training = t
                     with c.context():
                         out = c.module(*c.args, **c.kwargs)
                     self.replay_call = None

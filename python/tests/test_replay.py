@@ -160,6 +160,30 @@ def test_a_replay_changes_nothing_and_records_what_full_statistics_record(tmp_pa
     assert (b[3]["ops"] is None) == (dtype == torch.float16)
 
 
+def test_a_replay_keeps_a_frozen_batch_norm_in_eval_mode(tmp_path):
+    # Fine-tuning with a frozen batch norm: the model trains, its norm runs in eval mode
+    # (running statistics). A replay that set the whole model to train would normalise by
+    # the batch instead and record other values.
+    def freeze(path=None, sample_every=0):
+        def w(model, opt, scaler):
+            model.norm.eval()
+            if path is not None:
+                amprobe_torch.watch(model, opt, scaler, trace=str(path), sample_every=sample_every)
+
+        return w
+
+    plain = train_noisy(torch.float16, watch=freeze())
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train_noisy(torch.float16, watch=freeze(full, sample_every=1))
+    close_all()
+    seen = train_noisy(torch.float16, watch=freeze(fast))
+    close_all()
+    assert_same_bits(plain, seen)
+    a, b = steps_of(full), steps_of(fast)
+    assert b[2]["ops"] is not None and b[1]["ops"] is None
+    assert_replay_records_full_statistics(a[2], b[2])
+
+
 class Clamped(torch.nn.Module):
     """T5's fp16 guard: a block's output that overflows is clamped by its parent, so the
     loss and the gradients stay finite while a module made an infinity."""
