@@ -105,14 +105,6 @@ fn take_buffer(slot: &'static std::thread::LocalKey<std::cell::RefCell<Vec<u32>>
     slot.with(|b| b.take())
 }
 
-/// `buf` resized to `len` words without writing them (the packing writes every one).
-fn sized(buf: &mut Vec<u32>, len: usize) {
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    buf.truncate(len);
-}
-
 /// What a pass over an operand's values says: the smallest biased exponent among its
 /// nonzero values (255 when all are zero), and whether bf16 holds every one of them.
 fn scan(values: &[f32]) -> (u32, bool) {
@@ -201,13 +193,7 @@ fn pairs_across(even: &[f32], odd: Option<&[f32]>, out: &mut [u32]) {
 /// k-pair, see `pair`; rows past m and the term past an odd k are zeros). A is row- or
 /// column-major (`region`).
 fn pack_a(m: usize, k: usize, a: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32>) {
-    let pairs = k.div_ceil(2);
-    sized(out, m.div_ceil(MR) * pairs * MR);
-    fill(out, pairs * MR, parallel, |blk, block| {
-        let (i0, rows) = (blk * MR, MR.min(m - blk * MR));
-        if rows < MR {
-            block.fill(0);
-        }
+    pack(out, m, MR, k, parallel, |i0, rows, block| {
         if a.cs == 1 {
             // Row-major: the block's rows side by side, one step of MR words at a time (its
             // writes in order; a row at a time would write MR words apart).
@@ -254,13 +240,7 @@ fn runs_of_terms(
 /// B into `out` in panels of NR columns, each panel `pairs` steps of NR words (a
 /// column's k-pair; columns past n are zeros). B is row- or column-major (`region`).
 fn pack_b(k: usize, n: usize, b: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32>) {
-    let pairs = k.div_ceil(2);
-    sized(out, n.div_ceil(NR) * pairs * NR);
-    fill(out, pairs * NR, parallel, |panel_index, panel| {
-        let (j0, w) = (panel_index * NR, NR.min(n - panel_index * NR));
-        if w < NR {
-            panel.fill(0);
-        }
+    pack(out, n, NR, k, parallel, |j0, w, panel| {
         if b.cs == 1 {
             // Row-major: term q of columns j0.. is a run at q·rs + j0.
             runs_of_terms(b.data, b.rs, j0, w, k, panel, NR);
@@ -273,15 +253,33 @@ fn pack_b(k: usize, n: usize, b: Mat<'_, f32>, parallel: bool, out: &mut Vec<u32
     });
 }
 
-/// Fills `out` chunk by chunk (`len` words each), over rayon's threads when `parallel`.
-fn fill(out: &mut [u32], len: usize, parallel: bool, f: impl Fn(usize, &mut [u32]) + Sync + Send) {
+/// Packs `count` rows of A (or columns of B) into `out` in groups of `width`, each group
+/// k.div_ceil(2) steps of `width` words: `f(first, valid, group)` writes the words of its
+/// `valid` lines, over rayon's threads when `parallel`; the words of lines past `count` in
+/// the last group are zeros. `out` is reused from product to product, so every word is
+/// written here or by `f`.
+fn pack(
+    out: &mut Vec<u32>,
+    count: usize,
+    width: usize,
+    k: usize,
+    parallel: bool,
+    f: impl Fn(usize, usize, &mut [u32]) + Sync + Send,
+) {
+    let len = k.div_ceil(2) * width;
+    out.resize(count.div_ceil(width) * len, 0);
+    let group = |(g, words): (usize, &mut [u32])| {
+        let valid = width.min(count - g * width);
+        if valid < width {
+            words.fill(0);
+        }
+        f(g * width, valid, words)
+    };
     if parallel {
         use rayon::prelude::*;
-        out.par_chunks_mut(len)
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
+        out.par_chunks_mut(len).enumerate().for_each(group);
     } else {
-        out.chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
+        out.chunks_mut(len).enumerate().for_each(group);
     }
 }
 
