@@ -688,9 +688,8 @@ def device_flag(tensors):
     for x in tensors:
         if x.numel():
             by_device.setdefault(x.device, []).append(x)
-    flags = [
-        (~torch.stack(list(torch._foreach_norm(xs, float("inf")))).isfinite()).any() for xs in by_device.values()
-    ]
+    # A batch check's third figure: whether any value is NaN or infinite.
+    flags = [batch_check(xs)[2] > 0 for xs in by_device.values()]
     if len(flags) == 1:
         return flags[0]
     return any(bool(f) for f in flags)
