@@ -231,3 +231,36 @@ fn fix_tries_the_switches_and_run_takes_them() {
         "{err}"
     );
 }
+
+#[test]
+fn the_activation_is_one_of_transformers_gelus() {
+    use amprobe::models::gpt2::{Gpt2Activation, Gpt2Config};
+    let text = std::fs::read_to_string(Path::new(DIR).join("config.json")).unwrap();
+    assert!(text.contains("\"activation_function\": \"gelu_new\""));
+    let with = |act: &str| {
+        Gpt2Config::parse(
+            &text.replace(
+                "\"activation_function\": \"gelu_new\"",
+                &format!("\"activation_function\": \"{act}\""),
+            ),
+            Path::new("c.json"),
+        )
+    };
+    assert_eq!(
+        with("gelu_new").unwrap().activation,
+        Gpt2Activation::GeluNew
+    );
+    assert_eq!(with("gelu").unwrap().activation, Gpt2Activation::Gelu);
+    assert_eq!(
+        with("gelu_pytorch_tanh").unwrap().activation,
+        Gpt2Activation::GeluPytorchTanh
+    );
+    let err = with("relu").unwrap_err().to_string();
+    assert!(
+        err.contains("c.json: activation_function")
+            && err.contains(
+                "`relu` is not supported (expected `gelu_new`, `gelu` or `gelu_pytorch_tanh`)"
+            ),
+        "{err}"
+    );
+}

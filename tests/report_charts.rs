@@ -33,6 +33,7 @@ fn report(trace: &Path, out: &Path, step: Option<u64>) -> amprobe::report::Repor
         &ReportOptions {
             out_dir: out.to_path_buf(),
             step,
+            ..ReportOptions::default()
         },
     )
     .unwrap()
@@ -466,6 +467,7 @@ fn step_without_ops_is_refused_with_the_steps_that_have_them() {
         &ReportOptions {
             out_dir: dir.path().join("rep"),
             step: Some(2),
+            ..ReportOptions::default()
         },
     )
     .unwrap_err()

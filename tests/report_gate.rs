@@ -335,7 +335,7 @@ fn library_evaluate_and_a_gate_fed_from_a_live_run_agree() {
     let trace = read_trace(&t.forward_inf).unwrap();
     let broken = gate::evaluate("nonfinite,skip-rate>10%,scale-collapse", &trace).unwrap();
     assert_eq!(
-        broken.iter().map(|b| b.rule).collect::<Vec<_>>(),
+        broken.iter().map(|b| b.rule.clone()).collect::<Vec<_>>(),
         [Rule::NonFinite, Rule::SkipRate(10.0)]
     );
     assert!(broken[1]
@@ -356,13 +356,16 @@ fn library_evaluate_and_a_gate_fed_from_a_live_run_agree() {
     let rules =
         gate::parse_rules("nonfinite,skip-rate>10%,headroom>0.001%,underflow>0%,scale-collapse")
             .unwrap();
-    let mut g = Gate::new(rules.clone());
+    let mut g = Gate::new(rules.clone()).unwrap();
     for r in rx.try_iter() {
         if let Record::Step(s) = r {
             g.observe(&s);
         }
     }
-    assert_eq!(g.outcomes(), gate::evaluate_steps(&rules, &trace.steps));
+    assert_eq!(
+        g.outcomes(),
+        gate::evaluate_steps(&rules, &trace.steps).unwrap()
+    );
 }
 
 /// `run --fail-on` gates the run it makes, with the same rules and exit codes as `report`.

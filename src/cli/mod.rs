@@ -2,6 +2,7 @@
 //!
 //! Subcommands. anyhow lives here, at the edge; the library has one error type.
 
+mod baseline;
 mod bisect;
 mod compare;
 mod diagnose_args;
@@ -44,6 +45,8 @@ enum Command {
     Fix(Box<fix::FixArgs>),
     /// Find a minimal set of modules that, kept in fp32, makes the first failing step finite.
     Bisect(Box<bisect::BisectArgs>),
+    /// Write a numerics lockfile: every op's envelope in a run, for `--fail-on drift`.
+    Baseline(Box<baseline::BaselineArgs>),
     /// Compare runs of one model in different precisions, op by op against fp32.
     Compare(compare::CompareArgs),
     /// Export a trace to another format (Chrome trace events for Perfetto).
@@ -69,6 +72,7 @@ pub fn main() -> anyhow::Result<i32> {
         Command::Report(a) => report::run(a),
         Command::Fix(a) => fix::run(*a),
         Command::Bisect(a) => bisect::run(*a),
+        Command::Baseline(a) => baseline::run(*a),
         Command::Export(a) => export::run(a),
         Command::Compare(a) => compare::run(a),
         Command::Scaler { command } => scaler::run(command),

@@ -4,6 +4,7 @@
 use super::out::{out, outln};
 use amprobe::report::gate::{self, Gate};
 use amprobe::report::{write_report, ReportOptions, TraceFile};
+use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -19,20 +20,34 @@ pub struct ReportArgs {
     #[arg(long)]
     step: Option<u64>,
     /// Exit 1 when the trace breaks one of these rules (comma-separated): nonfinite,
-    /// skip-rate>X%, headroom>X%, underflow>X%, scale-collapse.
+    /// skip-rate>X%, headroom>X%, underflow>X%, scale-collapse, drift[=FILE] (a lockfile
+    /// written by `amprobe baseline`, default amprobe.lock); summary.md gets a section.
     #[arg(long, value_name = "RULES")]
     fail_on: Option<String>,
 }
 
 pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
-    // Bad rules are an error before any work is done.
-    let rules = a.fail_on.as_deref().map(gate::parse_rules).transpose()?;
+    // Bad rules and lockfiles are an error before any work is done.
+    let gate = a
+        .fail_on
+        .as_deref()
+        .map(|r| Gate::new(gate::parse_rules(r)?))
+        .transpose()
+        .context("--fail-on")?;
     let tf = TraceFile::open(&a.trace)?;
+    let outcomes = gate.map(|mut g| {
+        g.observe_header(&tf.trace.header);
+        for s in &tf.trace.steps {
+            g.observe(s);
+        }
+        g.outcomes()
+    });
     let out = write_report(
         &tf,
         &ReportOptions {
             out_dir: a.out.clone(),
             step: a.step,
+            gate: outcomes.clone().unwrap_or_default(),
         },
     )?;
     if let Some(w) = amprobe::report::summary_doc::completeness(&tf) {
@@ -41,14 +56,9 @@ pub fn run(a: ReportArgs) -> anyhow::Result<i32> {
     outln!("verdict: {}", out.facts.verdict)?;
     outln!("report: {}", out.index_html.display())?;
     outln!("summary: {}", out.summary_md.display())?;
-    let Some(rules) = rules else {
+    let Some(outcomes) = outcomes else {
         return Ok(0);
     };
-    let mut g = Gate::new(rules);
-    for s in &tf.trace.steps {
-        g.observe(s);
-    }
-    let outcomes = g.outcomes();
     out!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()))?;
     Ok(gate::exit_code(&outcomes))
 }

@@ -22,7 +22,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub(super) compare_out: Option<PathBuf>,
     /// CI gate: exit 1 when a rule breaks (nonfinite, skip-rate>X%, headroom>X%,
-    /// underflow>X%, scale-collapse; comma-separated).
+    /// underflow>X%, scale-collapse, drift[=FILE]; comma-separated). `drift` holds the run
+    /// to a lockfile from `amprobe baseline` (default amprobe.lock) and keeps every step's
+    /// op records unless --sample-every says otherwise.
     #[arg(long, value_name = "RULES")]
     pub(super) fail_on: Option<String>,
     /// A PyTorch training script to run instead (after `--`), which calls
@@ -348,6 +350,15 @@ pub(super) fn config(a: &RunArgs) -> anyhow::Result<RunConfig> {
     Ok(cfg)
 }
 
+/// The gate of `--fail-on`, its lockfiles read; `None` without the flag.
+pub(super) fn gate_of(a: &RunArgs) -> anyhow::Result<Option<Gate>> {
+    a.fail_on
+        .as_deref()
+        .map(|r| Gate::new(gate::parse_rules(r)?))
+        .transpose()
+        .context("--fail-on")
+}
+
 /// Runs with these diagnosis options and writes the summary JSON when configured.
 pub(super) fn run_with(
     cfg: &RunConfig,
@@ -374,8 +385,10 @@ fn run_gated(
     drop(opts);
     if let Some(g) = gate {
         for r in rx.try_iter() {
-            if let Record::Step(s) = r {
-                g.observe(&s);
+            match r {
+                Record::Header(h) => g.observe_header(&h),
+                Record::Step(s) => g.observe(&s),
+                Record::End(_) => {}
             }
         }
     }
@@ -417,10 +430,10 @@ fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
             .summary_json
             .as_ref()
             .map(|s| PathBuf::from(format!("{}-{p}.json", s.with_extension("").display())));
-        let mut gate = match &a.fail_on {
-            Some(r) => Some(Gate::new(gate::parse_rules(r).context("--fail-on")?)),
-            None => None,
-        };
+        let mut gate = gate_of(a)?;
+        if gate.as_ref().is_some_and(Gate::has_drift) && base.probe.sample_every.is_none() {
+            cfg.probe.sample_every = Some(1);
+        }
         let summary = run_gated(&cfg, a.diag.options()?, gate.as_mut())?;
         print_human(&summary)?;
         if let Some(g) = gate {
@@ -453,30 +466,32 @@ fn run_compared(a: &RunArgs, precisions: &[String]) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-/// `run [flags] -- CMD ARGS...`: runs the command with the companion's trace path set
-/// (`AMPROBE_TRACE`, and `AMPROBE_SAMPLE_EVERY` from --sample-every), then reads the trace
-/// it wrote and prints, writes and gates its summary as for a run of amprobe's own. Under
-/// torchrun each rank writes its own trace next to the path (`.rank{N}` before the suffix):
-/// they are read together (`diagnose::ranks`). Exits with the command's status when it
-/// failed, else the gate's.
-fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
+/// What a script run under the companion left: its exit status, the header of its trace
+/// (rank 0's under torchrun), the diagnosis and every step record (every rank's).
+pub(super) struct ScriptRun {
+    /// The command's exit status.
+    pub status: std::process::ExitStatus,
+    /// The trace's header.
+    pub header: amprobe::trace::record::Header,
+    /// The run's summary.
+    pub summary: RunSummary,
+    /// Every step record, rank after rank.
+    pub steps: Vec<amprobe::trace::record::StepRecord>,
+}
+
+/// Runs `command` with the companion's trace path set (`AMPROBE_TRACE`, and
+/// `AMPROBE_SAMPLE_EVERY` when given), then reads the trace it wrote. Under torchrun each
+/// rank writes its own trace next to the path (`.rank{N}` before the suffix): they are read
+/// together (`diagnose::ranks`).
+pub(super) fn capture_script(
+    command: &[String],
+    trace: Option<&std::path::Path>,
+    sample_every: Option<u64>,
+    opts: amprobe::diagnose::DiagnoseOptions,
+) -> anyhow::Result<ScriptRun> {
     use amprobe::diagnose::ranks;
-    if a.config.is_some() || a.flags.configures_training() {
-        anyhow::bail!(
-            "a script given after `--` trains itself: a run configuration and the model, data \
-             and training flags do not apply to it (--trace, --summary-json, --sample-every, \
-             the diagnosis flags and --fail-on do)"
-        );
-    }
-    let mut gate = match &a.fail_on {
-        Some(r) => Some(Gate::new(gate::parse_rules(r).context("--fail-on")?)),
-        None => None,
-    };
-    let opts = a.diag.options()?;
-    let trace = a
-        .flags
-        .trace
-        .clone()
+    let trace = trace
+        .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("amprobe-trace.jsonl"));
     let trace =
         std::path::absolute(&trace).with_context(|| format!("trace path {}", trace.display()))?;
@@ -491,15 +506,15 @@ fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
             _ => {}
         }
     }
-    let mut cmd = std::process::Command::new(&a.command[0]);
-    cmd.args(&a.command[1..]).env("AMPROBE_TRACE", &trace);
-    if let Some(n) = a.flags.sample_every {
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).env("AMPROBE_TRACE", &trace);
+    if let Some(n) = sample_every {
         cmd.env("AMPROBE_SAMPLE_EVERY", n.to_string());
     }
     let status = cmd
         .status()
-        .with_context(|| format!("running `{}`", a.command.join(" ")))?;
-    let (summary, steps) = if trace.exists() {
+        .with_context(|| format!("running `{}`", command.join(" ")))?;
+    if trace.exists() {
         let t = amprobe::trace::io::read_trace(&trace)?;
         if let Some(src) = t.header.source.as_ref().filter(|s| s.world_size > 1) {
             anyhow::bail!(
@@ -513,43 +528,74 @@ fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
             );
         }
         let summary = amprobe::diagnose::summary::summary_of_trace(&t, Some(trace.clone()), opts)?;
-        (summary, t.steps)
+        Ok(ScriptRun {
+            status,
+            header: t.header,
+            summary,
+            steps: t.steps,
+        })
     } else if !ranks::rank_files(&trace)?.is_empty() {
         let rs = ranks::read_rank_traces(&trace)?;
         let summary = ranks::summary_of_ranks(&rs, opts)?;
-        (
+        let header = rs[0].trace.header.clone();
+        Ok(ScriptRun {
+            status,
+            header,
             summary,
-            rs.into_iter().flat_map(|r| r.trace.steps).collect(),
-        )
+            steps: rs.into_iter().flat_map(|r| r.trace.steps).collect(),
+        })
     } else {
         anyhow::bail!(
             "`{}` wrote no trace at {} (nor one per rank, {}) ({status}): does it call \
              amprobe_torch.watch(model, optimizer, scaler) before its training loop, with the \
              companion installed (pip install ./python)?",
-            a.command.join(" "),
+            command.join(" "),
             trace.display(),
             ranks::rank_path(&trace, 0).display()
         );
-    };
-    print_human(&summary)?;
+    }
+}
+
+/// `run [flags] -- CMD ARGS...`: runs the command under the companion
+/// ([`capture_script`]), then prints, writes and gates its summary as for a run of
+/// amprobe's own. Exits with the command's status when it failed, else the gate's.
+fn run_script(a: &RunArgs) -> anyhow::Result<i32> {
+    if a.config.is_some() || a.flags.configures_training() {
+        anyhow::bail!(
+            "a script given after `--` trains itself: a run configuration and the model, data \
+             and training flags do not apply to it (--trace, --summary-json, --sample-every, \
+             the diagnosis flags and --fail-on do)"
+        );
+    }
+    let mut gate = gate_of(a)?;
+    // A lockfile holds every step's ops: they are kept unless the flag says otherwise.
+    let drift = gate.as_ref().is_some_and(Gate::has_drift);
+    let run = capture_script(
+        &a.command,
+        a.flags.trace.as_deref(),
+        a.flags.sample_every.or(drift.then_some(1)),
+        a.diag.options()?,
+    )?;
+    print_human(&run.summary)?;
     if let Some(p) = &a.flags.summary_json {
-        let text = serde_json::to_string_pretty(&summary)?;
+        let text = serde_json::to_string_pretty(&run.summary)?;
         std::fs::write(p, text + "\n")
             .with_context(|| format!("writing summary {}", p.display()))?;
     }
     let mut code = 0;
     if let Some(g) = gate.as_mut() {
+        g.observe_header(&run.header);
         // Over several ranks the gate sees every rank's steps.
-        for s in &steps {
+        for s in &run.steps {
             g.observe(s);
         }
         let outcomes = g.outcomes();
         out!("{}", gate::format_outcomes(&outcomes, gate::stdout_color()))?;
         code = gate::exit_code(&outcomes);
     }
-    if !status.success() {
-        eprintln!("amprobe: `{}` failed ({status})", a.command.join(" "));
-        return Ok(status.code().unwrap_or(1).max(1));
+    if !run.status.success() {
+        eprintln!("amprobe: `{}` failed ({})", a.command.join(" "), run.status);
+        return Ok(run.status.code().unwrap_or(1).max(1));
     }
     Ok(code)
 }
@@ -569,12 +615,12 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         }
         return run_compared(&a, &ps);
     }
-    let cfg = config(&a)?;
-    // Rules are checked before training, so a typo fails at once.
-    let mut gate = match &a.fail_on {
-        Some(r) => Some(Gate::new(gate::parse_rules(r).context("--fail-on")?)),
-        None => None,
-    };
+    let mut cfg = config(&a)?;
+    // Rules are checked (and lockfiles read) before training, so a typo fails at once.
+    let mut gate = gate_of(&a)?;
+    if gate.as_ref().is_some_and(Gate::has_drift) && cfg.probe.sample_every.is_none() {
+        cfg.probe.sample_every = Some(1);
+    }
     let summary = run_gated(&cfg, a.diag.options()?, gate.as_mut())?;
     print_human(&summary)?;
     match gate {

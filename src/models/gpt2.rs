@@ -58,6 +58,19 @@ pub struct Gpt2Config {
     pub reorder_and_upcast_attn: bool,
     /// Dropout of embeddings, residual branches and attention probabilities.
     pub dropout: (f64, f64, f64),
+    /// The MLP's activation (`activation_function`).
+    pub activation: Gpt2Activation,
+}
+
+/// The GELU formulas transformers' GPT-2 can be configured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gpt2Activation {
+    /// `gelu_new`: the tanh approximation written out op by op (GPT-2's own).
+    GeluNew,
+    /// `gelu`: the exact GELU, `x·Φ(x)`, one op.
+    Gelu,
+    /// `gelu_pytorch_tanh`: the tanh approximation as one op.
+    GeluPytorchTanh,
 }
 
 impl Gpt2Config {
@@ -75,12 +88,20 @@ impl Gpt2Config {
             .get("activation_function")
             .and_then(|x| x.as_str())
             .unwrap_or("gelu_new");
-        if act != "gelu_new" {
-            return Err(Error::config(
-                format!("{at}: activation_function"),
-                format!("`{act}` is not supported (expected `gelu_new`)"),
-            ));
-        }
+        let activation = match act {
+            "gelu_new" => Gpt2Activation::GeluNew,
+            "gelu" => Gpt2Activation::Gelu,
+            "gelu_pytorch_tanh" => Gpt2Activation::GeluPytorchTanh,
+            _ => {
+                return Err(Error::config(
+                    format!("{at}: activation_function"),
+                    format!(
+                        "`{act}` is not supported (expected `gelu_new`, `gelu` or \
+                         `gelu_pytorch_tanh`)"
+                    ),
+                ))
+            }
+        };
         let flag = |name: &str, default: bool| bool_field(&v, path, name, default);
         let prob = |name: &str| prob_field(&v, path, name, 0.1);
         let n_embd = usize_field(&v, path, "n_embd")?;
@@ -116,6 +137,7 @@ impl Gpt2Config {
                 prob("resid_pdrop")?,
                 prob("attn_pdrop")?,
             ),
+            activation,
         };
         cfg.check_size(path)?;
         Ok(cfg)
@@ -327,7 +349,11 @@ impl Gpt2 {
     fn mlp(&self, e: &mut Engine, p: &ParamAccess<'_>, layer: usize, x: &Tensor) -> Result<Tensor> {
         let name = format!("transformer.h.{layer}.mlp");
         let h = self.conv1d(e, p, &format!("{name}.c_fc"), x)?;
-        let h = e.scope(&format!("{name}.act"), |e| self.gelu_new(e, &h))?;
+        let h = e.scope(&format!("{name}.act"), |e| match self.cfg.activation {
+            Gpt2Activation::GeluNew => self.gelu_new(e, &h),
+            Gpt2Activation::Gelu => e.gelu(&h, false),
+            Gpt2Activation::GeluPytorchTanh => e.gelu(&h, true),
+        })?;
         let h = self.conv1d(e, p, &format!("{name}.c_proj"), &h)?;
         e.scope(&name, |e| self.dropout(e, &h, self.cfg.dropout.1, 3))
     }

@@ -16,15 +16,22 @@
 //! - `scale-collapse`: a step reporting a loss-scale collapse (an event starting with
 //!   "scale collapse" from the step, or "loss scale collaps…" from the diagnosis), or a scale
 //!   that became 0 or non-finite, breaks it.
+//! - `drift[=FILE]`: an op leaving the envelope a numerics lockfile (default
+//!   `amprobe.lock`, written by `amprobe baseline`) holds it to, beyond the file's
+//!   tolerances, breaks it; so do ops the lock lacks or has that the run lacks, and a step
+//!   off its loss-scale path (see [`super::drift`]). The path may hold no comma.
 
+use super::drift::DriftCheck;
 use super::facts::{self, describe_op, fmt_num, fmt_pct, plural};
+use super::lockfile::DEFAULT_LOCK;
 use crate::error::{Error, Result};
 use crate::trace::io::Trace;
-use crate::trace::record::{OpRef, Phase, StepRecord};
+use crate::trace::record::{Header, OpRef, Phase, StepRecord};
 use std::fmt;
+use std::path::PathBuf;
 
 /// One rule of the gate.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Rule {
     /// No forward Inf/NaN origin.
     NonFinite,
@@ -36,15 +43,34 @@ pub enum Rule {
     Underflow(f64),
     /// No loss-scale collapse.
     ScaleCollapse,
+    /// Every op within the envelope of this lockfile.
+    Drift(PathBuf),
 }
 
 const RULES_HELP: &str =
-    "nonfinite, skip-rate>X%, headroom>X%, underflow>X%, scale-collapse (comma-separated)";
+    "nonfinite, skip-rate>X%, headroom>X%, underflow>X%, scale-collapse, drift[=FILE] \
+     (comma-separated)";
 
 impl Rule {
     /// Parses one rule: `nonfinite`, `skip-rate>5%`, `headroom>50%`, `underflow>1%`,
-    /// `scale-collapse`. Spaces are ignored; the `%` is optional (X is a percentage).
+    /// `scale-collapse`, `drift` or `drift=FILE`. Spaces are ignored (but in a drift
+    /// rule's path); the `%` is optional (X is a percentage).
     pub fn parse(s: &str) -> Result<Rule> {
+        let trimmed = s.trim();
+        if trimmed == "drift" {
+            return Ok(Rule::Drift(PathBuf::from(DEFAULT_LOCK)));
+        }
+        if let Some(path) = trimmed.strip_prefix("drift") {
+            if let Some(path) = path.trim_start().strip_prefix('=') {
+                let path = path.trim();
+                if path.is_empty() {
+                    return Err(Error::Invalid(format!(
+                        "--fail-on rule `{s}`: no lockfile after `=` (rules: {RULES_HELP})"
+                    )));
+                }
+                return Ok(Rule::Drift(PathBuf::from(path)));
+            }
+        }
         let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         let bad = |why: String| {
             Error::Invalid(format!("--fail-on rule `{s}`: {why} (rules: {RULES_HELP})"))
@@ -84,6 +110,7 @@ impl fmt::Display for Rule {
             Rule::Headroom(x) => write!(f, "headroom>{x}%"),
             Rule::Underflow(x) => write!(f, "underflow>{x}%"),
             Rule::ScaleCollapse => f.write_str("scale-collapse"),
+            Rule::Drift(p) => write!(f, "drift={}", p.display()),
         }
     }
 }
@@ -112,6 +139,8 @@ pub struct Outcome {
     pub broken: bool,
     /// What was found, as a sentence starting with the rule.
     pub message: String,
+    /// Line by line, what the rule found (the drift rule's findings; empty for the others).
+    pub details: Vec<String>,
 }
 
 /// A rule the run broke, with what broke it.
@@ -143,12 +172,22 @@ pub struct Gate {
     worst_headroom: Option<(f64, OpRef, f64)>,
     worst_underflow: Option<(f64, UnderflowAt)>,
     collapse: Option<(u64, String)>,
+    /// One check per drift rule, in rule order.
+    drift: Vec<DriftCheck>,
 }
 
 impl Gate {
-    /// A gate checking `rules`.
-    pub fn new(rules: Vec<Rule>) -> Gate {
-        Gate {
+    /// A gate checking `rules`; a drift rule's lockfile is read here, so a missing or bad
+    /// one is an error before any work is done.
+    pub fn new(rules: Vec<Rule>) -> Result<Gate> {
+        let drift = rules
+            .iter()
+            .filter_map(|r| match r {
+                Rule::Drift(p) => Some(DriftCheck::open(p)),
+                _ => None,
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Gate {
             rules,
             steps: 0,
             skipped: 0,
@@ -158,6 +197,21 @@ impl Gate {
             worst_headroom: None,
             worst_underflow: None,
             collapse: None,
+            drift,
+        })
+    }
+
+    /// True when a rule holds the run to a lockfile (which needs op records in every
+    /// step it checks).
+    pub fn has_drift(&self) -> bool {
+        !self.drift.is_empty()
+    }
+
+    /// Takes the run's header into account (the drift rule checks that the run is of the
+    /// lock's model and precision).
+    pub fn observe_header(&mut self, h: &Header) {
+        for d in &mut self.drift {
+            d.observe_header(h);
         }
     }
 
@@ -169,6 +223,9 @@ impl Gate {
     /// Takes one step record into account. Call it before dropping the step's op
     /// records: `headroom` and the op part of `underflow` read them.
     pub fn observe(&mut self, s: &StepRecord) {
+        for d in &mut self.drift {
+            d.observe(s);
+        }
         self.steps += 1;
         self.skipped += u64::from(s.skipped);
         let fwd: Vec<(&'static str, &OpRef)> =
@@ -240,7 +297,26 @@ impl Gate {
 
     /// The outcome of every rule over the steps observed so far, in rule order.
     pub fn outcomes(&self) -> Vec<Outcome> {
-        self.rules.iter().map(|&r| self.outcome(r)).collect()
+        let mut drift = self.drift.iter();
+        self.rules
+            .iter()
+            .map(|r| match r {
+                Rule::Drift(_) => {
+                    let (broken, detail, details) = drift.next().map(|d| d.outcome()).unwrap_or((
+                        true,
+                        "no lockfile".into(),
+                        Vec::new(),
+                    ));
+                    Outcome {
+                        rule: r.clone(),
+                        broken,
+                        message: format!("{r}: {detail}"),
+                        details,
+                    }
+                }
+                r => self.outcome(r.clone()),
+            })
+            .collect()
     }
 
     /// The broken rules over the steps observed so far.
@@ -328,28 +404,31 @@ impl Gate {
                 Some((s, e)) => (true, format!("step {s}: {e}")),
                 None => (false, format!("no collapse in {}", plural(n, "step"))),
             },
+            Rule::Drift(_) => (true, "checked by the drift check".into()),
         };
         Outcome {
+            message: format!("{rule}: {detail}"),
             rule,
             broken,
-            message: format!("{rule}: {detail}"),
+            details: Vec::new(),
         }
     }
 }
 
 /// Every rule's outcome over `steps`.
-pub fn evaluate_steps(rules: &[Rule], steps: &[StepRecord]) -> Vec<Outcome> {
-    let mut g = Gate::new(rules.to_vec());
+pub fn evaluate_steps(rules: &[Rule], steps: &[StepRecord]) -> Result<Vec<Outcome>> {
+    let mut g = Gate::new(rules.to_vec())?;
     for s in steps {
         g.observe(s);
     }
-    g.outcomes()
+    Ok(g.outcomes())
 }
 
 /// The rules of `rules` (comma-separated, see the module docs) that `trace` breaks.
 pub fn evaluate(rules: &str, trace: &Trace) -> Result<Vec<Broken>> {
     let rules = parse_rules(rules)?;
-    let mut g = Gate::new(rules);
+    let mut g = Gate::new(rules)?;
+    g.observe_header(&trace.header);
     for s in &trace.steps {
         g.observe(s);
     }
@@ -362,8 +441,12 @@ pub fn stdout_color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-/// The outcomes as lines (`FAIL rule: ...` / `ok   rule: ...`) and a closing line;
-/// ANSI colours only when `color`.
+/// Details printed under a rule's line at most; the rest are counted.
+pub const MAX_DETAILS: usize = 20;
+
+/// The outcomes as lines (`FAIL rule: ...` / `ok   rule: ...`, a broken rule's details
+/// indented under it, at most [`MAX_DETAILS`]) and a closing line; ANSI colours only when
+/// `color`.
 pub fn format_outcomes(outcomes: &[Outcome], color: bool) -> String {
     let mut o = String::new();
     for x in outcomes {
@@ -374,6 +457,17 @@ pub fn format_outcomes(outcomes: &[Outcome], color: bool) -> String {
             (false, false) => "ok  ",
         };
         o.push_str(&format!("{tag} {}\n", x.message));
+        if x.broken {
+            for d in x.details.iter().take(MAX_DETAILS) {
+                o.push_str(&format!("       {d}\n"));
+            }
+            if x.details.len() > MAX_DETAILS {
+                o.push_str(&format!(
+                    "       ... and {} more\n",
+                    x.details.len() - MAX_DETAILS
+                ));
+            }
+        }
     }
     let n = outcomes.iter().filter(|x| x.broken).count();
     o.push_str(&if n == 0 {
@@ -442,7 +536,7 @@ mod tests {
                 ..StepRecord::default()
             })
             .collect();
-        let o = evaluate_steps(&[Rule::SkipRate(25.0), Rule::SkipRate(24.9)], &steps);
+        let o = evaluate_steps(&[Rule::SkipRate(25.0), Rule::SkipRate(24.9)], &steps).unwrap();
         assert!(!o[0].broken, "25% is not more than 25%");
         assert!(o[1].broken);
         assert_eq!(
@@ -457,7 +551,7 @@ mod tests {
             scale_after: 0.0,
             ..StepRecord::default()
         };
-        let o = evaluate_steps(&[Rule::ScaleCollapse], &[s]);
+        let o = evaluate_steps(&[Rule::ScaleCollapse], &[s]).unwrap();
         assert!(o[0].broken);
         assert_eq!(
             o[0].message,
@@ -472,16 +566,18 @@ mod tests {
                 rule: Rule::NonFinite,
                 broken: true,
                 message: "nonfinite: x".into(),
+                details: vec!["one".into()],
             },
             Outcome {
                 rule: Rule::ScaleCollapse,
                 broken: false,
                 message: "scale-collapse: y".into(),
+                details: vec!["not shown: the rule holds".into()],
             },
         ];
         assert_eq!(
             format_outcomes(&o, false),
-            "FAIL nonfinite: x\nok   scale-collapse: y\ngate: 1 of 2 rules broken\n"
+            "FAIL nonfinite: x\n       one\nok   scale-collapse: y\ngate: 1 of 2 rules broken\n"
         );
         assert!(format_outcomes(&o, true).contains("\x1b[1;31mFAIL\x1b[0m nonfinite: x"));
         assert_eq!(exit_code(&o), 1);

@@ -1,7 +1,7 @@
 //! Layer 12 of `amprobe::LAYERS`: may use layers 0–11 (`dtype` … `runner`).
 //!
 //! Reports over traces: charts, `summary.md` and `index.html` (`amprobe report`), the CI
-//! gate (`--fail-on`), comparison of runs in different precisions (`amprobe compare`) and
+//! gate (`--fail-on`) and its numerics lockfile (`amprobe baseline`), comparison of runs in different precisions (`amprobe compare`) and
 //! the Chrome trace-event export (`amprobe export --perfetto`).
 //!
 //! Everything here reads trace records only, so a report works on any trace — a finished
@@ -10,8 +10,10 @@
 pub mod charts;
 pub mod compare;
 pub mod doc;
+pub mod drift;
 pub mod facts;
 pub mod gate;
+pub mod lockfile;
 pub mod perfetto;
 pub mod summary_doc;
 pub mod trace_file;

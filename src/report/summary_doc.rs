@@ -19,6 +19,9 @@ pub struct ReportOptions {
     /// Step of the per-op chart; default: the first step with op records and a
     /// non-finite value, else the first step with op records.
     pub step: Option<u64>,
+    /// The CI gate's outcomes, when the report is gated (`--fail-on`): a section of their
+    /// own, with every finding of a broken drift rule.
+    pub gate: Vec<super::gate::Outcome>,
 }
 
 /// What a report wrote and found.
@@ -170,7 +173,7 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
             "Exponent histogram of activations, fp16 ranges shaded".to_string(),
         ));
     }
-    let doc = build_doc(tf, &facts, op_step, &charts);
+    let doc = build_doc(tf, &facts, op_step, &charts, &opts.gate);
     let summary_md = dir.join("summary.md");
     std::fs::write(&summary_md, doc.to_markdown()).map_err(|e| Error::io(&summary_md, e))?;
     let index_html = dir.join("index.html");
@@ -250,6 +253,7 @@ fn build_doc(
     facts: &Facts,
     op_step: Option<u64>,
     charts: &[(Rendered, String)],
+    gate: &[super::gate::Outcome],
 ) -> Doc {
     let t = &tf.trace;
     let h = &t.header;
@@ -277,8 +281,32 @@ fn build_doc(
     section_remedies(&mut d, facts, h);
     section_charts(&mut d, facts, op_step, charts);
     section_parameters(&mut d, facts);
+    section_gate(&mut d, gate);
     section_run(&mut d, h);
     d
+}
+
+/// The CI gate's rules and what each found; a broken rule's findings in full.
+fn section_gate(d: &mut Doc, gate: &[super::gate::Outcome]) {
+    if gate.is_empty() {
+        return;
+    }
+    d.push(Block::Heading(1, "CI gate".into()));
+    let broken = gate.iter().filter(|o| o.broken).count();
+    d.push(Block::Para(if broken == 0 {
+        format!("Every rule holds ({} rules).", gate.len())
+    } else {
+        format!("{broken} of {} rules broken.", gate.len())
+    }));
+    d.push(Block::List(
+        gate.iter()
+            .map(|o| format!("**{}** {}", if o.broken { "FAIL" } else { "ok" }, o.message))
+            .collect(),
+    ));
+    for o in gate.iter().filter(|o| o.broken && !o.details.is_empty()) {
+        d.push(Block::Heading(2, format!("{}: findings", o.rule)));
+        d.push(Block::List(o.details.clone()));
+    }
 }
 
 /// The verdict and what it means.
