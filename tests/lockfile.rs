@@ -430,3 +430,70 @@ fn bad_lockfiles_and_rules_are_named() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("no step has op records"), "{out}");
 }
+
+#[test]
+fn a_lock_holds_across_the_machines_kernels_and_the_fixed_order_ones() {
+    // T5-mini (the CPU bench's size): products large enough for the machine's fastest
+    // kernels, whose last bits differ from the fixed-order ones — the difference another
+    // machine makes. Single fp16 values then flush on one side and not the other, which
+    // `new_flush_share` is above.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = std::fs::read_to_string("samples/t5_overflow_small/config.json").unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (k, v) in [
+        ("d_model", 256),
+        ("d_ff", 1024),
+        ("num_layers", 4),
+        ("num_heads", 4),
+        ("d_kv", 64),
+        ("vocab_size", 512),
+    ] {
+        cfg[k] = v.into();
+    }
+    std::fs::write(d.join("t5mini.json"), cfg.to_string()).unwrap();
+    for p in ["fp32", "fp16", "bf16"] {
+        let mut ops = Vec::new();
+        for (lock_mode, run_mode) in [(false, true), (true, false)] {
+            let args = |reproducible: bool, rest: &[&str]| {
+                let mut a: Vec<String> = Vec::new();
+                if reproducible {
+                    a.push("--reproducible".into());
+                }
+                a.extend(rest.iter().map(|s| s.to_string()));
+                a.extend(
+                    [
+                        "--hf-config",
+                        "t5mini.json",
+                        "--batch",
+                        "8",
+                        "--seq",
+                        "128",
+                        "--steps",
+                        "2",
+                        "--precision",
+                        p,
+                    ]
+                    .map(str::to_string),
+                );
+                a
+            };
+            let a = args(lock_mode, &["baseline", "--out", "m.lock"]);
+            let (code, out) = amprobe(d, &a.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(code, 0, "{out}");
+            let trace = format!("r{lock_mode}.jsonl");
+            let a = args(
+                run_mode,
+                &["run", "--fail-on", "drift=m.lock", "--trace", &trace],
+            );
+            let (code, out) = amprobe(d, &a.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(code, 0, "{p}, lock reproducible {lock_mode}: {out}");
+            let t = read_trace(d.join(&trace)).unwrap();
+            ops.push(t.steps.into_iter().map(|s| s.ops).collect::<Vec<_>>());
+        }
+        assert_ne!(
+            ops[0], ops[1],
+            "{p}: the two kinds of kernels gave the same op records: the test shows nothing"
+        );
+    }
+}

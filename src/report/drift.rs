@@ -265,7 +265,7 @@ impl DriftCheck {
                 ));
             }
         }
-        if t.new_flush && e.flushed == 0 && f.flushed > 0 {
+        if t.new_flush && e.flushed == 0 && f.flushed > 0 && f.flush_share > t.new_flush_share {
             found.push((
                 DriftKind::Flush,
                 f.flushed as f64,

@@ -48,9 +48,13 @@ pub struct Tolerances {
     pub headroom_binades: f64,
     /// A non-finite value in an op whose envelope has none breaks the rule.
     pub new_nonfinite: bool,
-    /// A value flushed to zero by rounding, in an op whose envelope has none, breaks the
-    /// rule.
+    /// Values flushed to zero by rounding, in an op whose envelope has none, break the
+    /// rule when they are more than `new_flush_share` of the op's nonzero results.
     pub new_flush: bool,
+    /// The share of an op's nonzero results a new flush must pass to count (0: any one
+    /// value). Machines' kernels differ in the last bits of a product, which moves single
+    /// values across the flush threshold.
+    pub new_flush_share: f64,
     /// The share of an op's nonzero results that rounding flushed may grow by this much
     /// (a fraction: 0.01 is one percentage point) over the lock's.
     pub flush_share_delta: f64,
@@ -74,6 +78,7 @@ impl Default for Tolerances {
             headroom_binades: 1.0,
             new_nonfinite: true,
             new_flush: true,
+            new_flush_share: 1e-4,
             flush_share_delta: 0.01,
             zero_share_delta: 0.05,
             subnormal_share_delta: 0.05,
@@ -516,7 +521,11 @@ const TOLERANCES_DOC: &str = "\
 #   headroom_binades       a forward op's headroom may not fall below this many binades
 #                          (unless the lock's was already lower)
 #   new_nonfinite          break on a NaN/Inf in an op that had none
-#   new_flush              break on a flush to zero in an op that had none
+#   new_flush              break on a flush to zero in an op that had none, when it
+#                          takes more than new_flush_share of the op's nonzero results
+#   new_flush_share        (0: any value; the default, one in 10,000, is above what the
+#                          last bits of another machine's products move across the
+#                          flush threshold)
 #   flush_share_delta      the flushed share may grow this much (0.01 = one point)
 #   zero_share_delta       the share of zeros may leave its range by this much
 #   subnormal_share_delta  the share of subnormals may leave its range by this much
@@ -545,6 +554,7 @@ impl Lock {
         let _ = writeln!(o, "headroom_binades = {}", toml_f64(t.headroom_binades));
         let _ = writeln!(o, "new_nonfinite = {}", t.new_nonfinite);
         let _ = writeln!(o, "new_flush = {}", t.new_flush);
+        let _ = writeln!(o, "new_flush_share = {}", toml_f64(t.new_flush_share));
         let _ = writeln!(o, "flush_share_delta = {}", toml_f64(t.flush_share_delta));
         let _ = writeln!(o, "zero_share_delta = {}", toml_f64(t.zero_share_delta));
         let _ = writeln!(
@@ -641,6 +651,7 @@ impl Lock {
         let t = &lock.tolerances;
         let nonneg = [
             ("max_abs_factor", t.max_abs_factor),
+            ("new_flush_share", t.new_flush_share),
             ("flush_share_delta", t.flush_share_delta),
             ("zero_share_delta", t.zero_share_delta),
             ("subnormal_share_delta", t.subnormal_share_delta),
