@@ -99,3 +99,25 @@ def test_fix_of_a_clean_script_has_nothing_to_do(tmp_path):
     r = amprobe(tmp_path, "fix", "--out", "fix", *script("--spike-step", "-1"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "No step failed in 4 steps: nothing to fix." in r.stdout
+
+
+def test_a_lockfile_of_the_script_holds_its_reruns_and_catches_a_larger_init(tmp_path):
+    clean = script("--spike-step", "-1")
+    r = amprobe(tmp_path, "baseline", "--out", "tower.lock", *clean)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"lockfile: tower.lock \(\d+ ops over 4 step\(s\) with op records\)", r.stdout), r.stdout
+    text = (tmp_path / "tower.lock").read_text()
+    assert 'model = "Tower"' in text and 'precision = "fp16"' in text
+    r = amprobe(tmp_path, "run", "--fail-on", "drift=tower.lock", *clean)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   drift=tower.lock: every op within its envelope" in r.stdout
+    # The amplifier's weights ten times larger: its weight cast is the first op out.
+    r = amprobe(tmp_path, "run", "--fail-on", "drift=tower.lock", *script("--spike-step", "-1", "--gain", "2000"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.split("FAIL drift=tower.lock: ")[1].splitlines()
+    assert lines[1].strip().startswith("step 0: forward `_to_copy` in `amplifier` #2: max |x| 499.75"), r.stdout
+    # The overflow at step 2: the amplifier's Inf is new, and the scale path leaves the lock's.
+    r = amprobe(tmp_path, "run", "--fail-on", "drift=tower.lock", *script())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"step 2: forward `addmm` in `amplifier`: \d+ NaN/Inf value\(s\), where the lock has none", r.stdout), r.stdout
+    assert "2 steps off the loss-scale path" in r.stdout
