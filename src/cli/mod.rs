@@ -15,6 +15,7 @@ mod report;
 mod run;
 mod scaler;
 mod script;
+mod shrink;
 mod tui;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,9 @@ enum Command {
     Fix(Box<fix::FixArgs>),
     /// Find a minimal set of modules that, kept in fp32, makes the first failing step finite.
     Bisect(Box<bisect::BisectArgs>),
+    /// Find the smallest batch (rows, sequence length, steps) that still makes the first
+    /// Inf/NaN at the same op, and write it as an --inputs file.
+    Shrink(Box<shrink::ShrinkArgs>),
     /// Write a numerics lockfile: every op's envelope in a run, for `--fail-on drift`.
     Baseline(Box<baseline::BaselineArgs>),
     /// Compare runs of one model in different precisions, op by op against fp32.
@@ -73,6 +77,7 @@ pub fn main() -> anyhow::Result<i32> {
         Command::Fix(a) => fix::run(*a),
         Command::Bisect(a) => bisect::run(*a),
         Command::Baseline(a) => baseline::run(*a),
+        Command::Shrink(a) => shrink::run(*a),
         Command::Export(a) => export::run(a),
         Command::Compare(a) => compare::run(a),
         Command::Scaler { command } => scaler::run(command),

@@ -105,21 +105,31 @@ pub fn take(
     Ok(t)
 }
 
-/// Writes f32 tensors to a safetensors file (f32 storage; low-precision values written as F32).
+/// Writes tensors to a safetensors file: int64 ones as I64, floating ones as F32
+/// (low-precision values widen exactly).
 pub fn save_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
-    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut bufs: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in tensors {
-        let bytes: Vec<u8> = t
-            .to_f64_vec()?
-            .iter()
-            .flat_map(|&v| (v as f32).to_le_bytes())
-            .collect();
-        bufs.push((name.clone(), t.shape().to_vec(), bytes));
+        let (dtype, bytes): (StDtype, Vec<u8>) = if t.dtype() == crate::DType::I64 {
+            (
+                StDtype::I64,
+                t.i64s()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        } else {
+            (
+                StDtype::F32,
+                t.to_f64_vec()?
+                    .iter()
+                    .flat_map(|&v| (v as f32).to_le_bytes())
+                    .collect(),
+            )
+        };
+        bufs.push((name.clone(), dtype, t.shape().to_vec(), bytes));
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bufs
         .iter()
-        .map(|(n, s, b)| {
-            safetensors::tensor::TensorView::new(StDtype::F32, s.clone(), b)
+        .map(|(n, d, s, b)| {
+            safetensors::tensor::TensorView::new(*d, s.clone(), b)
                 .map(|v| (n.clone(), v))
                 .map_err(|e| Error::tensor(n.clone(), e.to_string()))
         })

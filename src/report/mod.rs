@@ -1,4 +1,4 @@
-//! Layer 12 of `amprobe::LAYERS`: may use layers 0–11 (`dtype` … `runner`).
+//! Layer 12 of `amprobe::LAYERS`: may use layers 0–11 (`dtype` … `shrink`).
 //!
 //! Reports over traces: charts, `summary.md` and `index.html` (`amprobe report`), the CI
 //! gate (`--fail-on`) and its numerics lockfile (`amprobe baseline`), comparison of runs in different precisions (`amprobe compare`) and

@@ -1,4 +1,4 @@
-//! Layer 12 of `amprobe::LAYERS`: may use layers 0–11 (`dtype` … `runner`).
+//! Layer 12 of `amprobe::LAYERS`: may use layers 0–11 (`dtype` … `shrink`).
 //!
 //! The terminal UI: watch a run live or replay a trace, then walk the ops of the failing
 //! step to the origin of its first Inf / NaN.
