@@ -130,6 +130,9 @@ pub struct ProbeSection {
     pub enabled: Option<bool>,
     /// Keep full op records every N steps (0: only the first step and non-finite steps).
     pub sample_every: Option<u64>,
+    /// Blame every forward op of the steps whose op records are kept: its error against
+    /// f64, introduced by the op or inherited from its inputs (the CPU backend).
+    pub blame: Option<bool>,
     /// Trace path (JSON Lines).
     pub trace: Option<PathBuf>,
     /// Summary JSON path.
@@ -278,6 +281,7 @@ impl RunConfig {
             },
             // What runs the step is resolved by the runner from `backend_choice`.
             backend: crate::backend::BackendKind::Cpu,
+            blame: self.probe.blame.unwrap_or(false),
         })
     }
 

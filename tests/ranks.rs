@@ -60,6 +60,7 @@ fn op(index: u64, phase: Phase, name: &str, module: &str, bad: usize) -> OpRecor
         wrt: None,
         masked_neg_inf: 0,
         additive_mask: false,
+        blame: None,
     }
 }
 

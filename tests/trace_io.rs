@@ -57,6 +57,7 @@ fn op(index: u64, phase: Phase, name: &str, data: &[f32]) -> OpRecord {
         wrt: (phase == Phase::Backward).then(|| "weight".to_string()),
         masked_neg_inf: 3,
         additive_mask: false,
+        blame: None,
     }
 }
 

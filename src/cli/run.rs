@@ -120,6 +120,11 @@ pub struct RunFlags {
     /// Switch probes off (to measure their cost).
     #[arg(long)]
     no_probes: bool,
+    /// Blame precision loss: every forward op of a step with op records is recomputed in
+    /// f64 from its own inputs and from an all-f64 shadow of the step, giving the error it
+    /// introduces and the error it inherits (CPU backend).
+    #[arg(long)]
+    blame: bool,
     /// Where the step runs: auto (default: a GPU that passes a step check against the CPU
     /// emulator, else the CPU; never the simulated device), cpu, or cuda (the device, a
     /// simulated one included).
@@ -162,6 +167,7 @@ impl RunFlags {
             self.policy.is_some(),
             !self.keep_fp32.is_empty(),
             self.no_probes,
+            self.blame,
             self.backend.is_some(),
         ];
         opts.iter().any(|&x| x)
@@ -241,6 +247,9 @@ pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     set!(p.sample_every, a.sample_every);
     if a.no_probes {
         p.enabled = Some(false);
+    }
+    if a.blame {
+        p.blame = Some(true);
     }
 }
 

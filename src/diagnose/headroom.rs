@@ -256,6 +256,7 @@ mod tests {
             wrt: None,
             masked_neg_inf: 0,
             additive_mask: false,
+            blame: None,
         }
     }
 

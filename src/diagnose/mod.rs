@@ -16,6 +16,7 @@
 
 pub mod accuracy;
 pub mod align;
+pub mod blame;
 pub mod cause;
 pub mod collapse;
 pub mod headroom;
@@ -73,6 +74,8 @@ impl Default for DiagnoseOptions {
 pub struct RunDiagnosis {
     /// Headroom warnings.
     pub headroom: HeadroomReport,
+    /// The top offenders of precision loss (`--blame`).
+    pub blame: blame::BlameReport,
     /// The scale collapse flag, if raised.
     pub scale_collapse: Option<CollapseFlag>,
     /// Remedies tried at the first failing step.
@@ -88,6 +91,7 @@ pub struct RunDiagnosis {
 pub struct Diagnoser {
     opts: DiagnoseOptions,
     headroom: Headroom,
+    blame: blame::BlameTracker,
     collapse: CollapseTracker,
     classified: u32,
     out: RunDiagnosis,
@@ -99,6 +103,7 @@ impl Diagnoser {
     pub fn new(opts: DiagnoseOptions) -> Diagnoser {
         Diagnoser {
             headroom: Headroom::new(opts.headroom),
+            blame: blame::BlameTracker::default(),
             collapse: CollapseTracker::new(opts.collapse_steps),
             opts,
             classified: 0,
@@ -113,6 +118,7 @@ impl Diagnoser {
     pub fn after_step(&mut self, trainer: &Trainer, rec: &mut StepRecord) -> Result<()> {
         if let Some(ops) = &rec.ops {
             self.headroom.observe(rec.step, rec.scale_before, ops);
+            self.blame.observe(rec.step, ops);
         }
         let mut reference: Option<Replay> = None;
         if rec.skipped {
@@ -151,6 +157,7 @@ impl Diagnoser {
     pub fn after_recorded_step(&mut self, rec: &mut StepRecord) {
         if let Some(ops) = &rec.ops {
             self.headroom.observe(rec.step, rec.scale_before, ops);
+            self.blame.observe(rec.step, ops);
         }
         self.note_collapse(rec);
         if self.failed_at.is_none() && failed(rec) {
@@ -183,6 +190,7 @@ impl Diagnoser {
     /// The diagnosis of the run.
     pub fn finish(mut self) -> RunDiagnosis {
         self.out.headroom = self.headroom.report();
+        self.out.blame = self.blame.report();
         self.out
     }
 }

@@ -110,6 +110,9 @@ pub struct RunSummary {
     pub unclassified_skips: u64,
     /// Ops close to fp16's limits.
     pub headroom: super::headroom::HeadroomReport,
+    /// The top offenders of precision loss, when the run blamed its ops (`--blame`).
+    #[serde(default, skip_serializing_if = "super::blame::BlameReport::is_empty")]
+    pub blame: super::blame::BlameReport,
     /// Remedies tried at the first failing step (`run --try-remedies`, `fix`, `bisect`).
     pub remedies: Option<super::remedy::RemedyReport>,
     /// Step re-runs the diagnosis used.
@@ -203,6 +206,7 @@ pub fn summarize(
         scale_collapse: diagnosis.scale_collapse,
         unclassified_skips: diagnosis.unclassified_skips,
         headroom: diagnosis.headroom,
+        blame: diagnosis.blame,
         remedies: diagnosis.remedies,
         diagnosis_replays: diagnosis.replays,
         ranks: None,

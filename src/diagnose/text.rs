@@ -431,7 +431,58 @@ pub fn bisection_lines(b: &Bisection) -> Vec<String> {
     out
 }
 
-/// The whole diagnosis of a run in plain words: skip causes, collapse, headroom, remedies.
+/// The top offenders of precision loss (`--blame`), as lines: a heading per kind, one
+/// line per op.
+pub fn blame_lines(b: &super::blame::BlameReport) -> Vec<String> {
+    let mut out = Vec::new();
+    if b.is_empty() {
+        return out;
+    }
+    let steps: Vec<String> = b.steps.iter().map(u64::to_string).collect();
+    let module = |m: &str| {
+        if m.is_empty() {
+            "<root>".to_string()
+        } else {
+            m.to_string()
+        }
+    };
+    out.push(format!(
+        "Blame (forward ops of step {} against f64): most error introduced by the op's own \
+         rounding and arithmetic:",
+        steps.join(", ")
+    ));
+    for h in &b.introduced {
+        out.push(format!(
+            "  `{}` in `{}` (step {} op #{}): introduces {:.2e}, inherits {:.2e}, total {:.2e}",
+            h.op,
+            module(&h.module),
+            h.step,
+            h.index,
+            h.blame.introduced,
+            h.blame.inherited,
+            h.blame.total
+        ));
+    }
+    if !b.amplified.is_empty() {
+        out.push("  most amplified (the error its inputs carry, magnified):".into());
+        for h in &b.amplified {
+            out.push(format!(
+                "  `{}` in `{}` (step {} op #{}): ×{:.3} ({:.2e} in, {:.2e} out)",
+                h.op,
+                module(&h.module),
+                h.step,
+                h.index,
+                h.figure,
+                h.blame.input,
+                h.blame.inherited
+            ));
+        }
+    }
+    out
+}
+
+/// The whole diagnosis of a run in plain words: skip causes, collapse, headroom, blame,
+/// remedies.
 pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(r) = &s.ranks {
@@ -528,6 +579,7 @@ pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
             ));
         }
     }
+    out.extend(blame_lines(&s.blame));
     if let Some(r) = &s.remedies {
         out.extend(remedy_lines(r));
     }

@@ -14,7 +14,7 @@ use crate::dtype::{DType, RoundCounts};
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId};
 use crate::trace::record::Phase;
-use observer::{Observer, OpEvent, Operand, Released};
+use observer::{Blame, Observer, OpEvent, Operand, Released};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -214,6 +214,50 @@ pub struct Engine {
     masks: Vec<TensorId>,
     /// True while the ops that make such a mask run.
     making_mask: bool,
+    /// Whether forward ops are blamed ([`Engine::set_blame`]).
+    blame: bool,
+    /// The all-f64 shadow of each forward output made while blaming, by tensor.
+    shadows: HashMap<TensorId, Tensor>,
+}
+
+/// Computes an op again from other inputs of the same shapes (f64 ones, integer ones as
+/// they were): what blaming compares its output with. No op is recorded.
+pub type Recompute<'a> = &'a dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// A floating tensor widened exactly to f64 (others as they are).
+fn widen(t: &Tensor) -> Result<Tensor> {
+    if t.dtype().is_float() && t.dtype() != DType::F64 {
+        Tensor::from_f64(t.to_f64_vec()?, t.shape())
+    } else {
+        Ok(t.clone())
+    }
+}
+
+/// `‖a − b‖₂ / ‖b‖₂` over the positions where both are finite (0 when equal, infinite
+/// when only `b` is 0 there).
+pub fn relative_error(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let (x, y) = (a.to_f64_vec()?, b.to_f64_vec()?);
+    if x.len() != y.len() {
+        return Err(Error::Invalid(format!(
+            "relative error of {} values against {}",
+            x.len(),
+            y.len()
+        )));
+    }
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (p, q) in x.iter().zip(&y) {
+        if p.is_finite() && q.is_finite() {
+            diff += (p - q) * (p - q);
+            norm += q * q;
+        }
+    }
+    Ok(if diff == 0.0 {
+        0.0
+    } else if norm == 0.0 {
+        f64::INFINITY
+    } else {
+        (diff / norm).sqrt()
+    })
 }
 
 impl Default for Engine {
@@ -243,7 +287,67 @@ impl Engine {
             seed: 0,
             masks: Vec::new(),
             making_mask: false,
+            blame: false,
+            shadows: HashMap::new(),
         }
+    }
+
+    /// Blames the forward ops that follow (until turned off): each is computed again in
+    /// f64 from its own inputs and from the inputs' all-f64 shadows, and observers hear of
+    /// the relative errors ([`Blame`]). Host tensors only. Turning it off frees the shadows.
+    pub fn set_blame(&mut self, on: bool) {
+        self.blame = on;
+        if !on {
+            self.shadows.clear();
+        }
+    }
+
+    /// Whether forward ops are blamed.
+    pub fn blaming(&self) -> bool {
+        self.blame
+    }
+
+    /// The all-f64 shadow of `t`: the shadow an op made, else `t` itself widened (a
+    /// parameter, the batch).
+    fn shadow_of(&self, t: &Tensor) -> Result<Tensor> {
+        match self.shadows.get(&t.id()) {
+            Some(s) => Ok(s.clone()),
+            None => widen(t),
+        }
+    }
+
+    /// The blame of an op with these inputs, and the shadow of its output.
+    fn blame_of(
+        &self,
+        inputs: &[&Tensor],
+        output: &Tensor,
+        recompute: Recompute<'_>,
+    ) -> Result<(Blame, Tensor)> {
+        if inputs.iter().any(|t| t.device().is_some()) || output.device().is_some() {
+            return Err(Error::Invalid(
+                "blame runs on the host: run the step on the CPU backend".into(),
+            ));
+        }
+        let own: Vec<Tensor> = inputs.iter().map(|t| widen(t)).collect::<Result<_>>()?;
+        let exact = recompute(&own)?;
+        let shadow_in: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| self.shadow_of(t))
+            .collect::<Result<_>>()?;
+        let shadow = recompute(&shadow_in)?;
+        let mut input = 0.0f64;
+        for (t, s) in inputs.iter().zip(&shadow_in) {
+            if t.dtype().is_float() {
+                input = input.max(relative_error(t, s)?);
+            }
+        }
+        let blame = Blame {
+            introduced: relative_error(output, &exact)?,
+            inherited: relative_error(&exact, &shadow)?,
+            total: relative_error(output, &shadow)?,
+            input,
+        };
+        Ok((blame, shadow))
     }
 
     /// Turns autocast on (Some) or off (None) for following forward ops.
@@ -298,6 +402,7 @@ impl Engine {
 
     /// Starts a step: op indices restart at 0.
     pub fn begin_step(&mut self, step: u64) {
+        self.shadows.clear();
         self.step = step;
         self.micro = 0;
         self.op_index = 0;
@@ -309,6 +414,7 @@ impl Engine {
 
     /// Starts a micro-batch within the step; the weight-cast cache is cleared (one forward).
     pub fn begin_micro(&mut self, micro: u32) {
+        self.shadows.clear();
         self.micro = micro;
         self.phase = Phase::Forward;
         self.cast_cache.clear();
@@ -468,7 +574,8 @@ impl Engine {
     }
 
     /// Records an op that has been computed: tells observers and, when a gradient flows,
-    /// puts it on the tape. `inputs` are the (already cast) inputs, `wrt` names them.
+    /// puts it on the tape. `inputs` are the (already cast) inputs, `wrt` names them;
+    /// `recompute` computes the op again from f64 inputs, for blame ([`Engine::set_blame`]).
     pub fn record(
         &mut self,
         op: &'static str,
@@ -476,7 +583,13 @@ impl Engine {
         wrt: &'static [&'static str],
         mut out: Computed,
         backward: Option<BackwardFn>,
+        recompute: Recompute<'_>,
     ) -> Result<Tensor> {
+        let blamed = if self.blame {
+            Some(self.blame_of(inputs, &out.tensor, recompute)?)
+        } else {
+            None
+        };
         let index = self.op_index;
         self.op_index += 1;
         let module = self.module_path();
@@ -519,10 +632,14 @@ impl Engine {
                     || inputs.iter().any(|t| self.masks.contains(&t.id())),
                 permuted: out.permuted,
                 finite: out.finite,
+                blame: blamed.as_ref().map(|b| b.0),
             };
             for o in &mut self.observers {
                 o.on_op(&ev);
             }
+        }
+        if let Some((_, shadow)) = blamed {
+            self.shadows.insert(tensor.id(), shadow);
         }
         Ok(tensor)
     }
@@ -588,6 +705,7 @@ impl Engine {
             additive_mask: false,
             permuted: false,
             finite: false,
+            blame: None,
         };
         for o in &mut self.observers {
             o.on_op(&ev);
@@ -682,6 +800,7 @@ impl Engine {
                         additive_mask: false,
                         permuted: comp.permuted,
                         finite: comp.finite,
+                        blame: None,
                     };
                     for o in &mut self.observers {
                         o.on_op(&ev);
@@ -737,6 +856,7 @@ impl Engine {
                 additive_mask: false,
                 permuted: false,
                 finite: sum.finite,
+                blame: None,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);

@@ -41,6 +41,25 @@ pub struct OpEvent<'a> {
     /// Every value of the output is known to be finite: the op checked as it wrote it
     /// ([`super::finite_checks`]). False when that is not known.
     pub finite: bool,
+    /// Where the op's error against exact arithmetic came from, when the engine blames
+    /// ([`super::Engine::set_blame`]; forward ops only).
+    pub blame: Option<Blame>,
+}
+
+/// The relative errors of one forward op's output, each `‖a − b‖₂ / ‖b‖₂` over the
+/// positions where both are finite (0 when equal, infinite when only the reference is 0).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Blame {
+    /// The output against the op recomputed in f64 from its own inputs: the error the op
+    /// introduces by its own rounding and arithmetic.
+    pub introduced: f64,
+    /// The op recomputed from its own inputs against the all-f64 shadow of the step: the
+    /// error its inputs carry in, as this op passes it on.
+    pub inherited: f64,
+    /// The output against the shadow: both together.
+    pub total: f64,
+    /// The largest relative error of its floating inputs against their shadows.
+    pub input: f64,
 }
 
 /// What the tape keeps of a forward input that an op of the same step made and that the

@@ -8,7 +8,7 @@ use crate::dtype::DType;
 use crate::engine::observer::{Observer, OpEvent};
 use crate::error::{Error, Result};
 use crate::tensor::{CudaStorage, Storage, Tensor, TensorId};
-use crate::trace::record::{OpRecord, OpRef, Origins, Phase, TensorMeta};
+use crate::trace::record::{OpBlame, OpRecord, OpRef, Origins, Phase, TensorMeta};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
@@ -647,6 +647,12 @@ impl Observer for Recorder {
             wrt: ev.wrt.map(str::to_string),
             masked_neg_inf: ev.masked_neg_inf,
             additive_mask: ev.additive_mask,
+            blame: ev.blame.map(|b| OpBlame {
+                introduced: b.introduced,
+                inherited: b.inherited,
+                total: b.total,
+                input: b.input,
+            }),
         });
         if let Some(o) = self.ops.last_mut() {
             mask_owns_neg_inf(o);
@@ -714,6 +720,7 @@ mod tests {
             wrt: None,
             masked_neg_inf: 0,
             additive_mask: false,
+            blame: None,
             permuted: op == "transpose",
             finite: false,
         }

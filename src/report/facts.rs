@@ -634,6 +634,7 @@ mod tests {
             wrt: None,
             masked_neg_inf: 1,
             additive_mask: false,
+            blame: None,
         };
         let mut s = StepRecord {
             ops: Some(vec![op.clone()]),

@@ -230,6 +230,40 @@ pub struct OpRecord {
     /// `masked_neg_inf`), and its values at the dtype's limit are the mask's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub additive_mask: bool,
+    /// Where the op's error against exact arithmetic came from (forward ops of a step run
+    /// with `--blame`; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blame: Option<OpBlame>,
+}
+
+/// The blame of one forward op: relative errors of its output, each `‖a − b‖₂ / ‖b‖₂`
+/// over the positions where both are finite.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OpBlame {
+    /// Against the op recomputed in f64 from its own inputs: what its own rounding and
+    /// arithmetic introduce.
+    #[serde(with = "float_json")]
+    pub introduced: f64,
+    /// The op recomputed from its own inputs against the all-f64 shadow of the step: the
+    /// error its inputs carry in, as the op passes it on.
+    #[serde(with = "float_json")]
+    pub inherited: f64,
+    /// The output against the shadow.
+    #[serde(with = "float_json")]
+    pub total: f64,
+    /// The largest relative error of its floating inputs against their shadows.
+    #[serde(with = "float_json")]
+    pub input: f64,
+}
+
+impl OpBlame {
+    /// How much the op magnifies the error its inputs carry (`inherited / input`): a
+    /// norm-wise estimate of its relative condition number at these inputs (the pointwise
+    /// one where the inputs' relative error is the same everywhere); `None` where the
+    /// inputs carry none (or the op has no floating input).
+    pub fn amplification(&self) -> Option<f64> {
+        (self.input > 0.0 && self.input.is_finite()).then(|| self.inherited / self.input)
+    }
 }
 
 /// A reference to one op of one step.

@@ -60,6 +60,10 @@ pub struct TrainConfig {
     pub sampling: OpSampling,
     /// The backend the step runs on (resolved from the user's choice by the runner).
     pub backend: BackendKind,
+    /// Blame the forward ops of each step whose op records are kept
+    /// ([`crate::engine::Engine::set_blame`]; the host step only).
+    #[serde(default)]
+    pub blame: bool,
 }
 
 impl Default for TrainConfig {
@@ -77,6 +81,7 @@ impl Default for TrainConfig {
             probes: true,
             sampling: OpSampling::default(),
             backend: BackendKind::Cpu,
+            blame: false,
         }
     }
 }

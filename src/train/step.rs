@@ -30,8 +30,11 @@ impl Trainer {
             let out = self.forward(&mut st, micro)?;
             let loss = side.loss(self, &mut st, out)?;
             let root = side.scale(self, &mut st, loss)?;
+            // (blame covers the forward ops: their shadows go before the backward)
+            self.engine.set_blame(false);
             self.backward(&mut st, &root)?;
         }
+        self.blame_step = false;
         self.before = st.inputs.take();
         side.gradients(self, &st)?;
         if let Some(max_norm) = self.cfg.clip {

@@ -43,6 +43,8 @@ pub struct Trainer {
     pub(super) last_kept_nonfinite: bool,
     /// The last step began by only checking its outputs ([`Trainer::last_step_checked_only`]).
     pub(super) last_checked_only: bool,
+    /// The step being run blames its forward ops (its records are kept, `cfg.blame`).
+    pub(super) blame_step: bool,
 }
 
 /// Scale states already told in a step's events (each is told once per run).
@@ -99,6 +101,13 @@ impl Trainer {
         if cfg.accumulate == 0 {
             return Err(Error::config("accumulate", "must be at least 1"));
         }
+        if cfg.blame && (cfg.backend != BackendKind::Cpu || !cfg.probes) {
+            return Err(Error::config(
+                "probe.blame",
+                "blame recomputes each forward op on the host: it needs the CPU backend \
+                 (--backend cpu) and probes on",
+            ));
+        }
         let kept = |p: &crate::models::Param| {
             cfg.keep_fp32
                 .iter()
@@ -153,6 +162,7 @@ impl Trainer {
             full_statistics: false,
             last_kept_nonfinite: false,
             last_checked_only: false,
+            blame_step: false,
         })
     }
 
@@ -257,6 +267,7 @@ impl Trainer {
         let check_only =
             !self.full_statistics && !self.last_kept_nonfinite && !self.scheduled(step);
         self.last_checked_only = false;
+        self.blame_step = self.cfg.blame && !check_only;
         if check_only {
             if let Some(r) = self.recorder() {
                 r.check_only();
@@ -287,6 +298,7 @@ impl Trainer {
     /// Forward: the model on micro-batch `micro`, under the precision mode's casts.
     pub(super) fn forward(&mut self, st: &mut StepState, micro: u32) -> Result<ForwardOutput> {
         self.engine.begin_micro(micro);
+        self.engine.set_blame(self.blame_step);
         let batch = self.data.batch(st.step, micro)?;
         // Replays feed the recorded batch through here again: it is kept as the data
         // source gave it, before the model's preparation.

@@ -432,6 +432,7 @@ pub(crate) mod tests {
             wrt: None,
             masked_neg_inf: 0,
             additive_mask: false,
+            blame: None,
         }
     }
 

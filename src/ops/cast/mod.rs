@@ -44,6 +44,9 @@ impl Engine {
         let out = cast(x, dtype)?;
         let from = x.dtype();
         let bw = Box::new(move |g: &Tensor| Ok(vec![grad(cast(g, from)?)]));
-        self.record("to", &[x], &["input"], out, Some(bw))
+        // The exact cast of a value is the value.
+        self.record("to", &[x], &["input"], out, Some(bw), &|ins| {
+            Ok(ins[0].clone())
+        })
     }
 }

@@ -62,7 +62,9 @@ impl Engine {
             let dx = kernels(g).unary_backward(op, (xs, ys, g), dtype, kept.as_ref(), on_inf)?;
             Ok(vec![grad(dx)])
         });
-        self.record(op.name(), &[x], &["input"], out, Some(bw))
+        self.record(op.name(), &[x], &["input"], out, Some(bw), &|ins| {
+            Ok(kernels(&ins[0]).unary(op, &ins[0], on_inf)?.0.tensor)
+        })
     }
 
     /// Applies a broadcasting binary op, recording it.
@@ -123,7 +125,19 @@ impl Engine {
             }
             Ok(grads)
         });
-        self.record(op.name(), &[a, b], &["self", "other"], out, Some(bw))
+        let shape = out.tensor.shape().to_vec();
+        self.record(
+            op.name(),
+            &[a, b],
+            &["self", "other"],
+            out,
+            Some(bw),
+            &|ins| {
+                Ok(kernels(&ins[0])
+                    .binary(op, &ins[0], &ins[1], &shape)?
+                    .tensor)
+            },
+        )
     }
 
     /// a + b (broadcasting).

@@ -140,7 +140,11 @@ impl Engine {
             kern.affine_backward(op, &xt, &wt, w_t, g, (m, k, n), has_b)
         });
         let refs: Vec<&Tensor> = ins.iter().collect();
-        self.record(op, &refs, kind.wrt(), out, Some(bw))
+        self.record(op, &refs, kind.wrt(), out, Some(bw), &|r| {
+            Ok(kernels(&r[0])
+                .affine(op, &r[0], &r[1], r.get(2), w_t, (m, k, n), &out_shape)?
+                .tensor)
+        })
     }
 
     fn matmul_op(&mut self, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -152,8 +156,13 @@ impl Engine {
         let k = kernels(a);
         let out = k.matmul(op, a, b, &s)?;
         let (at, bt) = (a.clone(), b.clone());
+        let blame_shape = s.clone();
         let bw = Box::new(move |g: &Tensor| k.matmul_backward(op, &at, &bt, g, &s));
-        self.record(op, &[a, b], &["self", "other"], out, Some(bw))
+        self.record(op, &[a, b], &["self", "other"], out, Some(bw), &|r| {
+            Ok(kernels(&r[0])
+                .matmul(op, &r[0], &r[1], &blame_shape)?
+                .tensor)
+        })
     }
 
     /// Matrix product of a [..., m, k] and b [..., k, n] (same batch dims) or b [k, n].

@@ -42,7 +42,14 @@ impl Engine {
             let dx = kern.nll_backward(&shape, dtype, &kept, g, ignore_index)?;
             Ok(vec![grad(dx), None])
         });
-        self.record("nll_loss", &[x, t], &["input", "target"], out, Some(bw))
+        self.record(
+            "nll_loss",
+            &[x, t],
+            &["input", "target"],
+            out,
+            Some(bw),
+            &|r| Ok(kernels(&r[0]).nll(&r[0], &r[1], ignore_index)?.0.tensor),
+        )
     }
 
     /// Mean cross-entropy of `logits` [..., C] against integer `targets` [...], skipping
@@ -76,6 +83,12 @@ impl Engine {
             &["input", "target"],
             out,
             Some(bw),
+            &|r| {
+                Ok(kernels(&r[0])
+                    .cross_entropy(&r[0], &r[1], ignore_index)?
+                    .0
+                    .tensor)
+            },
         )
     }
 
@@ -100,6 +113,13 @@ impl Engine {
         let out = kern.mse(a, b)?;
         let (at, bt) = (a.clone(), b.clone());
         let bw = Box::new(move |g: &Tensor| kern.mse_backward(&at, &bt, g));
-        self.record("mse_loss", &[a, b], &["input", "target"], out, Some(bw))
+        self.record(
+            "mse_loss",
+            &[a, b],
+            &["input", "target"],
+            out,
+            Some(bw),
+            &|r| Ok(kernels(&r[0]).mse(&r[0], &r[1])?.tensor),
+        )
     }
 }

@@ -98,7 +98,12 @@ impl Engine {
             (false, false) => &["input"],
         };
         let refs: Vec<&Tensor> = ins.iter().collect();
-        self.record(OP, &refs, wrt, out, Some(bw))
+        let has_w = weight.is_some();
+        self.record(OP, &refs, wrt, out, Some(bw), &|r| {
+            let w = has_w.then(|| &r[1]);
+            let b = has_b.then(|| &r[r.len() - 1]);
+            Ok(kernels(&r[0]).layer_norm(&r[0], (w, b), d, eps)?.0.tensor)
+        })
     }
 
     /// `torch.nn.functional.embedding(ids, weight)`: rows of `weight` [V, D] picked by the
@@ -160,12 +165,18 @@ impl Engine {
         let kern = kernels(w);
         let (out, idk) = kern.embedding(w, ids, &out_shape)?;
         let dtype = w.dtype();
+        let blame_shape = out_shape.clone();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, OP)?;
             let dw = kern.embedding_backward(g, &idk, (v, d), pad, dtype)?;
             Ok(vec![grad(dw), None])
         });
-        self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw))
+        self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw), &|r| {
+            Ok(kernels(&r[0])
+                .embedding(&r[0], &r[1], &blame_shape)?
+                .0
+                .tensor)
+        })
     }
 
     /// `torch.nn.functional.dropout(x, p, train)`: zeroes each element with probability `p`
@@ -200,13 +211,20 @@ impl Engine {
             salt,
         );
         let kern = kernels(x);
+        // (the same generator state draws the same mask for the blame's recomputations)
+        let blame_rng = rng.clone();
         let (out, mask) = kern.dropout(x, rng, 1.0 - p, scale)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
             Ok(vec![grad(kern.dropout_backward(g, &mask, scale, dtype)?)])
         });
-        self.record(OP, &[x], &["input"], out, Some(bw))
+        self.record(OP, &[x], &["input"], out, Some(bw), &|r| {
+            Ok(kernels(&r[0])
+                .dropout(&r[0], blame_rng.clone(), 1.0 - p, scale)?
+                .0
+                .tensor)
+        })
     }
 }
 

@@ -53,6 +53,7 @@ impl Engine {
         // A device branch puts the op on its device (the other moves there or is refused).
         let kern = kernels(if super::on_device(b) { b } else { a });
         let (out, c) = kern.where_(cond, a, b, &out_shape)?;
+        let blame_shape = out_shape.clone();
         let backward: Option<BackwardFn> = if dtype.is_float() {
             let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
             Some(Box::new(move |g: &Tensor| {
@@ -70,6 +71,12 @@ impl Engine {
             &["condition", "self", "other"],
             out,
             backward,
+            &|r| {
+                Ok(kernels(&r[1])
+                    .where_(&r[0], &r[1], &r[2], &blame_shape)?
+                    .0
+                    .tensor)
+            },
         )
     }
 
@@ -109,7 +116,14 @@ impl Engine {
             check_grad(g, &shape, OP)?;
             Ok(vec![grad(kern.masked_fill_backward(g, &m, dtype)?), None])
         });
-        self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw))
+        // (the fill as the op's dtype holds it, in the recomputations too: a mask's
+        // lowest finite value is the dtype's own)
+        self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw), &|r| {
+            Ok(kernels(&r[0])
+                .masked_fill(&r[0], &r[1], v, v, false)?
+                .0
+                .tensor)
+        })
     }
 }
 

@@ -48,6 +48,7 @@ pub(crate) fn check_grad(g: &Tensor, out: &[usize], op: &str) -> Result<()> {
 
 /// Where a routing op's output element at index i (row-major over the output shape) comes
 /// from: input element `base + Σ i·strides`.
+#[derive(Clone)]
 struct Route {
     strides: Vec<usize>,
     base: usize,
@@ -120,6 +121,7 @@ impl Engine {
                 None,
             ),
         };
+        let (blame_route, blame_shape) = (route.clone(), out_shape.clone());
         let backward: Option<BackwardFn> = if x.dtype().is_float() {
             let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
             Some(Box::new(move |g: &Tensor| {
@@ -154,7 +156,17 @@ impl Engine {
             permuted,
             ..Computed::new(out, RoundCounts::default())
         };
-        self.record(op, &[x], &["self"], out, backward)
+        self.record(op, &[x], &["self"], out, backward, &|r| {
+            let x = &r[0];
+            Ok(match &blame_route {
+                Some(rt) => {
+                    kernels(x)
+                        .gather_strided(op, x, &blame_shape, (&rt.strides, rt.base), x.dtype())?
+                        .0
+                }
+                None => Tensor::from_storage(x.storage().clone(), &blame_shape, x.dtype())?,
+            })
+        })
     }
 
     fn reshape_op(&mut self, op: &'static str, x: &Tensor, shape: &[isize]) -> Result<Tensor> {
@@ -342,6 +354,7 @@ impl Engine {
             })
             .collect();
         let out = kernels(&ins[0]).cat(&ins, &out_shape, &os, &offs)?;
+        let (blame_shape, blame_os, blame_offs) = (out_shape.clone(), os.clone(), offs.clone());
         let backward: Option<BackwardFn> = if ins[0].dtype().is_float() {
             let shapes: Vec<Vec<usize>> = ins.iter().map(|t| t.shape().to_vec()).collect();
             let (dtype, out_shape) = (ins[0].dtype(), out_shape.clone());
@@ -368,7 +381,9 @@ impl Engine {
         };
         let refs: Vec<&Tensor> = ins.iter().collect();
         let out = Computed::new(out, RoundCounts::default());
-        self.record("cat", &refs, &CAT_WRT[..refs.len()], out, backward)
+        self.record("cat", &refs, &CAT_WRT[..refs.len()], out, backward, &|r| {
+            kernels(&r[0]).cat(r, &blame_shape, &blame_os, &blame_offs)
+        })
     }
 }
 

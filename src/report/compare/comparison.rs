@@ -442,6 +442,7 @@ mod tests {
             wrt: None,
             masked_neg_inf: masked,
             additive_mask: false,
+            blame: None,
         }
     }
 
