@@ -262,3 +262,42 @@ fn run_blame_prints_the_top_offenders_and_refuses_what_it_cannot_blame() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+#[test]
+fn a_report_of_a_blamed_run_has_its_section_and_chart() {
+    use amprobe::config::RunConfig;
+    use amprobe::report::{write_report, ReportOptions, TraceFile};
+    use amprobe::runner::{run, RunOptions};
+    let dir = tempfile::tempdir().unwrap();
+    for blame in [true, false] {
+        let mut cfg = RunConfig::load(std::path::Path::new("samples/mlp.toml")).unwrap();
+        cfg.probe.blame = Some(blame);
+        let trace = dir.path().join(format!("t{blame}.jsonl"));
+        cfg.probe.trace = Some(trace.clone());
+        run(&cfg, &RunOptions::default()).unwrap();
+        let out_dir = dir.path().join(format!("rep{blame}"));
+        let out = write_report(
+            &TraceFile::open(&trace).unwrap(),
+            &ReportOptions {
+                out_dir: out_dir.clone(),
+                ..ReportOptions::default()
+            },
+        )
+        .unwrap();
+        let md = std::fs::read_to_string(&out.summary_md).unwrap();
+        assert_eq!(md.contains("## Blame"), blame, "{md}");
+        assert_eq!(md.contains("### Most error introduced"), blame, "{md}");
+        assert_eq!(out_dir.join("blame.png").exists(), blame);
+        assert_eq!(out_dir.join("blame.svg").exists(), blame);
+        if blame {
+            // The top offender of the summary's table is the run's: fc1's or fc2's casts
+            // and products.
+            let table = md.split("### Most error introduced").nth(1).unwrap();
+            let first = table.lines().find(|l| l.starts_with("| `")).unwrap();
+            assert!(
+                first.contains("`fc1`") || first.contains("`fc2`"),
+                "{first}"
+            );
+        }
+    }
+}

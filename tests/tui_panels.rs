@@ -459,3 +459,44 @@ fn a_trace_without_steps_says_so() {
     }
     assert_eq!(app.cursor().idx, None);
 }
+
+#[test]
+fn ops_of_a_blamed_step_show_the_error_each_introduces() {
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _) = trace(
+        dir.path(),
+        "blamed",
+        |c| {
+            c.train.precision = Some("fp16".into());
+            c.train.steps = Some(1);
+            c.probe.blame = Some(true);
+        },
+        vec![],
+    );
+    let ops = t.steps[0].ops.clone().unwrap();
+    let mut app = app(amprobe::tui::Model::from_trace(t, "blamed.jsonl"), None);
+    type_keys(&mut app, "4");
+    app.handle_key(key(KeyCode::Home));
+    let s = screen(&draw(&mut app, 160, 48));
+    assert!(s.contains("intro"), "{s}");
+    // The first forward op's introduced error, as the column writes it.
+    let b = ops[0].blame.unwrap();
+    let want = if b.introduced == 0.0 {
+        "0".to_string()
+    } else {
+        format!("{:.1e}", b.introduced)
+    };
+    let first_row = s.lines().find(|l| l.contains("#0 ")).unwrap();
+    assert!(first_row.trim_end().ends_with(&want), "{want}\n{s}");
+    // A step without blame keeps the old columns.
+    let mut plain = app_of_planted(dir.path());
+    let s = screen(&draw(&mut plain, 160, 48));
+    assert!(!s.contains("intro"), "{s}");
+}
+
+fn app_of_planted(dir: &std::path::Path) -> amprobe::tui::App {
+    let mut a = app(planted_model(dir), None);
+    type_keys(&mut a, "4");
+    a.handle_key(key(KeyCode::Home));
+    a
+}

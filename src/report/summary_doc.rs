@@ -2,7 +2,8 @@
 //! `index.html`.
 
 use super::charts::{
-    loss_chart, render, scale_chart, scale_text, ExpHistChart, GradHeatmap, OpMaxChart, Rendered,
+    loss_chart, render, scale_chart, scale_text, BlameChart, ExpHistChart, GradHeatmap, OpMaxChart,
+    Rendered,
 };
 use super::doc::{Block, Doc};
 use super::facts::{self, fmt_num, fmt_pct, Facts, HeadroomHit, HEADROOM_WARN};
@@ -173,6 +174,21 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
             "Exponent histogram of activations, fp16 ranges shaded".to_string(),
         ));
     }
+    let blamed = trace
+        .steps
+        .iter()
+        .find(|s| s.ops.iter().flatten().any(|o| o.blame.is_some()))
+        .map(|s| s.step);
+    if let Some(c) = blamed.and_then(|s| BlameChart::for_step(trace, s)) {
+        charts.push((
+            render(&c, dir, "blame")?,
+            format!(
+                "Relative error of every forward op of step {} against f64: introduced by the \
+                 op, and in all",
+                blamed.unwrap_or(0)
+            ),
+        ));
+    }
     let doc = build_doc(tf, &facts, op_step, &charts, &opts.gate);
     let summary_md = dir.join("summary.md");
     std::fs::write(&summary_md, doc.to_markdown()).map_err(|e| Error::io(&summary_md, e))?;
@@ -278,12 +294,81 @@ fn build_doc(
     section_skipped(&mut d, facts, steps);
     section_events(&mut d, facts);
     section_headroom(&mut d, facts);
+    section_blame(&mut d, steps);
     section_remedies(&mut d, facts, h);
     section_charts(&mut d, facts, op_step, charts);
     section_parameters(&mut d, facts);
     section_gate(&mut d, gate);
     section_run(&mut d, h);
     d
+}
+
+/// The top offenders of precision loss, when the run blamed its ops (`--blame`).
+fn section_blame(d: &mut Doc, steps: &[StepRecord]) {
+    let mut t = crate::diagnose::blame::BlameTracker::default();
+    for s in steps {
+        if let Some(ops) = &s.ops {
+            t.observe(s.step, ops);
+        }
+    }
+    let r = t.report();
+    if r.is_empty() {
+        return;
+    }
+    d.push(Block::Heading(1, "Blame".into()));
+    d.push(Block::Para(
+        "Every forward op of the blamed steps, computed again in f64 from its own inputs \
+         (the error it introduces by its own rounding and arithmetic) and from an all-f64 \
+         shadow of the step (the error its inputs carry in). Relative errors, ‖a − b‖₂ / ‖b‖₂; \
+         the amplification is inherited / input, a norm-wise estimate of the op's condition \
+         number."
+            .into(),
+    ));
+    let cols = |first: &[&str]| -> Vec<String> {
+        ["op", "module", "step, op"]
+            .iter()
+            .chain(first)
+            .chain(&["inherited", "total"])
+            .map(|c| c.to_string())
+            .collect()
+    };
+    let row = |h: &crate::diagnose::blame::BlameHit, figs: Vec<String>| {
+        let mut v = vec![
+            format!("`{}`", h.op),
+            format!("`{}`", facts::module_name(&h.module)),
+            format!("{} #{}", h.step, h.index),
+        ];
+        v.extend(figs);
+        v.push(format!("{:.2e}", h.blame.inherited));
+        v.push(format!("{:.2e}", h.blame.total));
+        v
+    };
+    d.push(Block::Heading(2, "Most error introduced".into()));
+    d.push(Block::Table(
+        cols(&["introduced"]),
+        r.introduced
+            .iter()
+            .map(|x| row(x, vec![format!("{:.2e}", x.blame.introduced)]))
+            .collect(),
+    ));
+    if !r.amplified.is_empty() {
+        d.push(Block::Heading(2, "Most amplified".into()));
+        d.push(Block::Table(
+            cols(&["amplification", "input"]),
+            r.amplified
+                .iter()
+                .map(|x| {
+                    row(
+                        x,
+                        vec![
+                            format!("×{:.3}", x.figure),
+                            format!("{:.2e}", x.blame.input),
+                        ],
+                    )
+                })
+                .collect(),
+        ));
+    }
 }
 
 /// The CI gate's rules and what each found; a broken rule's findings in full.

@@ -240,19 +240,34 @@ pub fn headroom(op: &OpRecord) -> Option<f64> {
 struct Cols {
     op: usize,
     module: usize,
+    /// The step's ops were blamed (`--blame`): a column for the error each introduces.
+    blame: bool,
 }
 
 impl Cols {
     // mark #idx ph op module dt max inf nan uf head
     const FIXED: usize = 2 + 5 + 3 + 4 + 9 + 5 + 5 + 5 + 6 + 10;
+    // intro
+    const BLAME: usize = 8;
 
-    fn for_width(w: usize) -> Cols {
-        let rest = w.saturating_sub(Self::FIXED);
+    fn for_width(w: usize, blame: bool) -> Cols {
+        let fixed = Self::FIXED + if blame { Self::BLAME } else { 0 };
+        let rest = w.saturating_sub(fixed);
         let op = (rest / 2).clamp(6, 24);
         Cols {
             op,
             module: rest.saturating_sub(op).max(4),
+            blame,
         }
+    }
+}
+
+/// The relative error an op introduced, in 7 characters (`1.8e-03`); `-` when unblamed.
+fn introduced(op: &OpRecord) -> String {
+    match op.blame {
+        Some(b) if b.introduced == 0.0 => "0".into(),
+        Some(b) => format!("{:.1e}", b.introduced),
+        None => "-".into(),
     }
 }
 
@@ -271,6 +286,11 @@ impl OpsView<'_> {
             rpad("uf", 5),
             rpad("head", 6)
         );
+        let t = if c.blame {
+            format!("{t} {}", rpad("intro", 7))
+        } else {
+            t
+        };
         Line::styled(t, self.ctx.theme.header())
     }
 
@@ -316,6 +336,11 @@ impl OpsView<'_> {
             rpad(&count(op.rounding.underflow), 5),
             rpad(&head, 6)
         );
+        let text = if c.blame {
+            format!("{text} {}", rpad(&introduced(op), 7))
+        } else {
+            text
+        };
         let style = if op_nonfinite(op) > 0 || op.rounding.overflow > 0 {
             th.bad()
         } else if op.rounding.underflow > 0 {
@@ -337,7 +362,7 @@ impl OpsView<'_> {
     fn render_table(&self, area: Rect, buf: &mut Buffer, ops: &[OpRecord]) {
         let th = &self.ctx.theme;
         let st = self.state;
-        let c = Cols::for_width(area.width as usize);
+        let c = Cols::for_width(area.width as usize, ops.iter().any(|o| o.blame.is_some()));
         let h = (area.height as usize).saturating_sub(1);
         st.page.set(h);
         let mut lines = vec![self.header(&c)];

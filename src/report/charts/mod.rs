@@ -5,6 +5,7 @@
 //! `STEM.png` and `STEM.svg`. Legends sit in a strip below the plot, one entry per line,
 //! so they never cover data.
 
+mod blame;
 mod canvas;
 mod exphist;
 mod heatmap;
@@ -19,6 +20,7 @@ pub use canvas::{
 
 use crate::error::{Error, Result};
 pub use crate::numfmt::scale_long as scale_text;
+pub use blame::BlameChart;
 pub use exphist::{f16_band_shares, ExpHistChart};
 pub use heatmap::{colormap, Cell, GradHeatmap};
 pub use opmax::OpMaxChart;

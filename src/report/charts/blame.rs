@@ -1,0 +1,121 @@
+//! The blame chart: every forward op of a blamed step (`--blame`), the relative error its
+//! own rounding introduces against the error its output carries in all.
+
+use super::canvas::*;
+
+/// One blamed step's forward ops in execution order: introduced and total relative error.
+#[derive(Debug, Clone)]
+pub struct BlameChart {
+    /// Title.
+    pub title: String,
+    /// `(op index, introduced, total)`.
+    pub ops: Vec<(u64, f64, f64)>,
+}
+
+impl BlameChart {
+    /// The chart of step `step` of `trace`; `None` when no op of that step was blamed.
+    pub fn for_step(trace: &Trace, step: u64) -> Option<BlameChart> {
+        let s = trace.steps.iter().find(|s| s.step == step)?;
+        let ops: Vec<(u64, f64, f64)> = s
+            .ops
+            .as_ref()?
+            .iter()
+            .filter_map(|o| o.blame.map(|b| (o.index, b.introduced, b.total)))
+            .collect();
+        (!ops.is_empty()).then(|| BlameChart {
+            // (the model's short name, its first word, so that the title fits)
+            title: format!(
+                "Relative error of every forward op against f64, step {step} ({} {})",
+                trace.header.model.split_whitespace().next().unwrap_or(""),
+                trace.header.precision
+            ),
+            ops,
+        })
+    }
+
+    fn legend(&self) -> Legend {
+        Legend(vec![
+            (
+                Symbol::Circle(C_INF),
+                "introduced: the op's output against the op computed in f64 from its own inputs"
+                    .into(),
+            ),
+            (
+                Symbol::Circle(C_FORWARD),
+                "total: the op's output against the all-f64 shadow of the step".into(),
+            ),
+            (
+                Symbol::Cross(C_GREY),
+                "no error (drawn at the bottom)".into(),
+            ),
+        ])
+    }
+}
+
+impl Chart for BlameChart {
+    fn size(&self) -> (u32, u32) {
+        (1200, 520 + self.legend().height())
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let legend = self.legend();
+        let (_, h) = root.dim_in_pixel();
+        let (top, bottom) = root.split_vertically(h - legend.height());
+        let logs: Vec<f64> = self
+            .ops
+            .iter()
+            .flat_map(|o| [o.1, o.2])
+            .filter(|v| positive(*v))
+            .map(f64::log10)
+            .collect();
+        let y0 = logs.iter().copied().fold(-8.0, f64::min).floor() - 1.0;
+        let y1 = logs.iter().copied().fold(-1.0, f64::max).ceil() + 0.5;
+        let n = self.ops.iter().map(|o| o.0).max().map_or(1, |m| m + 1);
+        let (x0, x1) = (-0.5, n as f64 - 0.5);
+        let mut chart = ChartBuilder::on(&top)
+            .caption(&self.title, title_style())
+            .margin(12)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
+        chart
+            .configure_mesh()
+            .x_desc("op index (execution order)")
+            .y_desc("relative error (log scale)")
+            .axis_desc_style(text(16))
+            .bold_line_style(C_GRID_BOLD)
+            .light_line_style(C_GRID_LIGHT)
+            .label_style(text(13))
+            .x_labels((n as usize).min(16))
+            .y_labels(10)
+            .x_label_formatter(&|v| step_label(*v))
+            .y_label_formatter(&|v| dec_label(*v))
+            .draw()?;
+        let radius = match self.ops.len() {
+            0..=150 => 4,
+            151..=600 => 3,
+            _ => 2,
+        };
+        chart.draw_series(
+            self.ops
+                .iter()
+                .filter(|o| positive(o.2))
+                .map(|o| Circle::new((o.0 as f64, o.2.log10()), radius + 1, C_FORWARD.filled())),
+        )?;
+        chart.draw_series(
+            self.ops
+                .iter()
+                .filter(|o| positive(o.1))
+                .map(|o| Circle::new((o.0 as f64, o.1.log10()), radius, C_INF.filled())),
+        )?;
+        chart.draw_series(
+            self.ops
+                .iter()
+                .filter(|o| !positive(o.2))
+                .map(|o| Cross::new((o.0 as f64, y0 + 0.3), radius + 1, C_GREY.stroke_width(2))),
+        )?;
+        let (l, _) = chart.plotting_area().get_pixel_range();
+        legend.draw(&bottom, l.start)?;
+        Ok(())
+    }
+}
