@@ -42,11 +42,7 @@ impl Target {
 
     /// `Inf at forward `linear` in `wo``.
     pub fn describe(&self) -> String {
-        let phase = match self.phase {
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Optimizer => "optimizer",
-        };
+        let phase = self.phase.name();
         let module = if self.module.is_empty() {
             "<root>"
         } else {

@@ -266,25 +266,27 @@ fn gpt2_attention_without_its_scale_and_another_gelu_are_caught() {
     );
     assert_eq!(code, 0, "{out}");
 
-    // Scores without 1/√8: the first op out of its envelope is block 0's score scaling.
-    let unscaled = edited_checkpoint(
-        d,
-        "gpt2_overflow_tiny",
-        "\"scale_attn_weights\": true",
-        "\"scale_attn_weights\": false",
-    );
-    let (code, out) = amprobe(
-        d,
-        &[
+    // The sample's checkpoint with one field of config.json edited, held to the lock.
+    let edited_run = |from: &str, to: &str| {
+        let hf = edited_checkpoint(d, "gpt2_overflow_tiny", from, to);
+        let hf = hf.to_str().unwrap();
+        let args = [
             "run",
             &gpt2,
             "--hf",
-            unscaled.to_str().unwrap(),
+            hf,
             "--precision",
             "bf16",
             "--fail-on",
             "drift",
-        ],
+        ];
+        amprobe(d, &args)
+    };
+
+    // Scores without 1/√8: the first op out of its envelope is block 0's score scaling.
+    let (code, out) = edited_run(
+        "\"scale_attn_weights\": true",
+        "\"scale_attn_weights\": false",
     );
     assert_eq!(code, 1, "{out}");
     let lines = drift_lines(&out);
@@ -295,24 +297,9 @@ fn gpt2_attention_without_its_scale_and_another_gelu_are_caught() {
 
     // The exact GELU in one op instead of GPT-2's tanh formula op by op: the activation's
     // ops change, and its output stays bf16 where the formula's `pow` made it fp32.
-    let gelu = edited_checkpoint(
-        d,
-        "gpt2_overflow_tiny",
+    let (code, out) = edited_run(
         "\"activation_function\": \"gelu_new\"",
         "\"activation_function\": \"gelu\"",
-    );
-    let (code, out) = amprobe(
-        d,
-        &[
-            "run",
-            &gpt2,
-            "--hf",
-            gelu.to_str().unwrap(),
-            "--precision",
-            "bf16",
-            "--fail-on",
-            "drift",
-        ],
     );
     assert_eq!(code, 1, "{out}");
     let lines = drift_lines(&out);

@@ -516,11 +516,7 @@ fn detail_lines(all: &[Finding]) -> Vec<String> {
             } else {
                 &k.module
             };
-            let phase = match k.phase {
-                crate::trace::record::Phase::Forward => "forward",
-                crate::trace::record::Phase::Backward => "backward",
-                crate::trace::record::Phase::Optimizer => "optimizer",
-            };
+            let phase = k.phase.name();
             out.push(if f.kind == DriftKind::NewOp {
                 format!(
                     "step {}: {n} {phase} ops in `{module}` are not in the lock: {}{ignored}",

@@ -60,11 +60,7 @@ pub fn default_step(steps: &[StepRecord]) -> Option<u64> {
 
 /// "forward", "backward" or "optimizer".
 pub fn phase_name(p: Phase) -> &'static str {
-    match p {
-        Phase::Forward => "forward",
-        Phase::Backward => "backward",
-        Phase::Optimizer => "optimizer",
-    }
+    p.name()
 }
 
 /// A module path as shown to people (`<root>` for the empty path).

@@ -126,11 +126,7 @@ impl OpKey {
     /// `forward `matmul` in `h.0.attn`` (with the occurrence when it is not the first,
     /// the micro-batch when it is not 0, and the gradient input of a backward op).
     pub fn describe(&self) -> String {
-        let phase = match self.phase {
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-            Phase::Optimizer => "optimizer",
-        };
+        let phase = self.phase.name();
         let module = if self.module.is_empty() {
             "<root>"
         } else {
@@ -583,11 +579,7 @@ impl Lock {
         o.push_str("]\n\n# One op a line, in the order the ops first ran.\nops = [\n");
         for e in &self.envelopes.ops {
             let k = e;
-            let phase = match k.phase {
-                Phase::Forward => "forward",
-                Phase::Backward => "backward",
-                Phase::Optimizer => "optimizer",
-            };
+            let phase = k.phase.name();
             let _ = write!(
                 o,
                 "  {{ micro = {}, phase = \"{phase}\", op = {}, module = {}",

@@ -187,6 +187,17 @@ pub enum Phase {
     Optimizer,
 }
 
+impl Phase {
+    /// `forward`, `backward` or `optimizer`, as the trace writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+}
+
 /// Dtype and shape of a tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorMeta {
