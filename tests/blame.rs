@@ -301,3 +301,72 @@ fn a_report_of_a_blamed_run_has_its_section_and_chart() {
         }
     }
 }
+
+#[test]
+fn compare_names_the_op_that_introduced_most_before_the_first_divergence() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bin = env!("CARGO_BIN_EXE_amprobe");
+    let cfg = std::path::absolute("samples/t5_overflow.toml").unwrap();
+    let o = Command::new(bin)
+        .current_dir(d)
+        .args(["run"])
+        .arg(&cfg)
+        .args(["--precision", "bf16,fp32", "--blame", "--steps", "1"])
+        .args(["--trace", "c.jsonl"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A threshold low enough for bf16's rounding to count: the first divergence is forward.
+    let o = Command::new(bin)
+        .current_dir(d)
+        .args([
+            "compare",
+            "c-bf16.jsonl",
+            "c-fp32.jsonl",
+            "--threshold",
+            "0.003",
+        ])
+        .args(["--out", "cmp"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}");
+    let first = out
+        .lines()
+        .find(|l| l.contains("first divergence at step 0 forward op #"))
+        .unwrap();
+    let idx: u64 = first
+        .split("forward op #")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let blame = out
+        .lines()
+        .find(|l| l.starts_with("  blame: that op introduces"))
+        .unwrap();
+    // The op of step 0, up to the divergence, that introduced the most.
+    let t = amprobe::trace::read_trace(d.join("c-bf16.jsonl")).unwrap();
+    let worst = t.steps[0]
+        .ops
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|o| o.index <= idx)
+        .filter_map(|o| o.blame.map(|b| (o, b.introduced)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap()
+        .0;
+    assert!(
+        blame.contains(&format!(
+            "the most was introduced by `{}` in `{}` (op #{},",
+            worst.op, worst.module, worst.index
+        )),
+        "{blame}"
+    );
+}

@@ -79,6 +79,8 @@ pub struct OpDiff {
     pub reason: String,
     /// A range failure whose Inf/NaN came from an earlier op of the same step.
     pub propagated: bool,
+    /// The op's blame in the run, when the run blamed its ops (`--blame`).
+    pub blame: Option<crate::trace::record::OpBlame>,
 }
 
 impl OpDiff {
@@ -261,6 +263,7 @@ fn diff_op(
         class,
         reason,
         propagated: new_nonfinite && inf_before && a.rounding.overflow == 0,
+        blame: a.blame,
     }
 }
 

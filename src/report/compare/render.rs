@@ -201,9 +201,41 @@ pub fn first_divergence_lines(cmp: &Comparison) -> Vec<String> {
                     d.ops.len()
                 ),
             };
-            format!("{line}{}", partial_note(cmp, d))
+            let mut line = format!("{line}{}", partial_note(cmp, d));
+            if let Some(b) = d.first_divergence().and_then(|o| blame_of_divergence(d, o)) {
+                line.push('\n');
+                line.push_str(&b);
+            }
+            line
         })
         .collect()
+}
+
+/// For a run that blamed its ops (`--blame`): what the diverging op introduced and
+/// inherited, and the op of its step, up to it, that introduced the most.
+fn blame_of_divergence(d: &RunDiff, o: &super::comparison::OpDiff) -> Option<String> {
+    let b = o.blame?;
+    let worst = d
+        .ops
+        .iter()
+        .filter(|x| x.step == o.step && x.run_index <= o.run_index)
+        .filter_map(|x| x.blame.map(|b| (x, b.introduced)))
+        .filter(|(_, i)| i.is_finite())
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let mut s = format!(
+        "  blame: that op introduces {:.2e} against f64 and inherits {:.2e}",
+        b.introduced, b.inherited
+    );
+    if let Some((w, i)) = worst {
+        s.push_str(&format!(
+            "; up to it, the most was introduced by `{}` in `{}` (op #{}, {:.2e})",
+            w.op,
+            super::super::facts::module_name(&w.module),
+            w.run_index,
+            i
+        ));
+    }
+    Some(s)
 }
 
 /// When a run was compared in only some of its steps (op records kept in both runs in
