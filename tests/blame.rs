@@ -370,3 +370,89 @@ fn compare_names_the_op_that_introduced_most_before_the_first_divergence() {
         "{blame}"
     );
 }
+
+#[test]
+fn t5s_wo_close_to_fp16s_overflow_introduces_its_error_and_downstream_inherits_it() {
+    // The T5 sample with block 3's `wo` weight halved: its fp16 output peaks near 6·10⁴,
+    // close to fp16's 65504 but finite.
+    use amprobe::config::RunConfig;
+    use amprobe::runner::{run, RunOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("t5");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let src = std::path::Path::new("samples/t5_overflow_small");
+    std::fs::copy(src.join("config.json"), ckpt.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let wo = "encoder.block.3.layer.1.DenseReluDense.wo.weight";
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            assert_eq!(v.dtype(), safetensors::Dtype::F32, "{n}");
+            let k = if n == wo { 0.5f32 } else { 1.0 };
+            let b = v
+                .data()
+                .chunks_exact(4)
+                .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) * k).to_le_bytes())
+                .collect();
+            (n, v.shape().to_vec(), b)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+        .iter()
+        .map(|(n, s, b)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b);
+            (n.clone(), v.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &ckpt.join("model.safetensors")).unwrap();
+
+    let mut cfg = RunConfig::load(std::path::Path::new("samples/t5_overflow.toml")).unwrap();
+    cfg.model.hf = Some(ckpt);
+    cfg.train.steps = Some(1);
+    cfg.probe.blame = Some(true);
+    let trace = dir.path().join("t.jsonl");
+    cfg.probe.trace = Some(trace.clone());
+    run(&cfg, &RunOptions::default()).unwrap();
+    let t = amprobe::trace::read_trace(&trace).unwrap();
+    assert!(
+        t.steps[0].origins.first_inf.is_none(),
+        "no overflow any more"
+    );
+    let ops = t.steps[0].ops.as_ref().unwrap();
+    let i = ops
+        .iter()
+        .position(|o| o.op == "linear" && o.module == "encoder.block.3.layer.1.DenseReluDense.wo")
+        .unwrap();
+    let wo = &ops[i];
+    assert_eq!(wo.output.dtype, DType::F16);
+    assert!(
+        wo.stats.max_abs > 32752.0 && wo.stats.max_abs < 65504.0,
+        "{}",
+        wo.stats.max_abs
+    );
+    // The product's rounding to fp16 (half a spacing, 2⁻¹¹ relative, at most).
+    let b = wo.blame.unwrap();
+    assert!(
+        b.introduced > 0.0 && b.introduced <= 2f64.powi(-11),
+        "{b:?}"
+    );
+    // Downstream in fp32 — the residual add, then the final RMS norm's square and mean —
+    // they introduce nothing near it and inherit what it wrote.
+    let after: Vec<_> = ops[i + 1..]
+        .iter()
+        .filter(|o| o.phase == amprobe::trace::record::Phase::Forward)
+        .filter(|o| {
+            (o.op == "add" && o.module == "encoder.block.3.layer.1")
+                || (o.module == "encoder.final_layer_norm"
+                    && ["pow", "mean"].contains(&o.op.as_str()))
+        })
+        .collect();
+    assert_eq!(after.len(), 3, "{after:?}");
+    for o in after {
+        let d = o.blame.unwrap();
+        assert!(d.introduced < 1e-3 * b.introduced, "{} {d:?}", o.op);
+        assert!(d.inherited > 0.1 * b.introduced, "{} {d:?}", o.op);
+    }
+}
