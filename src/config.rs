@@ -131,7 +131,7 @@ pub struct ProbeSection {
     /// Keep full op records every N steps (0: only the first step and non-finite steps).
     pub sample_every: Option<u64>,
     /// Blame every forward op of the steps whose op records are kept: its error against
-    /// f64, introduced by the op or inherited from its inputs (the CPU backend).
+    /// f64, introduced by the op or inherited from its inputs.
     pub blame: Option<bool>,
     /// Trace path (JSON Lines).
     pub trace: Option<PathBuf>,

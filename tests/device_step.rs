@@ -995,3 +995,59 @@ fn each_parameters_record_is_gathered_by_its_update_as_the_host_records_it() {
     }
     assert!(flushed > 0, "no record counted a scaled fp16 flush");
 }
+
+#[test]
+#[ignore = "needs a GPU or the simulated device: scripts/test.sh runs it on the simulated device"]
+fn blame_on_the_device_matches_the_emulators() {
+    if !device_or_skip() {
+        return;
+    }
+    let blamed = |precision: Precision, backend: BackendKind| {
+        let cfg = RunConfig::load(std::path::Path::new("samples/mlp.toml")).unwrap();
+        let mut train = cfg.train_config().unwrap();
+        train.precision = precision;
+        train.backend = backend;
+        train.blame = true;
+        let (m, p, d) = amprobe::runner::build(&cfg, &train).unwrap();
+        let mut t = Trainer::new(train, m, p, d).unwrap();
+        t.step(0).unwrap().ops.unwrap()
+    };
+    for precision in [Precision::Fp16, Precision::Bf16] {
+        let (cpu, dev) = (
+            blamed(precision, BackendKind::Cpu),
+            blamed(precision, BackendKind::Cuda),
+        );
+        let what = format!("{precision:?}");
+        assert_eq!(cpu.len(), dev.len(), "{what}");
+        let mut n = 0;
+        for (a, b) in cpu.iter().zip(&dev) {
+            assert_eq!((&a.op, &a.module), (&b.op, &b.module), "{what}");
+            match (a.blame, b.blame) {
+                (None, None) => {}
+                (Some(x), Some(y)) => {
+                    n += 1;
+                    for (f, g, name) in [
+                        (x.introduced, y.introduced, "introduced"),
+                        (x.inherited, y.inherited, "inherited"),
+                        (x.total, y.total, "total"),
+                        (x.input, y.input, "input"),
+                    ] {
+                        assert!(
+                            (f - g).abs() <= 1e-6 * f.abs().max(g.abs()) + 1e-9,
+                            "{what}: {} {} {name}: cpu {f:e}, device {g:e}",
+                            a.op,
+                            a.module
+                        );
+                    }
+                }
+                _ => panic!("{what}: {} {} blamed on one backend only", a.op, a.module),
+            }
+        }
+        assert!(n > 5, "{what}: {n} ops blamed");
+        assert!(
+            dev.iter()
+                .any(|o| o.blame.is_some_and(|b| b.introduced > 0.0)),
+            "{what}: no op introduced any error"
+        );
+    }
+}

@@ -122,7 +122,7 @@ pub struct RunFlags {
     no_probes: bool,
     /// Blame precision loss: every forward op of a step with op records is recomputed in
     /// f64 from its own inputs and from an all-f64 shadow of the step, giving the error it
-    /// introduces and the error it inherits (CPU backend).
+    /// introduces and the error it inherits (on a device, each op is read back for it).
     #[arg(long)]
     blame: bool,
     /// Where the step runs: auto (default: a GPU that passes a step check against the CPU

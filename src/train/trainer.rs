@@ -101,11 +101,10 @@ impl Trainer {
         if cfg.accumulate == 0 {
             return Err(Error::config("accumulate", "must be at least 1"));
         }
-        if cfg.blame && (cfg.backend != BackendKind::Cpu || !cfg.probes) {
+        if cfg.blame && !cfg.probes {
             return Err(Error::config(
                 "probe.blame",
-                "blame recomputes each forward op on the host: it needs the CPU backend \
-                 (--backend cpu) and probes on",
+                "blame reports through the probes: it needs them on",
             ));
         }
         let kept = |p: &crate::models::Param| {
