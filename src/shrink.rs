@@ -43,11 +43,7 @@ impl Target {
     /// `Inf at forward `linear` in `wo``.
     pub fn describe(&self) -> String {
         let phase = self.phase.name();
-        let module = if self.module.is_empty() {
-            "<root>"
-        } else {
-            &self.module
-        };
+        let module = crate::trace::record::module_name(&self.module);
         format!("{} at {phase} `{}` in `{module}`", self.kind, self.op)
     }
 }

@@ -37,6 +37,24 @@ fn f32s(v: Vec<f32>) -> Tensor {
     Tensor::from_f32(v, &[n], DType::F32).unwrap()
 }
 
+/// Step 0 of the T5 sample run with `--blame`, its config edited by `edit`.
+fn blamed_t5_step(
+    edit: impl FnOnce(&mut amprobe::config::RunConfig),
+) -> amprobe::trace::record::StepRecord {
+    use amprobe::runner::{run, RunOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg =
+        amprobe::config::RunConfig::load(std::path::Path::new("samples/t5_overflow.toml")).unwrap();
+    cfg.train.steps = Some(1);
+    cfg.probe.blame = Some(true);
+    let trace = dir.path().join("t.jsonl");
+    cfg.probe.trace = Some(trace.clone());
+    edit(&mut cfg);
+    run(&cfg, &RunOptions::default()).unwrap();
+    let mut t = amprobe::trace::read_trace(&trace).unwrap();
+    t.steps.swap_remove(0)
+}
+
 trait Amplification {
     fn amplification_estimate(&self) -> f64;
 }
@@ -174,18 +192,8 @@ fn a_long_fp16_sum_introduces_at_each_add_and_the_next_op_inherits_all() {
 #[test]
 fn t5s_wo_introduces_its_error_and_the_residual_stream_inherits_it() {
     // The T5 sample's block 3 `wo` writes the planted channel (|x| about 1.2·10⁵) in bf16.
-    use amprobe::config::RunConfig;
-    use amprobe::runner::{run, RunOptions};
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = RunConfig::load(std::path::Path::new("samples/t5_overflow.toml")).unwrap();
-    cfg.train.precision = Some("bf16".into());
-    cfg.train.steps = Some(1);
-    cfg.probe.blame = Some(true);
-    let trace = dir.path().join("t.jsonl");
-    cfg.probe.trace = Some(trace.clone());
-    run(&cfg, &RunOptions::default()).unwrap();
-    let t = amprobe::trace::read_trace(&trace).unwrap();
-    let ops = t.steps[0].ops.as_ref().unwrap();
+    let t = blamed_t5_step(|c| c.train.precision = Some("bf16".into()));
+    let ops = t.ops.as_ref().unwrap();
     let at = |op: &str, module: &str| {
         ops.iter()
             .position(|o| o.op == op && o.module == module)
@@ -375,8 +383,6 @@ fn compare_names_the_op_that_introduced_most_before_the_first_divergence() {
 fn t5s_wo_close_to_fp16s_overflow_introduces_its_error_and_downstream_inherits_it() {
     // The T5 sample with block 3's `wo` weight halved: its fp16 output peaks near 6·10⁴,
     // close to fp16's 65504 but finite.
-    use amprobe::config::RunConfig;
-    use amprobe::runner::{run, RunOptions};
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("t5");
     std::fs::create_dir_all(&ckpt).unwrap();
@@ -408,19 +414,9 @@ fn t5s_wo_close_to_fp16s_overflow_introduces_its_error_and_downstream_inherits_i
         .collect();
     safetensors::serialize_to_file(views, None, &ckpt.join("model.safetensors")).unwrap();
 
-    let mut cfg = RunConfig::load(std::path::Path::new("samples/t5_overflow.toml")).unwrap();
-    cfg.model.hf = Some(ckpt);
-    cfg.train.steps = Some(1);
-    cfg.probe.blame = Some(true);
-    let trace = dir.path().join("t.jsonl");
-    cfg.probe.trace = Some(trace.clone());
-    run(&cfg, &RunOptions::default()).unwrap();
-    let t = amprobe::trace::read_trace(&trace).unwrap();
-    assert!(
-        t.steps[0].origins.first_inf.is_none(),
-        "no overflow any more"
-    );
-    let ops = t.steps[0].ops.as_ref().unwrap();
+    let t = blamed_t5_step(|c| c.model.hf = Some(ckpt));
+    assert!(t.origins.first_inf.is_none(), "no overflow any more");
+    let ops = t.ops.as_ref().unwrap();
     let i = ops
         .iter()
         .position(|o| o.op == "linear" && o.module == "encoder.block.3.layer.1.DenseReluDense.wo")

@@ -262,11 +262,7 @@ fn describe(op: &Option<amprobe::trace::record::OpRef>) -> String {
             o.phase,
             o.op_index,
             o.op,
-            if o.module.is_empty() {
-                "<root>"
-            } else {
-                &o.module
-            }
+            amprobe::trace::record::module_name(&o.module)
         )
         .replace("Forward", "forward")
         .replace("Backward", "backward")
@@ -323,11 +319,7 @@ pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
                 format!(
                     "{}@{}",
                     o.op,
-                    if o.module.is_empty() {
-                        "<root>"
-                    } else {
-                        &o.module
-                    }
+                    amprobe::trace::record::module_name(&o.module)
                 )
             })
             .collect();

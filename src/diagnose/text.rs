@@ -133,13 +133,7 @@ pub fn rank_lines(r: &RanksSummary) -> Vec<String> {
 /// Modules shown per headroom kind in the text (the JSON has all).
 const SHOWN: usize = 12;
 
-fn module(m: &str) -> &str {
-    if m.is_empty() {
-        "<root>"
-    } else {
-        m
-    }
-}
+use crate::trace::record::module_name as module;
 
 fn phase(p: Phase) -> &'static str {
     match p {
@@ -439,13 +433,6 @@ pub fn blame_lines(b: &super::blame::BlameReport) -> Vec<String> {
         return out;
     }
     let steps: Vec<String> = b.steps.iter().map(u64::to_string).collect();
-    let module = |m: &str| {
-        if m.is_empty() {
-            "<root>".to_string()
-        } else {
-            m.to_string()
-        }
-    };
     out.push(format!(
         "Blame (forward ops of step {} against f64): most error introduced by the op's own \
          rounding and arithmetic:",

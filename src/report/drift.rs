@@ -511,11 +511,7 @@ fn detail_lines(all: &[Finding]) -> Vec<String> {
                 .filter_map(|g| g.op.as_ref())
                 .map(|k| format!("`{}`", k.op))
                 .collect();
-            let module = if k.module.is_empty() {
-                "<root>"
-            } else {
-                &k.module
-            };
+            let module = crate::trace::record::module_name(&k.module);
             let phase = k.phase.name();
             out.push(if f.kind == DriftKind::NewOp {
                 format!(

@@ -63,14 +63,7 @@ pub fn phase_name(p: Phase) -> &'static str {
     p.name()
 }
 
-/// A module path as shown to people (`<root>` for the empty path).
-pub fn module_name(m: &str) -> &str {
-    if m.is_empty() {
-        "<root>"
-    } else {
-        m
-    }
-}
+pub use crate::trace::record::module_name;
 
 /// `step 0 backward op #13 `to` in `loss``.
 pub fn describe_op(o: &OpRef) -> String {

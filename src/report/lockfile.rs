@@ -127,11 +127,7 @@ impl OpKey {
     /// the micro-batch when it is not 0, and the gradient input of a backward op).
     pub fn describe(&self) -> String {
         let phase = self.phase.name();
-        let module = if self.module.is_empty() {
-            "<root>"
-        } else {
-            &self.module
-        };
+        let module = crate::trace::record::module_name(&self.module);
         let mut s = format!("{phase} `{}` in `{module}`", self.op);
         if let Some(w) = &self.wrt {
             let _ = write!(s, " (grad of {w})");

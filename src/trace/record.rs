@@ -187,6 +187,15 @@ pub enum Phase {
     Optimizer,
 }
 
+/// A module path as shown to people: `<root>` for the empty path (the model itself).
+pub fn module_name(m: &str) -> &str {
+    if m.is_empty() {
+        "<root>"
+    } else {
+        m
+    }
+}
+
 impl Phase {
     /// `forward`, `backward` or `optimizer`, as the trace writes it.
     pub fn name(self) -> &'static str {

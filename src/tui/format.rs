@@ -42,13 +42,7 @@ pub fn dtype(d: DType) -> &'static str {
 }
 
 /// A module path, `<root>` for the empty one.
-pub fn module(m: &str) -> &str {
-    if m.is_empty() {
-        "<root>"
-    } else {
-        m
-    }
-}
+pub use crate::trace::record::module_name as module;
 
 /// `op@module`, the short name of an op in a chain.
 pub fn op_at(op: &str, m: &str) -> String {
