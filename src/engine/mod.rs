@@ -308,15 +308,6 @@ impl Engine {
         self.blame
     }
 
-    /// The all-f64 shadow of `t`: the shadow an op made, else `t` itself widened (a
-    /// parameter, the batch).
-    fn shadow_of(&self, t: &Tensor) -> Result<Tensor> {
-        match self.shadows.get(&t.id()) {
-            Some(s) => Ok(s.clone()),
-            None => widen(t),
-        }
-    }
-
     /// The blame of an op with these inputs, and the shadow of its output.
     fn blame_of(
         &self,
@@ -328,10 +319,13 @@ impl Engine {
         // kernels, which is what makes them exact, at one read back per op)
         let own: Vec<Tensor> = inputs.iter().map(|t| widen(t)).collect::<Result<_>>()?;
         let exact = recompute(&own)?;
+        // An input no op of the step made (a parameter, the batch) is its own shadow: the
+        // widened copy above, not a second read.
         let shadow_in: Vec<Tensor> = inputs
             .iter()
-            .map(|t| self.shadow_of(t))
-            .collect::<Result<_>>()?;
+            .zip(&own)
+            .map(|(t, w)| self.shadows.get(&t.id()).unwrap_or(w).clone())
+            .collect();
         let shadow = recompute(&shadow_in)?;
         let mut input = 0.0f64;
         for (t, s) in inputs.iter().zip(&shadow_in) {
