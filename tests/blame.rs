@@ -1,7 +1,8 @@
 //! Blame for precision loss, held to answers known in closed form: every forward op is
 //! recomputed in f64 from its own inputs (the error it introduces) and from the all-f64
 //! shadow of the run (the error it inherits), and their ratio to the inputs' error is the
-//! op's condition number where one is defined.
+//! op's condition number where one is defined; every backward op likewise, from its own
+//! output gradient and from that gradient's shadow.
 
 use amprobe::engine::observer::{Blame, Observer, OpEvent};
 use amprobe::engine::Engine;
@@ -9,14 +10,18 @@ use amprobe::tensor::Tensor;
 use amprobe::DType;
 use std::sync::{Arc, Mutex};
 
-/// Every blamed op: its name and blame, in order.
+/// Every blamed op: its name (a backward op's as `op grad input`) and blame, in order.
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<(String, Blame)>>>);
 
 impl Observer for Seen {
     fn on_op(&mut self, ev: &OpEvent<'_>) {
         if let Some(b) = ev.blame {
-            self.0.lock().unwrap().push((ev.op.to_string(), b));
+            let name = match ev.wrt {
+                Some(w) => format!("{} grad {w}", ev.op),
+                None => ev.op.to_string(),
+            };
+            self.0.lock().unwrap().push((name, b));
         }
     }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
@@ -217,17 +222,149 @@ fn t5s_wo_introduces_its_error_and_the_residual_stream_inherits_it() {
         .unwrap();
     assert!(b(add).introduced < 1e-6, "{:?}", b(add));
     assert!(b(add).inherited > 1e-4, "{:?}", b(add));
-    // Every forward op of the kept step is blamed, none of the others.
+    // Every op of the kept step is blamed, the optimizer phase's too.
     use amprobe::trace::record::Phase;
     for o in ops {
-        assert_eq!(
-            o.blame.is_some(),
-            o.phase == Phase::Forward,
-            "{} {:?}",
-            o.op,
-            o.phase
+        assert!(o.blame.is_some(), "{} {:?}", o.op, o.phase);
+    }
+    assert!(ops.iter().any(|o| o.phase == Phase::Optimizer));
+    // The backward of `wo`: its weight's gradient is a bf16 product of bf16 operands.
+    let wo_index = ops[wo].index;
+    let dw = ops
+        .iter()
+        .find(|o| o.forward_op == Some(wo_index) && o.wrt.as_deref() == Some("weight"))
+        .and_then(|o| o.blame)
+        .unwrap();
+    assert!(
+        dw.introduced > 1e-4 && dw.introduced < 2f64.powi(-7),
+        "{dw:?}"
+    );
+    // Its output gradient comes from a backward that ran in bf16 too: it carries error in.
+    assert!(dw.input > 1e-4 && dw.inherited > 1e-4, "{dw:?}");
+}
+
+/// A leaf parameter of `v` (f32, requiring a gradient).
+fn param(v: Vec<f32>) -> Tensor {
+    f32s(v).as_leaf(true)
+}
+
+/// A one-element fp16 tensor of `shape` holding `v` rounded.
+fn fp16(v: f32, shape: &[usize]) -> Tensor {
+    Tensor::from_f32(vec![v], shape, DType::F16).unwrap()
+}
+
+#[test]
+fn a_gradient_that_underflows_fp16_is_introduced_where_it_flushes_and_a_loss_scale_keeps_it() {
+    // y = sum(x16 · 10⁻⁴) with an output gradient of 10⁻⁴: the input's gradient is 10⁻⁸,
+    // below half of fp16's smallest subnormal (2⁻²⁴ ≈ 6·10⁻⁸), so it flushes to 0.
+    let run = |seed: f32| {
+        let (mut e, seen) = engine();
+        let w = param(vec![1.0; 8]);
+        let x = e.to_dtype(&w, DType::F16).unwrap();
+        let c = e.to_dtype(&f32s(vec![1e-4; 8]), DType::F16).unwrap();
+        let y = e.mul(&x, &c).unwrap();
+        let s = e.sum(&y, &[], false).unwrap();
+        e.backward_with(&s, fp16(seed, &[])).unwrap();
+        let ops = seen.0.lock().unwrap().clone();
+        ops
+    };
+    let ops = run(1e-4);
+    let names: Vec<&str> = ops.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "to",
+            "to",
+            "mul",
+            "sum",
+            "sum grad self",
+            "mul grad self",
+            "to grad input"
+        ]
+    );
+    // The sum's gradient is the output gradient, broadcast: exact.
+    let dsum = ops[4].1;
+    assert_eq!((dsum.introduced, dsum.total), (0.0, 0.0), "{dsum:?}");
+    // The product flushes every value: all of the gradient is lost there.
+    let dmul = ops[5].1;
+    assert_eq!(dmul.introduced, 1.0, "{dmul:?}");
+    assert_eq!(dmul.total, 1.0, "{dmul:?}");
+    // Its own inputs and their shadows differ only by the cast of 10⁻⁴ to fp16.
+    let c16 = f64::from(half::f16::from_f32(1e-4).to_f32());
+    let c32 = f64::from(1e-4f32);
+    assert!(
+        close(dmul.inherited, (c16 - c32).abs() / c32, 1e-9),
+        "{dmul:?}"
+    );
+    // The cast back to f32 adds nothing and passes the loss on.
+    let dcast = ops[6].1;
+    assert_eq!(dcast.introduced, 0.0, "{dcast:?}");
+    assert_eq!(dcast.inherited, 1.0, "{dcast:?}");
+    // Scaled by 2¹⁶ the gradient is a normal fp16 number: it rounds by half a spacing at most.
+    let ops = run(65536.0 * 1e-4);
+    let dmul = ops[5].1;
+    assert!(
+        dmul.introduced > 0.0 && dmul.introduced <= 2f64.powi(-11),
+        "{dmul:?}"
+    );
+}
+
+#[test]
+fn a_gradient_summed_over_many_uses_in_fp16_loses_the_small_ones_at_each_accumulation() {
+    // x16 used 200 times with weight 0.01 and, last, once with weight 100: the backward
+    // gives it 100 first, then 0.01 at a time, each rounded away in fp16 (spacing 0.0625
+    // at 100), as the forward long sum does.
+    let (mut e, seen) = engine();
+    let w = param(vec![1.0]);
+    let x = e.to_dtype(&w, DType::F16).unwrap();
+    let k = 200;
+    let mut acc = e.mul_scalar(&x, 0.01).unwrap();
+    for _ in 1..k {
+        let t = e.mul_scalar(&x, 0.01).unwrap();
+        acc = e.add(&acc, &t).unwrap();
+    }
+    let big = e.mul_scalar(&x, 100.0).unwrap();
+    let root = e.add(&acc, &big).unwrap();
+    seen.0.lock().unwrap().clear();
+    e.backward_with(&root, fp16(1.0, &[1])).unwrap();
+    let ops = seen.0.lock().unwrap().clone();
+    let acc: Vec<Blame> = ops
+        .iter()
+        .filter(|(n, _)| n == "accumulate_grad")
+        .map(|(_, b)| *b)
+        .collect();
+    assert_eq!(acc.len(), k);
+    let dv = f64::from(half::f16::from_f32(0.01).to_f32());
+    for (i, b) in acc.iter().enumerate() {
+        // Its own inputs are 100 and dv: the exact sum 100 + dv, the output 100.
+        assert!(close(b.introduced, dv / (100.0 + dv), 1e-9), "{i}: {b:?}");
+        // The shadow holds 100 + (i + 1)·0.01 (the shadow's weight is 0.01 itself).
+        let shadow = 100.0 + (i as f64 + 1.0) * 0.01;
+        assert!(
+            close(b.total, (shadow - 100.0) / shadow, 1e-9),
+            "{i}: {b:?}"
         );
     }
+    // The gradient of weight 100 (the first) is exact; each of weight 0.01 rounds 0.01 to
+    // fp16: what it introduces.
+    let muls: Vec<Blame> = ops
+        .iter()
+        .filter(|(n, _)| n == "mul grad input")
+        .map(|(_, b)| *b)
+        .collect();
+    assert_eq!(muls.len(), k + 1);
+    assert_eq!(muls[0].total, 0.0, "{:?}", muls[0]);
+    for small in &muls[1..] {
+        assert!(
+            close(small.introduced, (dv - 0.01).abs() / 0.01, 1e-9),
+            "{small:?}"
+        );
+    }
+    // The cast back to f32 inherits the whole loss.
+    let (last, cast) = (&ops[ops.len() - 1], acc[k - 1]);
+    assert_eq!(last.0, "to grad input");
+    assert_eq!(last.1.introduced, 0.0);
+    assert!(close(last.1.inherited, cast.total, 1e-12), "{last:?}");
 }
 
 #[test]
@@ -243,7 +380,7 @@ fn run_blame_prints_the_top_offenders_and_refuses_what_it_cannot_blame() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}");
     assert!(
-        out.contains("Blame (forward ops of step 0 against f64): most error introduced"),
+        out.contains("Blame (every op of step 0 against f64): most error introduced"),
         "{out}"
     );
     let s: serde_json::Value =
@@ -450,5 +587,99 @@ fn t5s_wo_close_to_fp16s_overflow_introduces_its_error_and_downstream_inherits_i
         let d = o.blame.unwrap();
         assert!(d.introduced < 1e-3 * b.introduced, "{} {d:?}", o.op);
         assert!(d.inherited > 0.1 * b.introduced, "{} {d:?}", o.op);
+    }
+}
+
+/// Step 0 of the MLP sample in fp16 with `--blame`, its config edited by `edit`.
+fn blamed_mlp_step(
+    edit: impl FnOnce(&mut amprobe::config::RunConfig),
+) -> amprobe::trace::record::StepRecord {
+    use amprobe::runner::{run, RunOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg =
+        amprobe::config::RunConfig::load(std::path::Path::new("samples/mlp.toml")).unwrap();
+    cfg.probe.blame = Some(true);
+    let trace = dir.path().join("t.jsonl");
+    cfg.probe.trace = Some(trace.clone());
+    edit(&mut cfg);
+    run(&cfg, &RunOptions::default()).unwrap();
+    let mut t = amprobe::trace::read_trace(&trace).unwrap();
+    t.steps.swap_remove(0)
+}
+
+#[test]
+fn unscaling_and_clipping_carry_each_gradients_error_and_add_only_their_own_rounding() {
+    use amprobe::trace::record::{OpBlame, OpRecord, Phase};
+    // A max norm of 0.01, below the gradients' norm, so that clipping scales every gradient
+    // (and so rounds: asserted below).
+    let step = blamed_mlp_step(|c| c.train.clip = Some(0.01));
+    let ops = step.ops.unwrap();
+    let of = |op: &str| -> Vec<&OpRecord> {
+        ops.iter()
+            .filter(|o| o.phase == Phase::Optimizer && o.op == op)
+            .collect()
+    };
+    let (unscale, clip) = (of("unscale"), of("clip_grad_norm"));
+    // Four parameters: two weights, two biases.
+    assert_eq!((unscale.len(), clip.len()), (4, 4));
+    let b = |o: &OpRecord| -> OpBlame { o.blame.unwrap_or_else(|| panic!("{} unblamed", o.op)) };
+    for (u, c) in unscale.iter().zip(&clip) {
+        assert_eq!(u.module, c.module);
+        // Dividing by the scale, a power of two, is exact: nothing introduced, and the
+        // gradient's error against f64 is what the backward left in it.
+        let (bu, bc) = (b(u), b(c));
+        assert_eq!(bu.introduced, 0.0, "{}: {bu:?}", u.module);
+        assert!(close(bu.total, bu.input, 1e-12), "{}: {bu:?}", u.module);
+        assert!(bu.total > 0.0, "{}: {bu:?}", u.module);
+        // Clipping multiplies by one f32 coefficient: at most f32's rounding of it and of
+        // the product, both about 6·10⁻⁸, is its own.
+        assert!(
+            bc.introduced > 0.0 && bc.introduced < 2e-7,
+            "{}: {bc:?}",
+            c.module
+        );
+        assert!(close(bc.input, bu.total, 1e-12), "{}: {bc:?}", c.module);
+    }
+    // The weights' gradients are products of fp16 operands rounded to fp16, their error
+    // of fp16's order; so is the biases'.
+    for u in &unscale {
+        assert!(b(u).total < 1e-2, "{}: {:?}", u.module, b(u));
+    }
+    // The norm over every gradient (its coefficient) is off by about their error too: the
+    // coefficient's error reaches every gradient, so clipping inherits about as much as
+    // it receives.
+    let worst_in = clip.iter().map(|c| b(c).input).fold(0.0, f64::max);
+    for c in &clip {
+        assert!(b(c).inherited <= 2.0 * worst_in, "{}: {:?}", c.module, b(c));
+    }
+}
+
+#[test]
+fn an_update_below_half_the_parameters_spacing_is_lost_and_the_optimizer_step_introduces_it() {
+    use amprobe::trace::record::Phase;
+    // SGD: the change is −lr·g. At lr 0.01 it is far above f32's spacing of the weights
+    // (about 0.1); at lr 10⁻⁹ it is below half of it, and p − lr·g rounds back to p.
+    let steps = |lr: f64| -> Vec<OpBlame> {
+        let step = blamed_mlp_step(|c| c.train.lr = Some(lr));
+        let ops = step.ops.unwrap();
+        let b: Vec<OpBlame> = ops
+            .iter()
+            .filter(|o| o.phase == Phase::Optimizer && o.op == "optimizer_step")
+            .map(|o| o.blame.unwrap())
+            .collect();
+        assert_eq!(b.len(), 4);
+        b
+    };
+    use amprobe::trace::record::OpBlame;
+    for b in steps(0.01) {
+        // Only the rounding of the new value to f32, against a change of about 10⁻⁴.
+        assert!(b.introduced > 0.0 && b.introduced < 1e-4, "{b:?}");
+        // The change is linear in the gradient: it inherits the gradient's error as it is.
+        assert!(close(b.inherited, b.input, 1e-9), "{b:?}");
+    }
+    for b in steps(1e-9) {
+        // Every change (or all but a few) is lost.
+        assert!(b.introduced > 0.99, "{b:?}");
+        assert!(b.total > 0.99, "{b:?}");
     }
 }

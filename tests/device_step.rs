@@ -1002,22 +1002,36 @@ fn blame_on_the_device_matches_the_emulators() {
     if !device_or_skip() {
         return;
     }
-    let blamed = |precision: Precision, backend: BackendKind| {
+    // Two steps of AdamW in bf16, every step blamed: the second's exact update starts
+    // from the moments the first left on the device, read back.
+    let blamed = |precision: Precision, backend: BackendKind, adamw: bool| {
         let cfg = RunConfig::load(std::path::Path::new("samples/mlp.toml")).unwrap();
         let mut train = cfg.train_config().unwrap();
         train.precision = precision;
         train.backend = backend;
         train.blame = true;
+        train.clip = Some(1.0);
+        if adamw {
+            train.optimizer = OptimizerConfig::AdamW(AdamWConfig::default());
+            train.sampling.every = 1;
+        }
         let (m, p, d) = amprobe::runner::build(&cfg, &train).unwrap();
         let mut t = Trainer::new(train, m, p, d).unwrap();
-        t.step(0).unwrap().ops.unwrap()
+        let steps = if adamw { 2 } else { 1 };
+        (0..steps)
+            .flat_map(|s| t.step(s).unwrap().ops.unwrap())
+            .collect::<Vec<_>>()
     };
-    for precision in [Precision::Fp16, Precision::Bf16] {
+    for (precision, adamw) in [
+        (Precision::Fp16, false),
+        (Precision::Bf16, false),
+        (Precision::Bf16, true),
+    ] {
         let (cpu, dev) = (
-            blamed(precision, BackendKind::Cpu),
-            blamed(precision, BackendKind::Cuda),
+            blamed(precision, BackendKind::Cpu, adamw),
+            blamed(precision, BackendKind::Cuda, adamw),
         );
-        let what = format!("{precision:?}");
+        let what = format!("{precision:?} adamw {adamw}");
         assert_eq!(cpu.len(), dev.len(), "{what}");
         let mut n = 0;
         for (a, b) in cpu.iter().zip(&dev) {
@@ -1049,5 +1063,26 @@ fn blame_on_the_device_matches_the_emulators() {
                 .any(|o| o.blame.is_some_and(|b| b.introduced > 0.0)),
             "{what}: no op introduced any error"
         );
+        // The backward ops are blamed too, from the gradients read back, and the optimizer
+        // phase's.
+        for (phase, op) in [
+            (Phase::Backward, None),
+            (Phase::Optimizer, Some("unscale")),
+            (Phase::Optimizer, Some("clip_grad_norm")),
+            (Phase::Optimizer, Some("optimizer_step")),
+        ] {
+            assert!(
+                dev.iter().any(|o| o.phase == phase
+                    && op.is_none_or(|op| o.op == op)
+                    && o.blame.is_some_and(|b| b.total > 0.0)),
+                "{what}: no {phase:?} {op:?} blamed"
+            );
+        }
+        // Four parameters a step.
+        let updates = dev
+            .iter()
+            .filter(|o| o.op == "optimizer_step" && o.blame.is_some())
+            .count();
+        assert_eq!(updates, if adamw { 8 } else { 4 }, "{what}");
     }
 }

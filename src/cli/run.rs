@@ -120,9 +120,10 @@ pub struct RunFlags {
     /// Switch probes off (to measure their cost).
     #[arg(long)]
     no_probes: bool,
-    /// Blame precision loss: every forward op of a step with op records is recomputed in
-    /// f64 from its own inputs and from an all-f64 shadow of the step, giving the error it
-    /// introduces and the error it inherits (on a device, each op is read back for it).
+    /// Blame precision loss: every op of a step with op records (forward, backward,
+    /// optimizer) is recomputed in f64 from its own inputs and from an all-f64 shadow of the step, giving
+    /// the error it introduces and the error it inherits (on a device, each op is read back
+    /// for it).
     #[arg(long)]
     blame: bool,
     /// Where the step runs: auto (default: a GPU that passes a step check against the CPU

@@ -1,9 +1,10 @@
 //! The top offenders of precision loss, from the blamed op records of a run (`--blame`):
-//! the forward ops that introduce the most error by their own rounding and arithmetic,
-//! and the ones that magnify the error their inputs carry the most. Each (module, op) is
-//! reported once, at its worst.
+//! the ops (forward, backward and the optimizer phase's) that introduce the most error by
+//! their own rounding and arithmetic, and the ones that magnify the error their inputs
+//! carry the most. Each
+//! (module, op, phase, gradient) is reported once, at its worst.
 
-use crate::trace::record::{float_json, OpBlame, OpRecord};
+use crate::trace::record::{float_json, module_name, OpBlame, OpRecord, Phase};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -21,11 +22,40 @@ pub struct BlameHit {
     pub op: String,
     /// Module path.
     pub module: String,
+    /// Forward or backward.
+    #[serde(default = "forward")]
+    pub phase: Phase,
+    /// For a backward op: the input its gradient is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrt: Option<String>,
     /// Its blame there.
     pub blame: OpBlame,
     /// The figure it is ranked by: the introduced error, or the amplification.
     #[serde(with = "float_json")]
     pub figure: f64,
+}
+
+fn forward() -> Phase {
+    Phase::Forward
+}
+
+impl BlameHit {
+    /// The op as people read it: `` `linear` in `fc1` ``, `` `linear` backward (gradient
+    /// of `weight`) in `fc1` ``.
+    pub fn label(&self) -> String {
+        format!("{} in `{}`", self.op_label(), module_name(&self.module))
+    }
+
+    /// The op without its module: `` `linear` ``, `` `linear` backward (gradient of
+    /// `weight`) ``, `` `optimizer_step` `` (the optimizer phase's ops have names of their
+    /// own).
+    pub fn op_label(&self) -> String {
+        match (self.phase, &self.wrt) {
+            (Phase::Backward, Some(w)) => format!("`{}` backward (gradient of `{w}`)", self.op),
+            (Phase::Backward, None) => format!("`{}` backward", self.op),
+            _ => format!("`{}`", self.op),
+        }
+    }
 }
 
 /// What `--blame` found over the run.
@@ -51,9 +81,12 @@ impl BlameReport {
 #[derive(Debug, Default)]
 pub struct BlameTracker {
     steps: Vec<u64>,
-    introduced: BTreeMap<(String, String), BlameHit>,
-    amplified: BTreeMap<(String, String), BlameHit>,
+    introduced: BTreeMap<Key, BlameHit>,
+    amplified: BTreeMap<Key, BlameHit>,
 }
+
+/// An op as ranked: module, op, phase and the input a gradient is for.
+type Key = (String, String, &'static str, Option<String>);
 
 impl BlameTracker {
     /// Takes the blamed ops of one step.
@@ -67,13 +100,19 @@ impl BlameTracker {
                 index: o.index,
                 op: o.op.clone(),
                 module: o.module.clone(),
+                phase: o.phase,
+                wrt: o.wrt.clone(),
                 blame: b,
                 figure,
             };
-            let key = (o.module.clone(), o.op.clone());
-            let worse = |m: &BTreeMap<(String, String), BlameHit>, f: f64| {
-                m.get(&key).is_none_or(|h| f > h.figure)
-            };
+            let key = (
+                o.module.clone(),
+                o.op.clone(),
+                o.phase.name(),
+                o.wrt.clone(),
+            );
+            let worse =
+                |m: &BTreeMap<Key, BlameHit>, f: f64| m.get(&key).is_none_or(|h| f > h.figure);
             if b.introduced > 0.0
                 && b.introduced.is_finite()
                 && worse(&self.introduced, b.introduced)
@@ -93,7 +132,7 @@ impl BlameTracker {
 
     /// The report: the [`TOP`] of each kind.
     pub fn report(&self) -> BlameReport {
-        let top = |m: &BTreeMap<(String, String), BlameHit>| {
+        let top = |m: &BTreeMap<Key, BlameHit>| {
             let mut v: Vec<BlameHit> = m.values().cloned().collect();
             v.sort_by(|a, b| b.figure.total_cmp(&a.figure).then(a.index.cmp(&b.index)));
             v.truncate(TOP);

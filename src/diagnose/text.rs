@@ -434,15 +434,14 @@ pub fn blame_lines(b: &super::blame::BlameReport) -> Vec<String> {
     }
     let steps: Vec<String> = b.steps.iter().map(u64::to_string).collect();
     out.push(format!(
-        "Blame (forward ops of step {} against f64): most error introduced by the op's own \
+        "Blame (every op of step {} against f64): most error introduced by the op's own \
          rounding and arithmetic:",
         steps.join(", ")
     ));
     for h in &b.introduced {
         out.push(format!(
-            "  `{}` in `{}` (step {} op #{}): introduces {:.2e}, inherits {:.2e}, total {:.2e}",
-            h.op,
-            module(&h.module),
+            "  {} (step {} op #{}): introduces {:.2e}, inherits {:.2e}, total {:.2e}",
+            h.label(),
             h.step,
             h.index,
             h.blame.introduced,
@@ -454,9 +453,8 @@ pub fn blame_lines(b: &super::blame::BlameReport) -> Vec<String> {
         out.push("  most amplified (the error its inputs carry, magnified):".into());
         for h in &b.amplified {
             out.push(format!(
-                "  `{}` in `{}` (step {} op #{}): ×{:.3} ({:.2e} in, {:.2e} out)",
-                h.op,
-                module(&h.module),
+                "  {} (step {} op #{}): ×{:.3} ({:.2e} in, {:.2e} out)",
+                h.label(),
                 h.step,
                 h.index,
                 h.figure,

@@ -166,6 +166,19 @@ struct Node {
     wrt: &'static [&'static str],
     output: TensorId,
     backward: BackwardFn,
+    /// While blaming: the op done again in f64, whose tapes give its exact gradients.
+    blame: Option<Box<NodeBlame>>,
+}
+
+/// What blaming a forward op keeps for its backward, where the op is done again on
+/// scratch engines with a tape: its inputs as it took them, their shadows, which of them
+/// need a gradient, the largest error they carry, and how to do the op again.
+struct NodeBlame {
+    inputs: Vec<Tensor>,
+    shadows: Vec<Tensor>,
+    needs: Vec<bool>,
+    input: f64,
+    recompute: Recompute,
 }
 
 /// A chosen op whose output gets a value written into it: a test hook for origin tracking.
@@ -214,15 +227,41 @@ pub struct Engine {
     masks: Vec<TensorId>,
     /// True while the ops that make such a mask run.
     making_mask: bool,
-    /// Whether forward ops are blamed ([`Engine::set_blame`]).
+    /// Whether ops are blamed ([`Engine::set_blame`]).
     blame: bool,
     /// The all-f64 shadow of each forward output made while blaming, by tensor.
     shadows: HashMap<TensorId, Tensor>,
+    /// The shadows of the leaf gradients the last blamed backward made, by leaf.
+    gradient_shadows: HashMap<TensorId, Tensor>,
 }
 
-/// Computes an op again from other inputs of the same shapes (f64 ones, integer ones as
-/// they were): what blaming compares its output with. No op is recorded.
-pub type Recompute<'a> = &'a dyn Fn(&[Tensor]) -> Result<Tensor>;
+/// Does an op again, by the same engine method, on a scratch engine ([`Engine::scratch`])
+/// and from other inputs of the same shapes (f64 ones, integer ones as they were): what
+/// blaming compares the op's output with and, through the scratch engine's tape, its
+/// gradients.
+pub type Recompute = Box<dyn Fn(&mut Engine, &[Tensor]) -> Result<Tensor> + Send + Sync>;
+
+/// Does an op again on `engine` from `values` (in its inputs' places), taped where
+/// `needs` says which inputs need a gradient; returns the output and the inputs as the
+/// engine's leaves.
+fn redo(
+    engine: &mut Engine,
+    values: &[Tensor],
+    needs: Option<&[bool]>,
+    recompute: &Recompute,
+) -> Result<(Tensor, Vec<TensorId>)> {
+    engine.set_grad_enabled(needs.is_some());
+    let leaves: Vec<Tensor> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let need = needs.is_some_and(|n| n.get(i).copied().unwrap_or(false));
+            v.as_leaf(need && v.dtype().is_float())
+        })
+        .collect();
+    let output = recompute(engine, &leaves)?;
+    Ok((output, leaves.iter().map(Tensor::id).collect()))
+}
 
 /// A floating tensor widened exactly to f64 (others as they are), in host memory.
 fn widen(t: &Tensor) -> Result<Tensor> {
@@ -260,6 +299,39 @@ pub fn relative_error(a: &Tensor, b: &Tensor) -> Result<f64> {
     })
 }
 
+/// The blame of an output against `exact`, its recomputation in f64 from its own inputs,
+/// and against `shadow`, its all-f64 shadow, with its inputs' error `input`.
+pub fn blame(output: &Tensor, exact: &Tensor, shadow: &Tensor, input: f64) -> Result<Blame> {
+    Ok(Blame {
+        introduced: relative_error(output, exact)?,
+        inherited: relative_error(exact, shadow)?,
+        total: relative_error(output, shadow)?,
+        input,
+    })
+}
+
+/// `a + b` in f64, in host memory.
+fn add_f64(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (x, y) = (a.to_f64_vec()?, b.to_f64_vec()?);
+    Tensor::from_f64(x.iter().zip(&y).map(|(p, q)| p + q).collect(), a.shape())
+}
+
+/// The f64 gradients of a blamed op's inputs ([`Engine::blamed_gradients`]).
+struct BlamedGradients {
+    exact: Vec<Option<Tensor>>,
+    shadow: Vec<Option<Tensor>>,
+    input: f64,
+}
+
+impl BlamedGradients {
+    /// Input `i`'s exact gradient, its shadow and the error the op's inputs carry.
+    fn of(&self, i: usize) -> Option<(&Tensor, &Tensor, f64)> {
+        let exact = self.exact.get(i)?.as_ref()?;
+        let shadow = self.shadow.get(i)?.as_ref()?;
+        Some((exact, shadow, self.input))
+    }
+}
+
 impl Default for Engine {
     fn default() -> Self {
         Engine::new()
@@ -289,12 +361,27 @@ impl Engine {
             making_mask: false,
             blame: false,
             shadows: HashMap::new(),
+            gradient_shadows: HashMap::new(),
         }
     }
 
-    /// Blames the forward ops that follow (until turned off): each is computed again in
-    /// f64 from its own inputs and from the inputs' all-f64 shadows, and observers hear of
-    /// the relative errors ([`Blame`]). A device op's inputs and output are read back and
+    /// An engine to do one op of module `module` again on: autocast off, no observers,
+    /// and this engine's seed, step and micro-batch (a dropout draws the same mask).
+    pub fn scratch(&self, module: &str) -> Engine {
+        Engine {
+            seed: self.seed,
+            step: self.step,
+            micro: self.micro,
+            module_stack: vec![module.to_string()],
+            ..Engine::new()
+        }
+    }
+
+    /// Blames the ops that follow (until turned off): each forward op is done again in f64
+    /// from its own inputs and from the inputs' all-f64 shadows, and each backward op of
+    /// those forward ops is done again in f64 from its own output gradient and from that
+    /// gradient's shadow, through the same ops' f64 backward; observers hear of the
+    /// relative errors ([`Blame`]). A device op's inputs and output are read back and
     /// recomputed on the host. Turning it off frees the shadows.
     pub fn set_blame(&mut self, on: bool) {
         self.blame = on;
@@ -303,32 +390,35 @@ impl Engine {
         }
     }
 
-    /// Whether forward ops are blamed.
+    /// Whether ops are blamed.
     pub fn blaming(&self) -> bool {
         self.blame
     }
 
-    /// The blame of an op with these inputs, and the shadow of its output.
+    /// The blame of a forward op with these inputs and the shadow of its output; and when
+    /// the op goes on the tape (`taped`), what its backward needs for blame.
     fn blame_of(
         &self,
         inputs: &[&Tensor],
         output: &Tensor,
-        recompute: Recompute<'_>,
-    ) -> Result<(Blame, Tensor)> {
+        recompute: Recompute,
+        taped: bool,
+    ) -> Result<(Blame, Tensor, Option<Box<NodeBlame>>)> {
         // (device tensors come back to the host: the recomputations run on the host's f64
         // kernels, which is what makes them exact, at one read back per op)
         let own: Vec<Tensor> = inputs.iter().map(|t| widen(t)).collect::<Result<_>>()?;
-        let exact = recompute(&own)?;
         // An input no op of the step made (a parameter, the batch) is its own shadow: the
         // widened copy above, not a second read.
-        let shadow_in: Vec<Tensor> = inputs
+        let shadows: Vec<Tensor> = inputs
             .iter()
             .zip(&own)
             .map(|(t, w)| self.shadows.get(&t.id()).unwrap_or(w).clone())
             .collect();
-        let shadow = recompute(&shadow_in)?;
+        let module = self.module_path();
+        let (exact, _) = redo(&mut self.scratch(&module), &own, None, &recompute)?;
+        let (shadow, _) = redo(&mut self.scratch(&module), &shadows, None, &recompute)?;
         let mut input = 0.0f64;
-        for (t, s) in inputs.iter().zip(&shadow_in) {
+        for (t, s) in inputs.iter().zip(&shadows) {
             if t.dtype().is_float() {
                 input = input.max(relative_error(t, s)?);
             }
@@ -339,7 +429,46 @@ impl Engine {
             total: relative_error(output, &shadow)?,
             input,
         };
-        Ok((blame, shadow))
+        let node = taped.then(|| {
+            Box::new(NodeBlame {
+                inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+                shadows,
+                needs: inputs.iter().map(|t| t.requires_grad()).collect(),
+                input,
+                recompute,
+            })
+        });
+        Ok((blame, shadow, node))
+    }
+
+    /// A blamed op's input gradients done again in f64, with a tape: from its own inputs
+    /// and output gradient `g`, and from their shadows (`g` itself, widened, where no
+    /// shadow of it was made).
+    fn blamed_gradients(
+        &self,
+        nb: &NodeBlame,
+        module: &str,
+        g: &Tensor,
+        g_shadow: Option<Tensor>,
+    ) -> Result<BlamedGradients> {
+        let own_g = widen(g)?;
+        let g_shadow = match g_shadow {
+            Some(s) => s,
+            None => own_g.clone(),
+        };
+        let input = nb.input.max(relative_error(g, &g_shadow)?);
+        let gradients = |values: &[Tensor], seed: Tensor| -> Result<Vec<Option<Tensor>>> {
+            let mut e = self.scratch(module);
+            let (out, leaves) = redo(&mut e, values, Some(&nb.needs), &nb.recompute)?;
+            let mut grads = e.backward_with(&out, seed)?;
+            Ok(leaves.iter().map(|id| grads.remove(id)).collect())
+        };
+        let own: Vec<Tensor> = nb.inputs.iter().map(widen).collect::<Result<_>>()?;
+        Ok(BlamedGradients {
+            exact: gradients(&own, own_g)?,
+            shadow: gradients(&nb.shadows, g_shadow)?,
+            input,
+        })
     }
 
     /// Turns autocast on (Some) or off (None) for following forward ops.
@@ -395,6 +524,7 @@ impl Engine {
     /// Starts a step: op indices restart at 0.
     pub fn begin_step(&mut self, step: u64) {
         self.shadows.clear();
+        self.gradient_shadows.clear();
         self.step = step;
         self.micro = 0;
         self.op_index = 0;
@@ -575,19 +705,20 @@ impl Engine {
         wrt: &'static [&'static str],
         mut out: Computed,
         backward: Option<BackwardFn>,
-        recompute: Recompute<'_>,
+        recompute: Recompute,
     ) -> Result<Tensor> {
-        let blamed = if self.blame {
-            Some(self.blame_of(inputs, &out.tensor, recompute)?)
+        let needs_grad =
+            self.grad_enabled && backward.is_some() && inputs.iter().any(|t| t.requires_grad());
+        let (blamed, node_blame) = if self.blame {
+            let (b, shadow, node) = self.blame_of(inputs, &out.tensor, recompute, needs_grad)?;
+            (Some((b, shadow)), node)
         } else {
-            None
+            (None, None)
         };
         let index = self.op_index;
         self.op_index += 1;
         let module = self.module_path();
         self.apply_injection(op, &module, Phase::Forward, &mut out)?;
-        let needs_grad =
-            self.grad_enabled && backward.is_some() && inputs.iter().any(|t| t.requires_grad());
         let tensor = if needs_grad {
             let node = self.tape.len();
             let t = out.tensor.with_node(Some(node), true);
@@ -599,6 +730,7 @@ impl Engine {
                 wrt,
                 output: t.id(),
                 backward: backward.expect("checked above"),
+                blame: node_blame,
             });
             t
         } else {
@@ -666,13 +798,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Emits an optimizer-phase event (unscale, clip, parameter update) for observers.
+    /// Emits an optimizer-phase event (unscale, clip, parameter update) for observers, with
+    /// its blame where the step blames it.
     pub fn emit_optimizer_op(
         &mut self,
         op: &'static str,
         module: &str,
         inputs: &[&Tensor],
         output: &Tensor,
+        blame: Option<Blame>,
     ) {
         let index = self.op_index;
         self.op_index += 1;
@@ -697,7 +831,7 @@ impl Engine {
             additive_mask: false,
             permuted: false,
             finite: false,
-            blame: None,
+            blame,
         };
         for o in &mut self.observers {
             o.on_op(&ev);
@@ -740,11 +874,22 @@ impl Engine {
                 grads.insert(root.id(), seed);
             }
         }
-        for node in tape.iter().rev() {
+        // While blaming: the all-f64 shadow of each gradient, by the tensor it is for.
+        let mut shadows: HashMap<TensorId, Tensor> = HashMap::new();
+        for node in tape.into_iter().rev() {
             let Some(g_out) = grads.remove(&node.output) else {
                 continue;
             };
             let results = (node.backward)(&g_out)?;
+            let blamed = match &node.blame {
+                Some(nb) => Some(self.blamed_gradients(
+                    nb,
+                    &node.module,
+                    &g_out,
+                    shadows.remove(&node.output),
+                )?),
+                None => None,
+            };
             for (i, r) in results.into_iter().enumerate() {
                 let Some(Grad {
                     tensor,
@@ -770,6 +915,12 @@ impl Engine {
                 };
                 self.apply_injection(node.op, &node.module, Phase::Backward, &mut comp)?;
                 let tensor = comp.tensor;
+                let (blame, shadow) = match blamed.as_ref().and_then(|b| b.of(i)) {
+                    Some((exact, shadow, input)) => {
+                        (Some(blame(&tensor, exact, shadow, input)?), Some(shadow))
+                    }
+                    None => (None, None),
+                };
                 let index = self.op_index;
                 self.op_index += 1;
                 if !self.observers.is_empty() {
@@ -792,40 +943,70 @@ impl Engine {
                         additive_mask: false,
                         permuted: comp.permuted,
                         finite: comp.finite,
-                        blame: None,
+                        blame,
                     };
                     for o in &mut self.observers {
                         o.on_op(&ev);
                     }
                 }
+                let id = input.id();
                 let target = if input.is_leaf() {
                     &mut leaves
                 } else {
                     &mut grads
                 };
-                let merged = match target.remove(&input.id()) {
-                    Some(prev) => self.accumulate(&prev, &tensor, &node.module, node.index)?,
-                    None => tensor,
+                let (merged, shadow) = match target.remove(&id) {
+                    Some(prev) => {
+                        let both = shadows.remove(&id).zip(shadow);
+                        let both = both.as_ref().map(|(a, b)| (a, *b));
+                        self.accumulate(&prev, &tensor, both, &node.module, node.index)?
+                    }
+                    None => (tensor, shadow.cloned()),
                 };
-                target.insert(input.id(), merged);
+                target.insert(id, merged);
+                if let Some(s) = shadow {
+                    shadows.insert(id, s);
+                }
             }
         }
         self.phase = Phase::Forward;
+        shadows.retain(|id, _| leaves.contains_key(id));
+        self.gradient_shadows = shadows;
         Ok(leaves)
     }
 
-    /// Adds two gradients of one tensor (it fed several ops), in its dtype.
+    /// The all-f64 shadows of the leaf gradients the last backward made while blaming,
+    /// by leaf (empty when it blamed nothing).
+    pub fn take_gradient_shadows(&mut self) -> HashMap<TensorId, Tensor> {
+        std::mem::take(&mut self.gradient_shadows)
+    }
+
+    /// Adds two gradients of one tensor (it fed several ops), in its dtype; with their
+    /// shadows while blaming, the sum's shadow too.
     fn accumulate(
         &mut self,
         a: &Tensor,
         b: &Tensor,
+        shadows: Option<(&Tensor, &Tensor)>,
         module: &str,
         forward_op: u64,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let (tensor, rounding, slot) = a.add_same(b, "accumulate_grad")?;
         let sum = Computed {
             slot,
             ..Computed::new(tensor, rounding)
+        };
+        let (blame, shadow) = match shadows {
+            Some((sa, sb)) => {
+                let exact = add_f64(&widen(a)?, &widen(b)?)?;
+                let shadow = add_f64(sa, sb)?;
+                let input = relative_error(a, sa)?.max(relative_error(b, sb)?);
+                (
+                    Some(blame(&sum.tensor, &exact, &shadow, input)?),
+                    Some(shadow),
+                )
+            }
+            None => (None, None),
         };
         let index = self.op_index;
         self.op_index += 1;
@@ -848,13 +1029,13 @@ impl Engine {
                 additive_mask: false,
                 permuted: false,
                 finite: sum.finite,
-                blame: None,
+                blame,
             };
             for o in &mut self.observers {
                 o.on_op(&ev);
             }
         }
-        Ok(sum.tensor)
+        Ok((sum.tensor, shadow))
     }
 
     /// Drops a tape that will not be used (e.g. after an evaluation forward).

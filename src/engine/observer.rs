@@ -42,11 +42,12 @@ pub struct OpEvent<'a> {
     /// ([`super::finite_checks`]). False when that is not known.
     pub finite: bool,
     /// Where the op's error against exact arithmetic came from, when the engine blames
-    /// ([`super::Engine::set_blame`]; forward ops only).
+    /// ([`super::Engine::set_blame`]; forward and backward ops; the trainer blames the
+    /// optimizer phase's).
     pub blame: Option<Blame>,
 }
 
-/// The relative errors of one forward op's output, each `‖a − b‖₂ / ‖b‖₂` over the
+/// The relative errors of one op's output, each `‖a − b‖₂ / ‖b‖₂` over the
 /// positions where both are finite (0 when equal, infinite when only the reference is 0).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Blame {

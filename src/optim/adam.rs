@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::update::{
-    check_hparam, check_state_len, run_kernel, slots_to_update, Kernel, Optimizer, ParamSlot,
-    StatePrecision,
+    check_hparam, check_state_len, run_kernel, slots_to_update, state_at, Kernel, Optimizer,
+    ParamSlot, StateBefore, StatePrecision,
 };
 use crate::dtype::{round_slice, round_to, DType};
 use crate::Result;
@@ -366,6 +366,64 @@ impl Optimizer for Adam {
     fn step_count(&self, name: &str) -> Option<f32> {
         self.state.get(name).map(|s| s.step)
     }
+
+    fn exact_step(&self, name: &str, param: &[f64], grad: &[f64]) -> Option<Vec<f64>> {
+        let st = self.state.get(name);
+        let state = StateBefore {
+            updates: st.map_or(0.0, |s| s.step),
+            first: st.map(|s| s.exp_avg.as_slice()),
+            second: st.map(|s| s.exp_avg_sq.as_slice()),
+            max_second: st.and_then(|s| s.max_exp_avg_sq.as_deref()),
+        };
+        exact_update(&self.cfg, self.cfg.lr, state, param, grad)
+    }
+}
+
+/// `torch.optim.Adam`'s (AdamW's with `c.decoupled`) update of `param` by `grad` at
+/// learning rate `lr`, in f64; `None` when the lengths differ.
+pub fn exact_update(
+    c: &AdamConfig,
+    lr: f64,
+    state: StateBefore<'_>,
+    param: &[f64],
+    grad: &[f64],
+) -> Option<Vec<f64>> {
+    let n = param.len();
+    if grad.len() != n || !state.fits(n) {
+        return None;
+    }
+    let (beta1, beta2) = c.betas;
+    let t = f64::from(state.updates) + 1.0;
+    let (bc1, bc2) = (1.0 - beta1.powf(t), 1.0 - beta2.powf(t));
+    let out = param
+        .iter()
+        .zip(grad)
+        .enumerate()
+        .map(|(j, (&p0, &g0))| {
+            let (mut p, mut g) = (p0, if c.maximize { -g0 } else { g0 });
+            if c.decoupled {
+                p *= 1.0 - lr * c.weight_decay;
+            } else {
+                g += c.weight_decay * p;
+            }
+            let m = beta1 * state_at(state.first, j) + (1.0 - beta1) * g;
+            let v = beta2 * state_at(state.second, j) + (1.0 - beta2) * g * g;
+            let second = match c.amsgrad {
+                true => {
+                    let vmax = state_at(state.max_second, j);
+                    // (torch.maximum propagates a NaN)
+                    if v.is_nan() || vmax.is_nan() {
+                        f64::NAN
+                    } else {
+                        v.max(vmax)
+                    }
+                }
+                false => v,
+            };
+            p - lr / bc1 * m / (second.sqrt() / bc2.sqrt() + c.eps)
+        })
+        .collect();
+    Some(out)
 }
 
 #[cfg(test)]

@@ -548,6 +548,48 @@ impl DeviceOptimizer {
         self.states.get(name).map_or(0.0, |s| s.updates)
     }
 
+    /// Parameter `name`'s value after one update of it by `grad` at learning rate `lr`, in
+    /// f64, from its state on the device as it is now (read back, waiting for the device;
+    /// `sgd::exact_update`, `adam::exact_update`); `None` when the lengths differ.
+    pub fn exact_step(
+        &self,
+        dev: &Arc<CudaDevice>,
+        lr: f64,
+        name: &str,
+        param: &[f64],
+        grad: &[f64],
+    ) -> Result<Option<Vec<f64>>> {
+        let st = self.states.get(name);
+        let read = |b: Option<&CudaSlice<f32>>| -> Result<Option<Vec<f32>>> {
+            b.map(|b| {
+                let mut v = dev
+                    .stream()
+                    .clone_dtoh(b)
+                    .map_err(|e| dev_err("optimizer state")(&e))?;
+                // (an empty parameter's buffers hold one element)
+                v.truncate(param.len());
+                Ok(v)
+            })
+            .transpose()
+        };
+        let first = read(st.and_then(|s| s.a.as_ref()))?;
+        let second = read(st.and_then(|s| s.b.as_ref()))?;
+        let max_second = read(st.and_then(|s| s.c.as_ref()))?;
+        let state = super::StateBefore {
+            updates: st.map_or(0.0, |s| s.updates),
+            first: first.as_deref(),
+            second: second.as_deref(),
+            max_second: max_second.as_deref(),
+        };
+        Ok(match &self.cfg {
+            OptimizerConfig::Sgd(c) => super::sgd::exact_update(c, lr, state, param, grad),
+            OptimizerConfig::Adam(c) => super::adam::exact_update(c, lr, state, param, grad),
+            OptimizerConfig::AdamW(c) => {
+                super::adam::exact_update(&AdamConfig::from(c.clone()), lr, state, param, grad)
+            }
+        })
+    }
+
     /// Ends a step once its read is in: counts the update of every parameter stepped, or
     /// none when the step was skipped (the kernels then left state untouched).
     pub fn commit(&mut self, stepped: bool) {

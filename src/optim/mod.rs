@@ -63,7 +63,7 @@ use crate::Result;
 pub use adam::{Adam, AdamConfig, AdamWConfig};
 pub use clip::{clip_grad_norm, ClipOutcome, GradSlot, NormType};
 pub use sgd::{Sgd, SgdConfig};
-pub use update::{Optimizer, ParamSlot, StatePrecision};
+pub use update::{Optimizer, ParamSlot, StateBefore, StatePrecision};
 
 /// Which optimizer to build, with its hyper-parameters. Deserializes from a table with a
 /// `kind` of `sgd`, `adam` or `adamw`; omitted fields take PyTorch's defaults.

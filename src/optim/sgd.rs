@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::update::{
-    check_hparam, check_state_len, run_kernel, slots_to_update, Kernel, Optimizer, ParamSlot,
-    StatePrecision,
+    check_hparam, check_state_len, run_kernel, slots_to_update, state_at, Kernel, Optimizer,
+    ParamSlot, StateBefore, StatePrecision,
 };
 use crate::dtype::{round_slice, round_to, DType};
 use crate::Result;
@@ -255,6 +255,51 @@ impl Optimizer for Sgd {
     fn step_count(&self, name: &str) -> Option<f32> {
         self.state.get(name).map(|s| s.updates)
     }
+
+    fn exact_step(&self, name: &str, param: &[f64], grad: &[f64]) -> Option<Vec<f64>> {
+        let st = self.state.get(name);
+        let state = StateBefore {
+            updates: st.map_or(0.0, |s| s.updates),
+            first: st.and_then(|s| s.momentum_buffer.as_deref()),
+            ..StateBefore::default()
+        };
+        exact_update(&self.cfg, self.cfg.lr, state, param, grad)
+    }
+}
+
+/// `torch.optim.SGD`'s update of `param` by `grad` at learning rate `lr`, in f64; `None`
+/// when the lengths differ.
+pub fn exact_update(
+    c: &SgdConfig,
+    lr: f64,
+    state: StateBefore<'_>,
+    param: &[f64],
+    grad: &[f64],
+) -> Option<Vec<f64>> {
+    let n = param.len();
+    if grad.len() != n || !state.fits(n) {
+        return None;
+    }
+    // (the buffer starts as a copy of the first gradient)
+    let buf = state.first.filter(|_| state.updates > 0.0);
+    let out = param
+        .iter()
+        .zip(grad)
+        .enumerate()
+        .map(|(j, (&p, &g0))| {
+            let mut g = if c.maximize { -g0 } else { g0 };
+            g += c.weight_decay * p;
+            if c.momentum != 0.0 {
+                let b = match buf {
+                    Some(_) => c.momentum * state_at(buf, j) + (1.0 - c.dampening) * g,
+                    None => g,
+                };
+                g = if c.nesterov { g + c.momentum * b } else { b };
+            }
+            p - lr * g
+        })
+        .collect();
+    Some(out)
 }
 
 #[cfg(test)]

@@ -560,3 +560,55 @@ fn rejects_duplicate_names_and_integer_params() {
     let err = opt.step(&mut slots).unwrap_err().to_string();
     assert!(err.contains("idx") && err.contains("int64"), "{err}");
 }
+
+#[test]
+fn exact_steps_are_the_f32_steps_without_their_rounding() {
+    // Five steps of each optimizer variant on the golden inputs: before each, the f64 step
+    // from the same state; after it, the f32 step is within f32's rounding of it.
+    let cfgs = [
+        r#"{"kind":"sgd","lr":0.1}"#,
+        r#"{"kind":"sgd","lr":0.1,"momentum":0.9,"dampening":0.1,"weight_decay":0.01}"#,
+        r#"{"kind":"sgd","lr":0.1,"momentum":0.9,"nesterov":true,"maximize":true}"#,
+        r#"{"kind":"adam","lr":0.01,"weight_decay":0.1}"#,
+        r#"{"kind":"adamw","lr":0.01,"amsgrad":true}"#,
+        r#"{"kind":"adam","lr":0.01,"maximize":true,"betas":[0.5,0.9]}"#,
+    ];
+    for text in cfgs {
+        let cfg: OptimizerConfig = serde_json::from_str(text).unwrap();
+        let mut opt = build_optimizer(&cfg).unwrap();
+        let mut p = golden_p0(19);
+        for t in 0..5 {
+            let g = golden_grad(t, 19);
+            let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+            let exact = opt.exact_step("w", &wide(&p), &wide(&g)).unwrap();
+            let before = p.clone();
+            opt.step(&mut [ParamSlot {
+                name: "w",
+                data: &mut p,
+                grad: Some(&g),
+                dtype: DType::F32,
+            }])
+            .unwrap();
+            // The state stays as the f32 step left it: the next exact step starts there.
+            for j in 0..19 {
+                let (ours, x, p0) = (f64::from(p[j]), exact[j], f64::from(before[j]));
+                // f32's rounding of the parameter, of the update and of its parts.
+                let bound = 2.0 * f64::from(f32::EPSILON) * (x.abs() + (x - p0).abs() * 8.0);
+                assert!(
+                    (ours - x).abs() <= bound,
+                    "{text} step {t} [{j}]: f32 {ours}, f64 {x}, before {p0}"
+                );
+            }
+        }
+        // A state of another length does not fit, nor a gradient of another length.
+        let stateful = ["momentum_buffer", "exp_avg"]
+            .iter()
+            .any(|k| opt.state_buffer("w", k).is_some());
+        let other = opt.exact_step("w", &[0.0; 3], &[0.0; 3]);
+        assert_eq!(other.is_none(), stateful, "{text}");
+        assert!(
+            opt.exact_step("w", &[0.0; 3], &[0.0; 2]).is_none(),
+            "{text}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! What every optimizer's update shares: the slot a parameter is updated through, the
-//! [`Optimizer`] trait, where low-precision state is kept, the element-loop runner and the
-//! checks of arguments. A leaf of `optim`: sgd.rs and adam.rs build on it, mod.rs re-exports
+//! [`Optimizer`] trait, where low-precision state is kept, the element-loop runner, the
+//! checks of arguments and the state an update in f64 starts from ([`StateBefore`]). A leaf of `optim`: sgd.rs and adam.rs build on it, mod.rs re-exports
 //! it and builds an optimizer from a config.
 
 use std::collections::HashSet;
@@ -50,6 +50,11 @@ pub trait Optimizer: Send {
     /// Number of updates applied to a parameter so far (`None` before its first update).
     /// For Adam this is PyTorch's `f32` `step` tensor, which stops counting at 2^24.
     fn step_count(&self, name: &str) -> Option<f32>;
+    /// The value parameter `name` (now `param`) would take from one update with gradient
+    /// `grad`, computed in f64 from the state as it is now, which stays as it is: the
+    /// exact update that blame holds the step's to. `None` when the state does not fit
+    /// (its length differs from the parameter's).
+    fn exact_step(&self, name: &str, param: &[f64], grad: &[f64]) -> Option<Vec<f64>>;
 }
 
 /// Where the optimizer math and state of an fp16/bf16 parameter live (f32 parameters are
@@ -170,4 +175,31 @@ pub(crate) fn check_hparam(ok: bool, field: &str, value: f64, expected: &str) ->
             format!("{expected}, got {value}"),
         ))
     }
+}
+
+/// One parameter's state before an update, as f32 buffers (`None`: not made yet, zeros).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StateBefore<'a> {
+    /// Updates applied so far.
+    pub updates: f32,
+    /// SGD's momentum buffer, or Adam's first moment.
+    pub first: Option<&'a [f32]>,
+    /// Adam's second moment.
+    pub second: Option<&'a [f32]>,
+    /// AMSGrad's running maximum of the second moment.
+    pub max_second: Option<&'a [f32]>,
+}
+
+impl StateBefore<'_> {
+    /// False when a buffer's length is not `n`.
+    pub(super) fn fits(&self, n: usize) -> bool {
+        [self.first, self.second, self.max_second]
+            .iter()
+            .all(|b| b.is_none_or(|b| b.len() == n))
+    }
+}
+
+/// Element `j` of a buffer, 0 where it is not made yet.
+pub(super) fn state_at(b: Option<&[f32]>, j: usize) -> f64 {
+    b.map_or(0.0, |b| f64::from(b[j]))
 }

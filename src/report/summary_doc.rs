@@ -317,9 +317,9 @@ fn section_blame(d: &mut Doc, steps: &[StepRecord]) {
     }
     d.push(Block::Heading(1, "Blame".into()));
     d.push(Block::Para(
-        "Every forward op of the blamed steps, computed again in f64 from its own inputs \
-         (the error it introduces by its own rounding and arithmetic) and from an all-f64 \
-         shadow of the step (the error its inputs carry in). Relative errors, ‖a − b‖₂ / ‖b‖₂; \
+        "Every op of the blamed steps (forward, backward and the optimizer phase's), \
+         computed again in f64 from its own inputs (the error it introduces by its own rounding and arithmetic) and from an \
+         all-f64 shadow of the step (the error its inputs carry in). Relative errors, ‖a − b‖₂ / ‖b‖₂; \
          the amplification is inherited / input, a norm-wise estimate of the op's condition \
          number."
             .into(),
@@ -334,7 +334,7 @@ fn section_blame(d: &mut Doc, steps: &[StepRecord]) {
     };
     let row = |h: &crate::diagnose::blame::BlameHit, figs: Vec<String>| {
         let mut v = vec![
-            format!("`{}`", h.op),
+            h.op_label(),
             format!("`{}`", facts::module_name(&h.module)),
             format!("{} #{}", h.step, h.index),
         ];

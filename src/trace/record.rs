@@ -250,14 +250,14 @@ pub struct OpRecord {
     /// `masked_neg_inf`), and its values at the dtype's limit are the mask's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub additive_mask: bool,
-    /// Where the op's error against exact arithmetic came from (forward ops of a step run
+    /// Where the op's error against exact arithmetic came from (every op of a step run
     /// with `--blame`; absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blame: Option<OpBlame>,
 }
 
-/// The blame of one forward op: relative errors of its output, each `‖a − b‖₂ / ‖b‖₂`
-/// over the positions where both are finite.
+/// The blame of one op (forward or backward): relative errors of its output, each
+/// `‖a − b‖₂ / ‖b‖₂` over the positions where both are finite.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OpBlame {
     /// Against the op recomputed in f64 from its own inputs: what its own rounding and

@@ -60,7 +60,7 @@ pub struct TrainConfig {
     pub sampling: OpSampling,
     /// The backend the step runs on (resolved from the user's choice by the runner).
     pub backend: BackendKind,
-    /// Blame the forward ops of each step whose op records are kept
+    /// Blame every op of each step whose op records are kept
     /// ([`crate::engine::Engine::set_blame`]).
     #[serde(default)]
     pub blame: bool,

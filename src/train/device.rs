@@ -151,7 +151,7 @@ impl StepSide for DeviceStep {
         self.unscaled = true;
         {
             let grads = &self.grads;
-            t.emit_grads("unscale", |i, _| Ok(grads[i].clone()))
+            t.emit_grads(t.unscale_op(), |i, _| Ok(grads[i].clone()))
         }
     }
 
@@ -162,7 +162,7 @@ impl StepSide for DeviceStep {
         self.clipped = !live.is_empty();
         {
             let grads = &self.grads;
-            t.emit_grads("clip_grad_norm", |i, _| Ok(grads[i].clone()))
+            t.emit_grads(t.clip_op(max_norm), |i, _| Ok(grads[i].clone()))
         }
     }
 
@@ -327,6 +327,19 @@ impl DeviceStep {
             Ok(())
         })?;
         self.records = slots.iter().map(|&(i, s)| (i, s.grad, s.param)).collect();
+        let blamed = match (&t.grad_blame, &t.device) {
+            (Some(gb), Some(d)) => {
+                let params: Vec<(&str, &Tensor)> = t
+                    .params
+                    .params
+                    .iter()
+                    .map(|p| (p.name.as_str(), &p.value))
+                    .collect();
+                let exact = |n: &str, p: &[f64], g: &[f64]| d.opt.exact_step(&dev, lr, n, p, g);
+                Some(gb.before_step(&exact, &params)?)
+            }
+            _ => None,
+        };
         let new = {
             let d = t.device.as_mut().expect("a device trainer");
             let mut at = slots.iter().map(|&(_, s)| s);
@@ -345,13 +358,17 @@ impl DeviceStep {
                 .collect();
             d.scaler.optimizer_step(&mut d.opt, lr, scale, &list)?
         };
-        for (p, nv) in t.params.params.iter_mut().zip(new) {
+        for (i, (p, nv)) in t.params.params.iter_mut().zip(new).enumerate() {
             let stepped = grads_has(&nv, &p.value);
             let old = std::mem::replace(&mut p.value, nv);
             if stepped {
                 let (m, nv) = (p.module.clone(), p.value.clone());
+                let blame = match &blamed {
+                    Some(b) => b.of(i, &old, &nv)?,
+                    None => None,
+                };
                 t.engine
-                    .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
+                    .emit_optimizer_op("optimizer_step", &m, &[&old], &nv, blame);
             }
         }
         Ok(())

@@ -77,7 +77,7 @@ impl StepSide for HostStep {
             &mut t.scaler,
             &names.iter().map(String::as_str).collect::<Vec<_>>(),
         )?;
-        t.emit_grads("unscale", |i, shape| grads.tensor(i, shape))
+        t.emit_grads(t.unscale_op(), |i, shape| grads.tensor(i, shape))
     }
 
     fn clip(&mut self, t: &mut Trainer, st: &mut StepState, max_norm: f32) -> Result<()> {
@@ -92,7 +92,7 @@ impl StepSide for HostStep {
             ));
         }
         st.clip = Some(c);
-        t.emit_grads("clip_grad_norm", |i, shape| grads.tensor(i, shape))
+        t.emit_grads(t.clip_op(max_norm), |i, shape| grads.tensor(i, shape))
     }
 
     fn optimize(&mut self, t: &mut Trainer, st: &mut StepState) -> Result<()> {
@@ -102,7 +102,7 @@ impl StepSide for HostStep {
         // The scaler's decision: skip on an Inf/NaN gradient, else unscale (if not yet done).
         let decision = grads.check(&mut t.scaler, &names)?;
         if decision.unscaled_here {
-            t.emit_grads("unscale", |i, shape| grads.tensor(i, shape))?;
+            t.emit_grads(t.unscale_op(), |i, shape| grads.tensor(i, shape))?;
         }
         if !decision.skip {
             optimizer_step(t, grads)?;
@@ -132,6 +132,19 @@ impl StepSide for HostStep {
 
 /// The optimizer updates the parameters from the unscaled gradients.
 fn optimizer_step(t: &mut Trainer, grads: &StepGrads) -> Result<()> {
+    let blamed = match &t.grad_blame {
+        Some(gb) => {
+            let params: Vec<(&str, &Tensor)> = t
+                .params
+                .params
+                .iter()
+                .map(|p| (p.name.as_str(), &p.value))
+                .collect();
+            let opt = t.optimizer.as_ref();
+            Some(gb.before_step(&|n, p, g| Ok(opt.exact_step(n, p, g)), &params)?)
+        }
+        None => None,
+    };
     let new = {
         let refs: Vec<ParamRef<'_>> = t
             .params
@@ -144,11 +157,15 @@ fn optimizer_step(t: &mut Trainer, grads: &StepGrads) -> Result<()> {
             .collect();
         grads.step(t.optimizer.as_mut(), &refs)?
     };
-    for (p, nv) in t.params.params.iter_mut().zip(new) {
+    for (i, (p, nv)) in t.params.params.iter_mut().zip(new).enumerate() {
         let old = std::mem::replace(&mut p.value, nv);
         let (m, nv) = (p.module.clone(), p.value.clone());
+        let blame = match &blamed {
+            Some(b) => b.of(i, &old, &nv)?,
+            None => None,
+        };
         t.engine
-            .emit_optimizer_op("optimizer_step", &m, &[&old], &nv);
+            .emit_optimizer_op("optimizer_step", &m, &[&old], &nv, blame);
     }
     Ok(())
 }

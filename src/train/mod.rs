@@ -11,6 +11,7 @@ mod config;
 mod data;
 mod device;
 mod device_state;
+mod grad_blame;
 mod grads;
 mod host;
 mod phases;

@@ -3,6 +3,7 @@
 //! and both sides.
 
 use super::device::DeviceStep;
+use super::grad_blame::GradBlame;
 use super::host::HostStep;
 use super::phases::StepSide;
 use super::trainer::Trainer;
@@ -30,10 +31,14 @@ impl Trainer {
             let out = self.forward(&mut st, micro)?;
             let loss = side.loss(self, &mut st, out)?;
             let root = side.scale(self, &mut st, loss)?;
-            // (blame covers the forward ops: their shadows go before the backward)
-            self.engine.set_blame(false);
             self.backward(&mut st, &root)?;
+            // (the shadows go once the micro-batch's backward is done)
+            self.engine.set_blame(false);
         }
+        self.grad_blame = match self.blame_step {
+            true => GradBlame::new(&st.grads, &st.grad_shadows)?,
+            false => None,
+        };
         self.blame_step = false;
         self.before = st.inputs.take();
         side.gradients(self, &st)?;
@@ -42,6 +47,7 @@ impl Trainer {
             side.clip(self, &mut st, max_norm)?;
         }
         side.optimize(self, &mut st)?;
+        self.grad_blame = None;
         side.finish(self, st)
     }
 }

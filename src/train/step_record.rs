@@ -2,6 +2,7 @@
 //! the scaler's decision), its gradients as optimizer-phase ops, and the full statistics
 //! of a check-only step that went non-finite.
 
+use super::grad_blame::GradOp;
 use super::replay::Variant;
 use super::trainer::{StepState, Trainer};
 use crate::amp::scaler::{StepDecision, UpdateOutcome};
@@ -80,18 +81,49 @@ impl Trainer {
 
     /// Each parameter's gradient (`grad_of(i, shape)`, None without one) as an
     /// optimizer-phase op `op` of its module, when probing.
+    /// The unscale of this step's gradients, as blame computes it.
+    pub(super) fn unscale_op(&self) -> GradOp {
+        GradOp::Unscale {
+            scale: match self.scaler.is_enabled() {
+                true => f64::from(self.scaler.scale()),
+                false => 1.0,
+            },
+        }
+    }
+
+    /// Clipping to `max_norm`, as blame computes it.
+    pub(super) fn clip_op(&self, max_norm: f32) -> GradOp {
+        GradOp::Clip {
+            max_norm: f64::from(max_norm),
+            norm: self.cfg.clip_norm,
+        }
+    }
+
+    /// Tells observers of gradient op `op` of the optimizer phase, one event per
+    /// parameter with a gradient (`grad_of` gives it after the op), blamed in a blamed step.
     pub(super) fn emit_grads(
         &mut self,
-        op: &'static str,
+        op: GradOp,
         grad_of: impl Fn(usize, &[usize]) -> Result<Option<Tensor>>,
     ) -> Result<()> {
         if !self.engine.probing() {
             return Ok(());
         }
-        for (i, p) in self.params.params.iter().enumerate() {
-            if let Some(g) = grad_of(i, p.value.shape())? {
+        let after: Vec<Option<Tensor>> = self
+            .params
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| grad_of(i, p.value.shape()))
+            .collect::<Result<_>>()?;
+        let blames = match self.grad_blame.as_mut() {
+            Some(gb) => gb.advance(op, &after)?,
+            None => vec![None; after.len()],
+        };
+        for ((p, g), b) in self.params.params.iter().zip(&after).zip(blames) {
+            if let Some(g) = g {
                 let m = p.module.clone();
-                self.engine.emit_optimizer_op(op, &m, &[], &g);
+                self.engine.emit_optimizer_op(op.name(), &m, &[], g, b);
             }
         }
         Ok(())

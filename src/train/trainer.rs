@@ -5,6 +5,7 @@
 use super::config::TrainConfig;
 use super::data::DataSource;
 use super::device_state::DeviceState;
+use super::grad_blame::GradBlame;
 use crate::amp::policy::PolicyTable;
 use crate::amp::scaler::{GradScaler, UpdateOutcome};
 use crate::backend::BackendKind;
@@ -43,8 +44,11 @@ pub struct Trainer {
     pub(super) last_kept_nonfinite: bool,
     /// The last step began by only checking its outputs ([`Trainer::last_step_checked_only`]).
     pub(super) last_checked_only: bool,
-    /// The step being run blames its forward ops (its records are kept, `cfg.blame`).
+    /// The step being run blames its forward and backward ops (its records are kept, `cfg.blame`).
     pub(super) blame_step: bool,
+    /// In a blamed step's optimizer phase: the gradients and their shadows, for the blame
+    /// of unscale and clipping.
+    pub(super) grad_blame: Option<GradBlame>,
 }
 
 /// Scale states already told in a step's events (each is told once per run).
@@ -71,6 +75,8 @@ pub(super) struct StepState {
     pub(super) step: u64,
     /// Gradients summed over the micro-batches so far.
     pub(super) grads: Vec<Option<Tensor>>,
+    /// In a blamed step: their all-f64 shadows, summed likewise.
+    pub(super) grad_shadows: Vec<Option<Tensor>>,
     pub(super) loss_sum: f64,
     pub(super) scaled_loss: Option<f64>,
     pub(super) scale_before: f32,
@@ -162,6 +168,7 @@ impl Trainer {
             last_kept_nonfinite: false,
             last_checked_only: false,
             blame_step: false,
+            grad_blame: None,
         })
     }
 
@@ -279,6 +286,7 @@ impl Trainer {
             t0: Instant::now(),
             step,
             grads: vec![None; self.params.params.len()],
+            grad_shadows: vec![None; self.params.params.len()],
             loss_sum: 0.0,
             scaled_loss: None,
             scale_before,
@@ -317,7 +325,17 @@ impl Trainer {
     pub(super) fn backward(&mut self, st: &mut StepState, root: &Tensor) -> Result<()> {
         st.weight_casts += self.engine.take_weight_casts();
         let g = self.engine.backward(root)?;
+        let shadows = self.engine.take_gradient_shadows();
         for (i, p) in self.params.params.iter().enumerate() {
+            if let Some(s) = shadows.get(&p.value.id()) {
+                st.grad_shadows[i] = Some(match st.grad_shadows[i].take() {
+                    Some(prev) => {
+                        let (a, b) = (prev.to_f64_vec()?, s.to_f64_vec()?);
+                        Tensor::from_f64(a.iter().zip(&b).map(|(x, y)| x + y).collect(), s.shape())?
+                    }
+                    None => s.clone(),
+                });
+            }
             if let Some(gi) = g.get(&p.value.id()) {
                 st.grads[i] = Some(match st.grads[i].take() {
                     Some(prev) => prev.add_same(gi, "accumulate_grad")?.0,

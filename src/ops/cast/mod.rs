@@ -45,8 +45,13 @@ impl Engine {
         let from = x.dtype();
         let bw = Box::new(move |g: &Tensor| Ok(vec![grad(cast(g, from)?)]));
         // The exact cast of a value is the value.
-        self.record("to", &[x], &["input"], out, Some(bw), &|ins| {
-            Ok(ins[0].clone())
-        })
+        self.record(
+            "to",
+            &[x],
+            &["input"],
+            out,
+            Some(bw),
+            Box::new(move |_: &mut Engine, r: &[Tensor]| Ok(r[0].clone())),
+        )
     }
 }

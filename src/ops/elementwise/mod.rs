@@ -62,9 +62,14 @@ impl Engine {
             let dx = kernels(g).unary_backward(op, (xs, ys, g), dtype, kept.as_ref(), on_inf)?;
             Ok(vec![grad(dx)])
         });
-        self.record(op.name(), &[x], &["input"], out, Some(bw), &|ins| {
-            Ok(kernels(&ins[0]).unary(op, &ins[0], on_inf)?.0.tensor)
-        })
+        self.record(
+            op.name(),
+            &[x],
+            &["input"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.unary_with(op, &r[0], on_inf)),
+        )
     }
 
     /// Applies a broadcasting binary op, recording it.
@@ -125,18 +130,13 @@ impl Engine {
             }
             Ok(grads)
         });
-        let shape = out.tensor.shape().to_vec();
         self.record(
             op.name(),
             &[a, b],
             &["self", "other"],
             out,
             Some(bw),
-            &|ins| {
-                Ok(kernels(&ins[0])
-                    .binary(op, &ins[0], &ins[1], &shape)?
-                    .tensor)
-            },
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.binary(op, &r[0], &r[1])),
         )
     }
 

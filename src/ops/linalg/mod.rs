@@ -140,11 +140,14 @@ impl Engine {
             kern.affine_backward(op, &xt, &wt, w_t, g, (m, k, n), has_b)
         });
         let refs: Vec<&Tensor> = ins.iter().collect();
-        self.record(op, &refs, kind.wrt(), out, Some(bw), &|r| {
-            Ok(kernels(&r[0])
-                .affine(op, &r[0], &r[1], r.get(2), w_t, (m, k, n), &out_shape)?
-                .tensor)
-        })
+        self.record(
+            op,
+            &refs,
+            kind.wrt(),
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.affine(kind, &r[0], &r[1], r.get(2))),
+        )
     }
 
     fn matmul_op(&mut self, op: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -156,13 +159,15 @@ impl Engine {
         let k = kernels(a);
         let out = k.matmul(op, a, b, &s)?;
         let (at, bt) = (a.clone(), b.clone());
-        let blame_shape = s.clone();
         let bw = Box::new(move |g: &Tensor| k.matmul_backward(op, &at, &bt, g, &s));
-        self.record(op, &[a, b], &["self", "other"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0])
-                .matmul(op, &r[0], &r[1], &blame_shape)?
-                .tensor)
-        })
+        self.record(
+            op,
+            &[a, b],
+            &["self", "other"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.matmul_op(op, &r[0], &r[1])),
+        )
     }
 
     /// Matrix product of a [..., m, k] and b [..., k, n] (same batch dims) or b [k, n].

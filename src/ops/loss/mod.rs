@@ -48,7 +48,7 @@ impl Engine {
             &["input", "target"],
             out,
             Some(bw),
-            &|r| Ok(kernels(&r[0]).nll(&r[0], &r[1], ignore_index)?.0.tensor),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.nll_loss(&r[0], &r[1], ignore_index)),
         )
     }
 
@@ -83,12 +83,9 @@ impl Engine {
             &["input", "target"],
             out,
             Some(bw),
-            &|r| {
-                Ok(kernels(&r[0])
-                    .cross_entropy(&r[0], &r[1], ignore_index)?
-                    .0
-                    .tensor)
-            },
+            Box::new(move |e: &mut Engine, r: &[Tensor]| {
+                e.cross_entropy(&r[0], &r[1], ignore_index)
+            }),
         )
     }
 
@@ -119,7 +116,7 @@ impl Engine {
             &["input", "target"],
             out,
             Some(bw),
-            &|r| Ok(kernels(&r[0]).mse(&r[0], &r[1])?.tensor),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.mse_loss(&r[0], &r[1])),
         )
     }
 }

@@ -99,11 +99,18 @@ impl Engine {
         };
         let refs: Vec<&Tensor> = ins.iter().collect();
         let has_w = weight.is_some();
-        self.record(OP, &refs, wrt, out, Some(bw), &|r| {
-            let w = has_w.then(|| &r[1]);
-            let b = has_b.then(|| &r[r.len() - 1]);
-            Ok(kernels(&r[0]).layer_norm(&r[0], (w, b), d, eps)?.0.tensor)
-        })
+        self.record(
+            OP,
+            &refs,
+            wrt,
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| {
+                let w = has_w.then(|| &r[1]);
+                let b = has_b.then(|| &r[r.len() - 1]);
+                e.layer_norm(&r[0], d, w, b, eps)
+            }),
+        )
     }
 
     /// `torch.nn.functional.embedding(ids, weight)`: rows of `weight` [V, D] picked by the
@@ -142,6 +149,7 @@ impl Engine {
                 format!("padding_idx {p} is outside the vocabulary of {v}"),
             ));
         }
+        let padding = pad;
         let pad = pad.unwrap_or(-1);
         // Host ids are checked here; device ids cannot be without a read back (an id out
         // of range gives a NaN row and no gradient there).
@@ -165,18 +173,19 @@ impl Engine {
         let kern = kernels(w);
         let (out, idk) = kern.embedding(w, ids, &out_shape)?;
         let dtype = w.dtype();
-        let blame_shape = out_shape.clone();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, OP)?;
             let dw = kern.embedding_backward(g, &idk, (v, d), pad, dtype)?;
             Ok(vec![grad(dw), None])
         });
-        self.record(OP, &[w, ids], &["weight", "indices"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0])
-                .embedding(&r[0], &r[1], &blame_shape)?
-                .0
-                .tensor)
-        })
+        self.record(
+            OP,
+            &[w, ids],
+            &["weight", "indices"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.embedding_padded(&r[0], &r[1], padding)),
+        )
     }
 
     /// `torch.nn.functional.dropout(x, p, train)`: zeroes each element with probability `p`
@@ -211,20 +220,22 @@ impl Engine {
             salt,
         );
         let kern = kernels(x);
-        // (the same generator state draws the same mask for the blame's recomputations)
-        let blame_rng = rng.clone();
         let (out, mask) = kern.dropout(x, rng, 1.0 - p, scale)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, OP)?;
             Ok(vec![grad(kern.dropout_backward(g, &mask, scale, dtype)?)])
         });
-        self.record(OP, &[x], &["input"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0])
-                .dropout(&r[0], blame_rng.clone(), 1.0 - p, scale)?
-                .0
-                .tensor)
-        })
+        // (a scratch engine draws the same mask: it has this engine's seed, step, micro-batch
+        // and module path)
+        self.record(
+            OP,
+            &[x],
+            &["input"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.dropout(&r[0], p, true, salt)),
+        )
     }
 }
 

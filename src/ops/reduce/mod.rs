@@ -104,17 +104,20 @@ impl Engine {
         let div = mean.then_some(count);
         let out = kernels(x).sum(op, x, &kept, div, &out_shape)?;
         let full = x.shape().to_vec();
-        let (blame_kept, blame_shape) = (kept.clone(), out_shape.clone());
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, op)?;
             let dx = kernels(g).sum_backward(op, g, (&kept, &full), div, dtype)?;
             Ok(vec![grad(dx)])
         });
-        self.record(op, &[x], &["self"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0])
-                .sum(op, &r[0], &blame_kept, div, &blame_shape)?
-                .tensor)
-        })
+        let dims = dims.to_vec();
+        self.record(
+            op,
+            &[x],
+            &["self"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.sum_op(op, &r[0], &dims, keepdim, mean)),
+        )
     }
 
     /// `x.sum(dims, keepdim)`; an empty `dims` sums over every dim. Accumulates in f64 and
@@ -158,7 +161,6 @@ impl Engine {
         let k = kernels(x);
         let (out, idx) = k.argmax(x, lines, &out_shape)?;
         let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let blame_shape = out_shape.clone();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &out_shape, "max")?;
             let tensor = k.argmax_backward(g, &idx, lines, &in_shape, dtype)?;
@@ -171,9 +173,14 @@ impl Engine {
             })])
         });
         let out = Computed::new(out, RoundCounts::default());
-        self.record("max", &[x], &["self"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0]).argmax(&r[0], lines, &blame_shape)?.0)
-        })
+        self.record(
+            "max",
+            &[x],
+            &["self"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.max(&r[0], dim, keepdim)),
+        )
     }
 
     fn softmax_op(
@@ -195,9 +202,14 @@ impl Engine {
             let dx = kernels(&y).softmax_backward(op, &y, g, lines, log, dtype)?;
             Ok(vec![grad(dx)])
         });
-        self.record(op, &[x], &["self"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0]).softmax(op, &r[0], lines, log)?.tensor)
-        })
+        self.record(
+            op,
+            &[x],
+            &["self"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.softmax_op(op, &r[0], dim, log)),
+        )
     }
 
     /// `torch.softmax(x, dim)`.

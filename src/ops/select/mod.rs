@@ -53,7 +53,6 @@ impl Engine {
         // A device branch puts the op on its device (the other moves there or is refused).
         let kern = kernels(if super::on_device(b) { b } else { a });
         let (out, c) = kern.where_(cond, a, b, &out_shape)?;
-        let blame_shape = out_shape.clone();
         let backward: Option<BackwardFn> = if dtype.is_float() {
             let (ta, tb) = (a.shape().to_vec(), b.shape().to_vec());
             Some(Box::new(move |g: &Tensor| {
@@ -71,12 +70,7 @@ impl Engine {
             &["condition", "self", "other"],
             out,
             backward,
-            &|r| {
-                Ok(kernels(&r[1])
-                    .where_(&r[0], &r[1], &r[2], &blame_shape)?
-                    .0
-                    .tensor)
-            },
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.where_(&r[0], &r[1], &r[2])),
         )
     }
 
@@ -118,12 +112,14 @@ impl Engine {
         });
         // (the fill as the op's dtype holds it, in the recomputations too: a mask's
         // lowest finite value is the dtype's own)
-        self.record(OP, &[x, mask], &["self", "mask"], out, Some(bw), &|r| {
-            Ok(kernels(&r[0])
-                .masked_fill(&r[0], &r[1], v, v, false)?
-                .0
-                .tensor)
-        })
+        self.record(
+            OP,
+            &[x, mask],
+            &["self", "mask"],
+            out,
+            Some(bw),
+            Box::new(move |e: &mut Engine, r: &[Tensor]| e.masked_fill(&r[0], &r[1], v)),
+        )
     }
 }
 

@@ -121,7 +121,7 @@ impl Engine {
                 None,
             ),
         };
-        let (blame_route, blame_shape) = (route.clone(), out_shape.clone());
+        let (redo_route, redo_shape) = (route.clone(), out_shape.clone());
         let backward: Option<BackwardFn> = if x.dtype().is_float() {
             let (in_shape, dtype) = (x.shape().to_vec(), x.dtype());
             Some(Box::new(move |g: &Tensor| {
@@ -156,17 +156,16 @@ impl Engine {
             permuted,
             ..Computed::new(out, RoundCounts::default())
         };
-        self.record(op, &[x], &["self"], out, backward, &|r| {
-            let x = &r[0];
-            Ok(match &blame_route {
-                Some(rt) => {
-                    kernels(x)
-                        .gather_strided(op, x, &blame_shape, (&rt.strides, rt.base), x.dtype())?
-                        .0
-                }
-                None => Tensor::from_storage(x.storage().clone(), &blame_shape, x.dtype())?,
-            })
-        })
+        self.record(
+            op,
+            &[x],
+            &["self"],
+            out,
+            backward,
+            Box::new(move |e: &mut Engine, r: &[Tensor]| {
+                e.record_routed(op, &r[0], redo_shape.clone(), redo_route.clone())
+            }),
+        )
     }
 
     fn reshape_op(&mut self, op: &'static str, x: &Tensor, shape: &[isize]) -> Result<Tensor> {
@@ -354,7 +353,6 @@ impl Engine {
             })
             .collect();
         let out = kernels(&ins[0]).cat(&ins, &out_shape, &os, &offs)?;
-        let (blame_shape, blame_os, blame_offs) = (out_shape.clone(), os.clone(), offs.clone());
         let backward: Option<BackwardFn> = if ins[0].dtype().is_float() {
             let shapes: Vec<Vec<usize>> = ins.iter().map(|t| t.shape().to_vec()).collect();
             let (dtype, out_shape) = (ins[0].dtype(), out_shape.clone());
@@ -381,9 +379,17 @@ impl Engine {
         };
         let refs: Vec<&Tensor> = ins.iter().collect();
         let out = Computed::new(out, RoundCounts::default());
-        self.record("cat", &refs, &CAT_WRT[..refs.len()], out, backward, &|r| {
-            kernels(&r[0]).cat(r, &blame_shape, &blame_os, &blame_offs)
-        })
+        self.record(
+            "cat",
+            &refs,
+            &CAT_WRT[..refs.len()],
+            out,
+            backward,
+            Box::new(move |e: &mut Engine, r: &[Tensor]| {
+                let refs: Vec<&Tensor> = r.iter().collect();
+                e.cat(&refs, dim)
+            }),
+        )
     }
 }
 

@@ -1,35 +1,46 @@
-//! The blame chart: every forward op of a blamed step (`--blame`), the relative error its
-//! own rounding introduces against the error its output carries in all.
+//! The blame chart: every op of a blamed step (`--blame`), the relative error its own
+//! rounding introduces against the error its output carries in all.
 
 use super::canvas::*;
+use crate::trace::record::Phase;
 
-/// One blamed step's forward ops in execution order: introduced and total relative error.
+/// One blamed step's ops in execution order: introduced and total relative error.
 #[derive(Debug, Clone)]
 pub struct BlameChart {
     /// Title.
     pub title: String,
     /// `(op index, introduced, total)`.
     pub ops: Vec<(u64, f64, f64)>,
+    /// The index of the first blamed op of the backward and of the optimizer phase, where
+    /// the chart marks each.
+    pub phases_from: Vec<(Phase, u64)>,
 }
 
 impl BlameChart {
     /// The chart of step `step` of `trace`; `None` when no op of that step was blamed.
     pub fn for_step(trace: &Trace, step: u64) -> Option<BlameChart> {
         let s = trace.steps.iter().find(|s| s.step == step)?;
-        let ops: Vec<(u64, f64, f64)> = s
-            .ops
-            .as_ref()?
+        let records = s.ops.as_ref()?;
+        let ops: Vec<(u64, f64, f64)> = records
             .iter()
             .filter_map(|o| o.blame.map(|b| (o.index, b.introduced, b.total)))
+            .collect();
+        let phases_from = [Phase::Backward, Phase::Optimizer]
+            .into_iter()
+            .filter_map(|p| {
+                let first = records.iter().find(|o| o.blame.is_some() && o.phase == p)?;
+                Some((p, first.index))
+            })
             .collect();
         (!ops.is_empty()).then(|| BlameChart {
             // (the model's short name, its first word, so that the title fits)
             title: format!(
-                "Relative error of every forward op against f64, step {step} ({} {})",
+                "Relative error of every op against f64, step {step} ({} {})",
                 trace.header.model.split_whitespace().next().unwrap_or(""),
                 trace.header.precision
             ),
             ops,
+            phases_from,
         })
     }
 
@@ -114,6 +125,23 @@ impl Chart for BlameChart {
                 .filter(|o| !positive(o.2))
                 .map(|o| Cross::new((o.0 as f64, y0 + 0.3), radius + 1, C_GREY.stroke_width(2))),
         )?;
+        for &(phase, from) in &self.phases_from {
+            // (the phases run one after the other: a line where each starts)
+            let color = match phase {
+                Phase::Optimizer => C_OPTIMIZER,
+                _ => C_BACKWARD,
+            };
+            let x = from as f64 - 0.5;
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(x, y0), (x, y1)],
+                color.stroke_width(2),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                format!("{} →", phase.name()),
+                (x + (x1 - x0) * 0.005, y1 - 0.15),
+                text(14).color(&color),
+            )))?;
+        }
         let (l, _) = chart.plotting_area().get_pixel_range();
         legend.draw(&bottom, l.start)?;
         Ok(())
