@@ -58,11 +58,6 @@ pub fn default_step(steps: &[StepRecord]) -> Option<u64> {
         .map(|s| s.step)
 }
 
-/// "forward", "backward" or "optimizer".
-pub fn phase_name(p: Phase) -> &'static str {
-    p.name()
-}
-
 pub use crate::trace::record::module_name;
 
 /// `step 0 backward op #13 `to` in `loss``.
@@ -70,7 +65,7 @@ pub fn describe_op(o: &OpRef) -> String {
     format!(
         "step {} {} op #{} `{}` in `{}`",
         o.step,
-        phase_name(o.phase),
+        o.phase.name(),
         o.op_index,
         o.op,
         module_name(&o.module)

@@ -11,7 +11,7 @@
 //! - `i` instant events for the first Inf / first NaN origins (at their op), skipped steps
 //!   (with the cause) and step events.
 
-use super::facts::{self, module_name, phase_name};
+use super::facts::{self, module_name};
 use super::trace_file::TraceFile;
 use crate::error::{Error, Result};
 use crate::trace::record::{OpRecord, OpRef, StepRecord};
@@ -46,7 +46,7 @@ fn op_args(s: &StepRecord, o: &OpRecord) -> Value {
     a.insert("step".into(), json!(s.step));
     a.insert("index".into(), json!(o.index));
     a.insert("micro".into(), json!(o.micro));
-    a.insert("phase".into(), json!(phase_name(o.phase)));
+    a.insert("phase".into(), json!(o.phase.name()));
     a.insert("op".into(), json!(o.op));
     a.insert("module".into(), json!(module_name(&o.module)));
     a.insert(
@@ -100,7 +100,7 @@ fn origin_args(kind: &str, o: &OpRef) -> Value {
         "kind": kind,
         "step": o.step,
         "micro": o.micro,
-        "phase": phase_name(o.phase),
+        "phase": o.phase.name(),
         "op_index": o.op_index,
         "op": o.op,
         "module": module_name(&o.module),
@@ -159,15 +159,17 @@ pub fn to_trace_events(tf: &TraceFile) -> Value {
                     j += 1;
                 }
                 let start = t0 + i as u64 * d;
-                ev.push(json!({"ph": "X", "name": format!("{} (micro-batch {micro})", phase_name(phase)),
+                ev.push(
+                    json!({"ph": "X", "name": format!("{} (micro-batch {micro})", phase.name()),
                                "cat": "phase", "pid": PID, "tid": TID, "ts": us(start),
-                               "dur": us((j - i) as u64 * d), "args": {"ops": j - i}}));
+                               "dur": us((j - i) as u64 * d), "args": {"ops": j - i}}),
+                );
                 for (k, o) in ops[i..j].iter().enumerate() {
                     let ts = start + k as u64 * d;
                     op_ts.insert((o.micro, o.index), ts);
                     ev.push(json!({"ph": "X",
                                    "name": format!("{} @ {}", o.op, module_name(&o.module)),
-                                   "cat": phase_name(o.phase), "pid": PID, "tid": TID,
+                                   "cat": o.phase.name(), "pid": PID, "tid": TID,
                                    "ts": us(ts), "dur": us(d), "args": op_args(s, o)}));
                 }
                 i = j;

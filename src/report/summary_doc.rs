@@ -434,7 +434,7 @@ fn section_origins(d: &mut Doc, facts: &Facts) {
                 .map(|(k, o, steps)| {
                     vec![
                         k.to_string(),
-                        facts::phase_name(o.phase).into(),
+                        o.phase.name().into(),
                         o.op_index.to_string(),
                         format!("`{}`", o.op),
                         format!("`{}`", facts::module_name(&o.module)),

@@ -86,7 +86,7 @@ impl OpMaxChart {
                     o.op_index,
                     o.op,
                     facts::module_name(&o.module),
-                    facts::phase_name(o.phase)
+                    o.phase.name()
                 ),
             ));
         }
@@ -98,7 +98,7 @@ impl OpMaxChart {
                     o.op_index,
                     o.op,
                     facts::module_name(&o.module),
-                    facts::phase_name(o.phase)
+                    o.phase.name()
                 ),
             ));
         }

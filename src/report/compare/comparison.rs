@@ -4,7 +4,7 @@
 use crate::diagnose::align::{align, scale_of};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::report::facts::{self, fmt_pct, module_name, phase_name};
+use crate::report::facts::{self, fmt_pct, module_name};
 use crate::report::trace_file::TraceFile;
 use crate::trace::record::{OpRecord, Phase, StepRecord};
 use std::collections::HashMap;
@@ -94,7 +94,7 @@ impl OpDiff {
         format!(
             "step {} {} op #{} (reference #{}) `{}` in `{}`",
             self.step,
-            phase_name(self.phase),
+            self.phase.name(),
             self.run_index,
             self.ref_index,
             self.op,

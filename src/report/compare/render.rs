@@ -6,10 +6,10 @@ use super::diff_chart::DiffChart;
 use crate::error::{Error, Result};
 use crate::report::charts::{render, MarkGroup, Rendered, StepChart, StepSeries, Symbol, PALETTE};
 use crate::report::doc::{Block, Doc};
-use crate::report::facts::{fmt_num, fmt_pct, module_name, phase_name};
+use crate::report::facts::{fmt_num, fmt_pct, module_name};
 use crate::report::summary_doc::{completeness, step_ranges};
 use crate::report::trace_file::TraceFile;
-use crate::trace::record::StepRecord;
+use crate::trace::record::{Phase, StepRecord};
 use std::path::{Path, PathBuf};
 
 /// What to put in a comparison report.
@@ -228,8 +228,12 @@ fn blame_of_divergence(d: &RunDiff, o: &super::comparison::OpDiff) -> Option<Str
     );
     if let Some((w, i)) = worst {
         s.push_str(&format!(
-            "; up to it, the most was introduced by `{}` in `{}` (op #{}, {:.2e})",
+            "; up to it, the most was introduced by `{}`{} in `{}` (op #{}, {:.2e})",
             w.op,
+            match w.phase {
+                Phase::Forward => String::new(),
+                p => format!(" ({})", p.name()),
+            },
             super::super::facts::module_name(&w.module),
             w.run_index,
             i
@@ -422,7 +426,7 @@ fn section_diff(d: &mut Doc, cmp: &Comparison, diff: &RunDiff, reference: &RunIn
                 .map(|o| {
                     vec![
                         o.step.to_string(),
-                        phase_name(o.phase).into(),
+                        o.phase.name().into(),
                         format!("{} / {}", o.run_index, o.ref_index),
                         format!("`{}`", o.op),
                         format!("`{}`", module_name(&o.module)),
