@@ -42,14 +42,15 @@ fn f32s(v: Vec<f32>) -> Tensor {
     Tensor::from_f32(v, &[n], DType::F32).unwrap()
 }
 
-/// Step 0 of the T5 sample run with `--blame`, its config edited by `edit`.
-fn blamed_t5_step(
+/// Step 0 of sample `name` run with `--blame`, its config edited by `edit`.
+fn blamed_step(
+    name: &str,
     edit: impl FnOnce(&mut amprobe::config::RunConfig),
 ) -> amprobe::trace::record::StepRecord {
     use amprobe::runner::{run, RunOptions};
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg =
-        amprobe::config::RunConfig::load(std::path::Path::new("samples/t5_overflow.toml")).unwrap();
+    let path = format!("samples/{name}.toml");
+    let mut cfg = amprobe::config::RunConfig::load(std::path::Path::new(&path)).unwrap();
     cfg.train.steps = Some(1);
     cfg.probe.blame = Some(true);
     let trace = dir.path().join("t.jsonl");
@@ -58,6 +59,13 @@ fn blamed_t5_step(
     run(&cfg, &RunOptions::default()).unwrap();
     let mut t = amprobe::trace::read_trace(&trace).unwrap();
     t.steps.swap_remove(0)
+}
+
+/// Step 0 of the T5 sample with `--blame`, its config edited by `edit`.
+fn blamed_t5_step(
+    edit: impl FnOnce(&mut amprobe::config::RunConfig),
+) -> amprobe::trace::record::StepRecord {
+    blamed_step("t5_overflow", edit)
 }
 
 trait Amplification {
@@ -590,21 +598,11 @@ fn t5s_wo_close_to_fp16s_overflow_introduces_its_error_and_downstream_inherits_i
     }
 }
 
-/// Step 0 of the MLP sample in fp16 with `--blame`, its config edited by `edit`.
+/// Step 0 of the MLP sample (fp16) with `--blame`, its config edited by `edit`.
 fn blamed_mlp_step(
     edit: impl FnOnce(&mut amprobe::config::RunConfig),
 ) -> amprobe::trace::record::StepRecord {
-    use amprobe::runner::{run, RunOptions};
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg =
-        amprobe::config::RunConfig::load(std::path::Path::new("samples/mlp.toml")).unwrap();
-    cfg.probe.blame = Some(true);
-    let trace = dir.path().join("t.jsonl");
-    cfg.probe.trace = Some(trace.clone());
-    edit(&mut cfg);
-    run(&cfg, &RunOptions::default()).unwrap();
-    let mut t = amprobe::trace::read_trace(&trace).unwrap();
-    t.steps.swap_remove(0)
+    blamed_step("mlp", edit)
 }
 
 #[test]

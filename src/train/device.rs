@@ -329,14 +329,8 @@ impl DeviceStep {
         self.records = slots.iter().map(|&(i, s)| (i, s.grad, s.param)).collect();
         let blamed = match (&t.grad_blame, &t.device) {
             (Some(gb), Some(d)) => {
-                let params: Vec<(&str, &Tensor)> = t
-                    .params
-                    .params
-                    .iter()
-                    .map(|p| (p.name.as_str(), &p.value))
-                    .collect();
                 let exact = |n: &str, p: &[f64], g: &[f64]| d.opt.exact_step(&dev, lr, n, p, g);
-                Some(gb.before_step(&exact, &params)?)
+                Some(gb.before_step(&exact, &t.params.params)?)
             }
             _ => None,
         };

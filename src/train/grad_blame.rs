@@ -5,6 +5,7 @@
 
 use crate::engine::{blame, observer::Blame, relative_error};
 use crate::error::Result;
+use crate::models::Param;
 use crate::optim::clip::NormType;
 use crate::tensor::Tensor;
 
@@ -146,15 +147,11 @@ type ExactUpdate = (Vec<f64>, Vec<f64>, f64);
 pub(super) type ExactStep<'a> = &'a dyn Fn(&str, &[f64], &[f64]) -> Result<Option<Vec<f64>>>;
 
 impl GradBlame {
-    /// Before the optimizer steps the parameters `(name, value)`: their exact new values,
-    /// by `exact` (name, value, gradient), the optimizer's update in f64.
-    pub(super) fn before_step(
-        &self,
-        exact: ExactStep<'_>,
-        params: &[(&str, &Tensor)],
-    ) -> Result<StepBlame> {
+    /// Before the optimizer steps `params`: their exact new values, by `exact` (name,
+    /// value, gradient), the optimizer's update in f64.
+    pub(super) fn before_step(&self, exact: ExactStep<'_>, params: &[Param]) -> Result<StepBlame> {
         let mut out = Vec::with_capacity(params.len());
-        for (i, (name, value)) in params.iter().enumerate() {
+        for (i, Param { name, value, .. }) in params.iter().enumerate() {
             let (Some(own), Some(shadow)) = (&self.own[i], &self.shadow[i]) else {
                 out.push(None);
                 continue;

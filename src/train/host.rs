@@ -134,14 +134,9 @@ impl StepSide for HostStep {
 fn optimizer_step(t: &mut Trainer, grads: &StepGrads) -> Result<()> {
     let blamed = match &t.grad_blame {
         Some(gb) => {
-            let params: Vec<(&str, &Tensor)> = t
-                .params
-                .params
-                .iter()
-                .map(|p| (p.name.as_str(), &p.value))
-                .collect();
             let opt = t.optimizer.as_ref();
-            Some(gb.before_step(&|n, p, g| Ok(opt.exact_step(n, p, g)), &params)?)
+            let exact = |n: &str, p: &[f64], g: &[f64]| Ok(opt.exact_step(n, p, g));
+            Some(gb.before_step(&exact, &t.params.params)?)
         }
         None => None,
     };
