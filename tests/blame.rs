@@ -680,4 +680,20 @@ fn an_update_below_half_the_parameters_spacing_is_lost_and_the_optimizer_step_in
         assert!(b.introduced > 0.99, "{b:?}");
         assert!(b.total > 0.99, "{b:?}");
     }
+    // The summary says what such a figure means.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .args(["run", "samples/mlp.toml", "--blame", "--lr", "1e-9"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("lost its update"), "{out}");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_amprobe"))
+        .args(["run", "samples/mlp.toml", "--blame"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("Blame (") && !out.contains("lost its update"),
+        "{out}"
+    );
 }

@@ -449,6 +449,15 @@ pub fn blame_lines(b: &super::blame::BlameReport) -> Vec<String> {
             h.blame.total
         ));
     }
+    let lost = |h: &&super::blame::BlameHit| h.op == "optimizer_step" && h.blame.introduced >= 0.5;
+    if b.introduced.iter().any(|h| lost(&h)) {
+        out.push(
+            "  (an `optimizer_step` that introduces about 1 lost its update: the change it \
+             should make is below half the spacing of the parameter's values, so each new \
+             value rounds back to the old)"
+                .into(),
+        );
+    }
     if !b.amplified.is_empty() {
         out.push("  most amplified (the error its inputs carry, magnified):".into());
         for h in &b.amplified {
