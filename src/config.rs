@@ -130,8 +130,8 @@ pub struct ProbeSection {
     pub enabled: Option<bool>,
     /// Keep full op records every N steps (0: only the first step and non-finite steps).
     pub sample_every: Option<u64>,
-    /// Blame every forward op of the steps whose op records are kept: its error against
-    /// f64, introduced by the op or inherited from its inputs.
+    /// Blame every op (forward, backward, optimizer) of the steps whose op records are
+    /// kept: its error against f64, introduced by the op or inherited from its inputs.
     pub blame: Option<bool>,
     /// Trace path (JSON Lines).
     pub trace: Option<PathBuf>,

@@ -2,7 +2,8 @@
 //! recomputed in f64 from its own inputs (the error it introduces) and from the all-f64
 //! shadow of the run (the error it inherits), and their ratio to the inputs' error is the
 //! op's condition number where one is defined; every backward op likewise, from its own
-//! output gradient and from that gradient's shadow.
+//! output gradient and from that gradient's shadow; the optimizer phase's ops by their
+//! formulas in f64.
 
 use amprobe::engine::observer::{Blame, Observer, OpEvent};
 use amprobe::engine::Engine;

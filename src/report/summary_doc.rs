@@ -183,8 +183,8 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
         charts.push((
             render(&c, dir, "blame")?,
             format!(
-                "Relative error of every forward op of step {} against f64: introduced by the \
-                 op, and in all",
+                "Relative error of every op of step {} against f64: introduced by the op, and \
+                 in all",
                 blamed.unwrap_or(0)
             ),
         ));
