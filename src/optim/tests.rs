@@ -71,16 +71,20 @@ fn golden_run(cfg: &OptimizerConfig) -> (Vec<f32>, Box<dyn Optimizer>) {
     let mut opt = build_optimizer(cfg).unwrap();
     let mut p = golden_p0(19);
     for t in 0..5 {
-        let g = golden_grad(t, 19);
-        opt.step(&mut [ParamSlot {
-            name: "w",
-            data: &mut p,
-            grad: Some(&g),
-            dtype: DType::F32,
-        }])
-        .unwrap();
+        step_w(opt.as_mut(), &mut p, &golden_grad(t, 19));
     }
     (p, opt)
+}
+
+/// One step of f32 parameter `w` (now `p`) by gradient `g`.
+fn step_w(opt: &mut dyn Optimizer, p: &mut [f32], g: &[f32]) {
+    opt.step(&mut [ParamSlot {
+        name: "w",
+        data: p,
+        grad: Some(g),
+        dtype: DType::F32,
+    }])
+    .unwrap();
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -582,13 +586,7 @@ fn exact_steps_are_the_f32_steps_without_their_rounding() {
             let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
             let exact = opt.exact_step("w", &wide(&p), &wide(&g)).unwrap();
             let before = p.clone();
-            opt.step(&mut [ParamSlot {
-                name: "w",
-                data: &mut p,
-                grad: Some(&g),
-                dtype: DType::F32,
-            }])
-            .unwrap();
+            step_w(opt.as_mut(), &mut p, &g);
             // The state stays as the f32 step left it: the next exact step starts there.
             for j in 0..19 {
                 let (ours, x, p0) = (f64::from(p[j]), exact[j], f64::from(before[j]));
