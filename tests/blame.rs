@@ -698,3 +698,23 @@ fn an_update_below_half_the_parameters_spacing_is_lost_and_the_optimizer_step_in
         "{out}"
     );
 }
+
+#[test]
+fn a_gradient_that_reads_its_ops_output_reads_it_as_the_run_saved_it() {
+    // exp's gradient g·y reads y = exp(x) as the run saved it, rounded to fp16. With g = 1
+    // the product is exact: the backward introduces nothing, and y's rounding (and x's)
+    // comes in with y, inherited.
+    let (mut e, seen) = engine();
+    let w = param(vec![0.3, 1.7, -2.2, 4.1]);
+    let x = e.to_dtype(&w, DType::F16).unwrap();
+    let y = e.exp(&x).unwrap();
+    let ones = Tensor::from_f32(vec![1.0; 4], &[4], DType::F16).unwrap();
+    e.backward_with(&y, ones).unwrap();
+    let ops = seen.0.lock().unwrap().clone();
+    let names: Vec<&str> = ops.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["to", "exp", "exp grad input", "to grad input"]);
+    let (exp, dexp) = (ops[1].1, ops[2].1);
+    assert!(exp.introduced > 0.0, "{exp:?}");
+    assert_eq!(dexp.introduced, 0.0, "{dexp:?}");
+    assert!(close(dexp.inherited, exp.total, 1e-12), "{dexp:?} {exp:?}");
+}

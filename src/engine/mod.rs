@@ -171,10 +171,12 @@ struct Node {
 }
 
 /// What blaming a forward op keeps for its backward, where the op is done again on
-/// scratch engines with a tape: its inputs as it took them, their shadows, which of them
-/// need a gradient, the largest error they carry, and how to do the op again.
+/// scratch engines with a tape: its inputs and output as the run had them, the inputs'
+/// shadows, which of them need a gradient, the largest error they carry, and how to do
+/// the op again.
 struct NodeBlame {
     inputs: Vec<Tensor>,
+    output: Tensor,
     shadows: Vec<Tensor>,
     needs: Vec<bool>,
     input: f64,
@@ -233,6 +235,10 @@ pub struct Engine {
     shadows: HashMap<TensorId, Tensor>,
     /// The shadows of the leaf gradients the last blamed backward made, by leaf.
     gradient_shadows: HashMap<TensorId, Tensor>,
+    /// On a scratch engine redoing an op from its own inputs for its backward's blame: the
+    /// run's output of the op, widened, which an op whose gradient reads its output takes
+    /// in place of its own ([`Engine::output_as_saved`]).
+    saved_output: Option<Tensor>,
 }
 
 /// Does an op again, by the same engine method, on a scratch engine ([`Engine::scratch`])
@@ -362,7 +368,26 @@ impl Engine {
             blame: false,
             shadows: HashMap::new(),
             gradient_shadows: HashMap::new(),
+            saved_output: None,
         }
+    }
+
+    /// `out`, or on a scratch engine redoing an op for its backward's blame, the run's
+    /// output in its place: an op whose gradient reads its output (softmax, exp, ...)
+    /// passes its output through here before its backward takes it, so that the gradient
+    /// done again from the op's own inputs reads what the run saved, rounding included.
+    pub fn output_as_saved(&mut self, mut out: Computed) -> Result<Computed> {
+        if let Some(saved) = self.saved_output.take() {
+            if saved.shape() != out.tensor.shape() {
+                return Err(Error::Invalid(format!(
+                    "blame: the saved output {:?} is not the redone op's {:?}",
+                    saved.shape(),
+                    out.tensor.shape()
+                )));
+            }
+            out.tensor = saved;
+        }
+        Ok(out)
     }
 
     /// An engine to do one op of module `module` again on: autocast off, no observers,
@@ -432,6 +457,7 @@ impl Engine {
         let node = taped.then(|| {
             Box::new(NodeBlame {
                 inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+                output: output.clone(),
                 shadows,
                 needs: inputs.iter().map(|t| t.requires_grad()).collect(),
                 input,
@@ -457,16 +483,20 @@ impl Engine {
             None => own_g.clone(),
         };
         let input = nb.input.max(relative_error(g, &g_shadow)?);
-        let gradients = |values: &[Tensor], seed: Tensor| -> Result<Vec<Option<Tensor>>> {
+        let gradients = |values: &[Tensor],
+                         seed: Tensor,
+                         saved: Option<Tensor>|
+         -> Result<Vec<Option<Tensor>>> {
             let mut e = self.scratch(module);
+            e.saved_output = saved;
             let (out, leaves) = redo(&mut e, values, Some(&nb.needs), &nb.recompute)?;
             let mut grads = e.backward_with(&out, seed)?;
             Ok(leaves.iter().map(|id| grads.remove(id)).collect())
         };
         let own: Vec<Tensor> = nb.inputs.iter().map(widen).collect::<Result<_>>()?;
         Ok(BlamedGradients {
-            exact: gradients(&own, own_g)?,
-            shadow: gradients(&nb.shadows, g_shadow)?,
+            exact: gradients(&own, own_g, Some(widen(&nb.output)?))?,
+            shadow: gradients(&nb.shadows, g_shadow, None)?,
             input,
         })
     }

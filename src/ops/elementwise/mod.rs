@@ -49,6 +49,7 @@ impl Engine {
         let ins = self.prepare(op.name(), &[x])?;
         let x = &ins[0];
         let (out, kept) = kernels(x).unary(op, x, on_inf)?;
+        let out = self.output_as_saved(out)?;
         // Only the values the derivative reads stay alive until the backward; `g` (of the
         // same length) stands in for the others.
         let (reads_x, reads_y) = op.reads();

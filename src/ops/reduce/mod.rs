@@ -195,7 +195,7 @@ impl Engine {
         let x = &ins[0];
         let lines = line_dim(x, dim, op)?;
         let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-        let out = kernels(x).softmax(op, x, lines, log)?;
+        let out = self.output_as_saved(kernels(x).softmax(op, x, lines, log)?)?;
         let y = out.tensor.clone();
         let bw = Box::new(move |g: &Tensor| {
             check_grad(g, &shape, op)?;
