@@ -488,6 +488,18 @@ fn ops_of_a_blamed_step_show_the_error_each_introduces() {
     };
     let first_row = s.lines().find(|l| l.contains("#0 ")).unwrap();
     assert!(first_row.trim_end().ends_with(&want), "{want}\n{s}");
+    // Its details say all of its blame.
+    app.handle_key(key(KeyCode::Enter));
+    let s = screen(&draw(&mut app, 160, 48));
+    let line = s
+        .lines()
+        .find(|l| l.contains("vs f64"))
+        .unwrap_or_else(|| panic!("{s}"));
+    assert!(
+        line.contains(&format!("introduced {:.2e}", b.introduced))
+            && line.contains(&format!("total {:.2e}", b.total)),
+        "{line}"
+    );
     // A step without blame keeps the old columns.
     let mut plain = app_of_planted(dir.path());
     let s = screen(&draw(&mut plain, 160, 48));

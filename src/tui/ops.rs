@@ -553,6 +553,23 @@ impl OpsView<'_> {
                 s.to_f16.overflow, s.to_f16.underflow, s.to_bf16.overflow, s.to_bf16.underflow
             ),
         ));
+        if let Some(b) = op.blame {
+            // (`run --blame`: the op against f64, and what it does to its inputs' error)
+            let amp = b
+                .amplification()
+                .map_or(String::new(), |a| format!("  amplifies ×{a:.3}"));
+            lines.push(detail_line(
+                th,
+                "vs f64",
+                clip(
+                    &format!(
+                        "introduced {:.2e}  inherited {:.2e}  total {:.2e}  inputs {:.2e}{amp}",
+                        b.introduced, b.inherited, b.total, b.input
+                    ),
+                    w.saturating_sub(9),
+                ),
+            ));
+        }
         lines
     }
 }
