@@ -594,8 +594,8 @@ class Watcher:
     def _info(self, func):
         """(name, whether it writes an argument, what it is: "collective" for an op that
         moves values between ranks, "pending" for one whose output is not written yet (an
-        allocation, or a functional collective before its wait), None for others) of an
-        op, cached."""
+        allocation, or a functional collective before its wait), "alias" for a view (its
+        output is its input's memory), None for others) of an op, cached."""
         info = self.fn_info.get(func)
         if info is None:
             name = func.overloadpacket.__name__
@@ -604,6 +604,8 @@ class Watcher:
                 kind = "collective"
             elif func.namespace == "_c10d_functional" or name in _stats.ALLOCATING:
                 kind = "pending"
+            elif getattr(func, "is_view", False):
+                kind = "alias"
             info = (name, func._schema.is_mutable, kind)
             self.fn_info[func] = info
         return info
@@ -744,6 +746,13 @@ class Watcher:
          finite_in, index) = seen
         name, mutable, kind = self._info(func)
         derived = derived or name in _stats.RANDOM
+        # Whether an Inf or NaN in the output can have been made here. A view of floating
+        # values makes none: a non-finite value its input's record did not show was in that
+        # memory before (FSDP2 reallocates a freed parameter at the address it had and views
+        # it before the all-gather fills it). A view that reinterprets integers as floats can.
+        can_make = (kind is None or (kind == "alias" and not all(_stats.floating(t) for t in ins))) and (
+            phase != "forward" or derived
+        )
         outs = (out,) if isinstance(out, torch.Tensor) else _leaves(out, torch.Tensor)
         floats = [t for t in outs if _stats.floating(t)]
         if not floats:
@@ -806,7 +815,7 @@ class Watcher:
             vec = ("check", len(checks) - 1)
         else:
             vec = self._vector(o)
-            if vec[0] == "check" and not self.failing and kind is None and (phase != "forward" or derived):
+            if vec[0] == "check" and not self.failing and can_make:
                 v = checks[vec[1]]
                 masked = phase == "forward" and (mask_scalar or maskish_in or const_in)
                 if type(v) is list and v[1] + v[2] + (0 if masked else v[3]) > 0:
@@ -825,7 +834,7 @@ class Watcher:
                 "vec": vec,
                 "preds": preds,
                 "ext": ext,
-                "eligible": kind is None and (phase != "forward" or derived),
+                "eligible": can_make,
                 # -inf written by a mask (a scalar like finfo.min or -inf, a mask built from
                 # one, or a constant the model made) is not an overflow.
                 "masked": phase == "forward" and (mask_scalar or maskish_in or const_in),

@@ -481,6 +481,44 @@ def test_a_constant_made_from_integers_is_no_origin(tmp_path):
     assert o is not None and (o["module"], o["op"], o["phase"]) == ("lin", "addmm", "forward")
 
 
+def test_a_view_is_no_origin_of_what_its_memory_held(tmp_path):
+    # FSDP2 frees a parameter after the forward and, in the backward, reallocates it (often
+    # at the address it had) and views it before the all-gather fills it: the view reads
+    # whatever the memory held, NaN included, while its input's record (made when the
+    # address held the parameter) says finite. Written here behind the dispatcher, as the
+    # reallocation is. A view makes no value: no origin, in any phase.
+    buf = torch.ones(2, 4)
+    behind = buf.numpy()
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x) + buf
+
+            def hook(g):
+                behind[0, 0] = float("nan")
+                buf.view(8)
+                return g
+
+            y.register_hook(hook)
+            return y
+
+    model = Scaled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    amprobe_torch.watch(model, opt, None, trace=str(tmp_path / "t.jsonl"))
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    close_all()
+    step = read(tmp_path / "t.jsonl")[1]
+    views = [r for r in step["ops"] if r["op"] == "view" and r["output"]["shape"] == [8]]
+    assert len(views) == 1 and views[0]["stats"]["nan"] == 1, views
+    assert step["origins"]["first_nan"] is None, step["origins"]
+
+
 def test_a_failing_step_checked_by_ops_is_recorded_in_full_from_its_first_nonfinite_value(tmp_path):
     # Step 2 is not a kept step: its ops are checked until the planted overflow, and
     # recorded with full statistics from that op on.
