@@ -83,25 +83,17 @@ impl Chart for BlameChart {
         let y1 = logs.iter().copied().fold(-1.0, f64::max).ceil() + 0.5;
         let n = self.ops.iter().map(|o| o.0).max().map_or(1, |m| m + 1);
         let (x0, x1) = (-0.5, n as f64 - 0.5);
-        let mut chart = ChartBuilder::on(&top)
-            .caption(&self.title, title_style())
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(80)
-            .build_cartesian_2d(x0..x1, y0..y1)?;
-        chart
-            .configure_mesh()
-            .x_desc("op index (execution order)")
-            .y_desc("relative error (log scale)")
-            .axis_desc_style(text(16))
-            .bold_line_style(C_GRID_BOLD)
-            .light_line_style(C_GRID_LIGHT)
-            .label_style(text(13))
-            .x_labels((n as usize).min(16))
-            .y_labels(10)
-            .x_label_formatter(&|v| step_label(*v))
-            .y_label_formatter(&|v| dec_label(*v))
-            .draw()?;
+        let mut chart = op_index_axes(
+            &top,
+            &self.title,
+            n,
+            y0..y1,
+            LogAxis {
+                desc: "relative error (log scale)",
+                labels: 10,
+                label: &|v| dec_label(*v),
+            },
+        )?;
         let radius = match self.ops.len() {
             0..=150 => 4,
             151..=600 => 3,

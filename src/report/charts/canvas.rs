@@ -249,6 +249,56 @@ pub(super) fn step_label(v: f64) -> String {
     }
 }
 
+/// A chart with linear f64 axes, as [`op_index_axes`] builds it.
+pub(super) type PlainChart<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// What a drawing call fails with on a backend.
+pub(super) type DrawError<DB> = DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>;
+
+/// The y axis of an op-by-op chart: its description, about how many labels, and how a
+/// label reads.
+pub(super) struct LogAxis<'f> {
+    pub desc: &'f str,
+    pub labels: usize,
+    pub label: &'f dyn Fn(&f64) -> String,
+}
+
+/// The axes an op-by-op chart shares: x the op index in execution order (`n` ops), y a
+/// log10 magnitude over `y` as `axis` describes it; the mesh is drawn, the series are the
+/// caller's.
+pub(super) fn op_index_axes<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    title: &str,
+    n: u64,
+    y: std::ops::Range<f64>,
+    axis: LogAxis<'_>,
+) -> std::result::Result<PlainChart<'a, DB>, DrawError<DB>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, title_style())
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, y)?;
+    chart
+        .configure_mesh()
+        .x_desc("op index (execution order)")
+        .y_desc(axis.desc)
+        .axis_desc_style(text(16))
+        .bold_line_style(C_GRID_BOLD)
+        .light_line_style(C_GRID_LIGHT)
+        .label_style(text(13))
+        .x_labels((n as usize).min(16))
+        .y_labels(axis.labels)
+        .x_label_formatter(&|v| step_label(*v))
+        .y_label_formatter(axis.label)
+        .draw()?;
+    Ok(chart)
+}
+
 /// A range padded on both sides, never empty.
 pub(super) fn padded(lo: f64, hi: f64, pad_frac: f64, min_span: f64) -> (f64, f64) {
     let (mut lo, mut hi) = if lo.is_finite() && hi.is_finite() && lo <= hi {

@@ -130,34 +130,26 @@ impl Chart for OpMaxChart {
         let y1 =
             (BF16.max.log10().ceil() + 4.0).max(logs.iter().copied().fold(0.0, f64::max) + 4.0);
         let n = self.ops.iter().map(|o| o.0).max().map_or(1, |m| m + 1);
-        let x0 = -0.5;
-        let x1 = n as f64 - 0.5;
-        let mut chart = ChartBuilder::on(&top)
-            .caption(&self.title, title_style())
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(80)
-            .build_cartesian_2d(x0..x1, y0..y1)?;
-        chart
-            .configure_mesh()
-            .x_desc("op index (execution order)")
-            .y_desc("max |x| of the output (log scale)")
-            .axis_desc_style(text(16))
-            .bold_line_style(C_GRID_BOLD)
-            .light_line_style(C_GRID_LIGHT)
-            .label_style(text(13))
-            .x_labels((n as usize).min(16))
-            .y_labels(12)
-            .x_label_formatter(&|v| step_label(*v))
-            // Nothing lives above bf16's max but the non-finite markers.
-            .y_label_formatter(&|v| {
-                if *v > BF16.max.log10() {
-                    String::new()
-                } else {
-                    dec_label(*v)
-                }
-            })
-            .draw()?;
+        let (x0, x1) = (-0.5, n as f64 - 0.5);
+        // Nothing lives above bf16's max but the non-finite markers.
+        let y_label = |v: &f64| {
+            if *v > BF16.max.log10() {
+                String::new()
+            } else {
+                dec_label(*v)
+            }
+        };
+        let mut chart = op_index_axes(
+            &top,
+            &self.title,
+            n,
+            y0..y1,
+            LogAxis {
+                desc: "max |x| of the output (log scale)",
+                labels: 12,
+                label: &y_label,
+            },
+        )?;
         for (v, style) in [
             (FP16.max.log10(), C_INF.stroke_width(2)),
             (BF16.max.log10(), C_BF16.stroke_width(2)),
