@@ -1013,8 +1013,13 @@ class Watcher:
         records = None
         if self.kept or failing:
             records = []
+            # (ops that share a vector, a view and its input, share its statistics' record)
+            converted = {}
             for op, v in zip(self.ops, vecs):
-                st = _stats.from_full(v) if op["vec"][0] == "full" else _stats.from_check(v)
+                st = converted.get(op["vec"])
+                if st is None:
+                    st = _stats.from_full(v) if op["vec"][0] == "full" else _stats.from_check(v)
+                    converted[op["vec"]] = st
                 masked = st["neg_inf"] if op["masked"] else 0
                 records.append(
                     {

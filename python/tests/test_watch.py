@@ -631,6 +631,28 @@ def test_the_cpu_statistics_of_every_16_bit_value_and_of_f32_at_every_split():
         _same_full(x, ("f32", i))
 
 
+def test_a_records_exponent_histogram_is_its_occupied_bins():
+    # The bins from the first to the last nonzero count, found from the counts' bytes:
+    # against a loop over every bin, for counts whose low bytes are zero (1, 256, 2^16,
+    # 2^40) and whose high bytes are not, at the histogram's ends and inside it.
+    import random
+
+    rng = random.Random(0)
+    nf = len(_stats.FIELDS)
+    for t in range(3000):
+        hist = [0.0] * _stats.N_BINS
+        for _ in range(rng.choice([0, 1, 2, 3, 30])):
+            i = rng.choice([0, 1, _stats.N_BINS - 1, _stats.N_BINS - 2, rng.randrange(_stats.N_BINS)])
+            hist[i] = float(rng.choice([1, 2, 255, 256, 65536, 2**40, 2**40 + 1, rng.randrange(1, 2**53)]))
+        nonzero = [i for i, c in enumerate(hist) if c]
+        want = (
+            {"lo": _stats.EXP_LO + nonzero[0], "counts": [int(c) for c in hist[nonzero[0] : nonzero[-1] + 1]]}
+            if nonzero
+            else {"lo": 0, "counts": []}
+        )
+        assert _stats.from_full([1.0] * nf + hist)["exp_hist"] == want, (t, nonzero)
+
+
 def accumulate(dtype, watch=None, boom=None, steps=3, micro=2):
     """Net trained with `micro` backwards a step (gradient accumulation) under CPU autocast
     and a GradScaler; at `boom` = (step, micro-batch) the input overflows fp16. Returns the
