@@ -155,7 +155,7 @@ class _Mode(TorchDispatchMode):
         if seen is not None and w.active and not w.busy:
             w.busy = True
             try:
-                w.on_op(func, seen, out)
+                w.on_op(func, seen, out, args, kwargs)
             except Exception:
                 w.fail()
             finally:
@@ -286,6 +286,9 @@ class Watcher:
         # Set (on the CPU, where a check is read at once) when an op of this step makes a
         # non-finite value that can be an origin: the ops from there on get full statistics.
         self.failing = False
+        # Set when the script unscales the gradients itself (`scaler.unscale_`): what it
+        # does with them before the scaler's step (clipping) is the optimizer phase's.
+        self.unscaled = False
         self.ops = []
         self.full_vecs = []
         self.check_vecs = []
@@ -585,17 +588,22 @@ class Watcher:
     # ---- op by op
 
     def _vector(self, t):
+        """The statistics of a tensor, or of a list of tensors together, full or checked as
+        this step records them."""
         if self.kept or self.failing:
-            self.full_vecs.append(_stats.full(t))
+            self.full_vecs.append(_stats.full_many(t) if isinstance(t, list) else _stats.full(t))
             return ("full", len(self.full_vecs) - 1)
-        self.check_vecs.append(_stats.check(t))
+        self.check_vecs.append(_stats.check_many(t) if isinstance(t, list) else _stats.check(t))
         return ("check", len(self.check_vecs) - 1)
 
     def _info(self, func):
         """(name, whether it writes an argument, what it is: "collective" for an op that
         moves values between ranks, "pending" for one whose output is not written yet (an
         allocation, or a functional collective before its wait), "alias" for a view (its
-        output is its input's memory), None for others) of an op, cached."""
+        output is its input's memory), None for others; where its outputs are: None for what
+        it returns, else (position, name) of the argument it writes when it returns nothing
+        (the in-place multi-tensor ops: the optimizers' foreach updates, the scaler's
+        unscale); whether they are one list of tensors) of an op, cached."""
         info = self.fn_info.get(func)
         if info is None:
             name = func.overloadpacket.__name__
@@ -606,7 +614,16 @@ class Watcher:
                 kind = "pending"
             elif getattr(func, "is_view", False):
                 kind = "alias"
-            info = (name, func._schema.is_mutable, kind)
+            schema = func._schema
+            written = None
+            many = len(schema.returns) == 1 and isinstance(schema.returns[0].type, torch.ListType)
+            if not schema.returns:
+                for i, a in enumerate(schema.arguments):
+                    if a.alias_info is not None and a.alias_info.is_write:
+                        written = (i, a.name)
+                        many = isinstance(a.type, torch.ListType)
+                        break
+            info = (name, schema.is_mutable, kind, written, many)
             self.fn_info[func] = info
         return info
 
@@ -617,7 +634,7 @@ class Watcher:
         (an op may write them: a batch norm's running statistics). None for an op not
         recorded (the loss scaling's gradient)."""
         node = None
-        if self.optimizer_depth:
+        if self.optimizer_depth or self.unscaled:
             phase = "optimizer"
         elif torch._C._current_graph_task_id() != -1:
             phase = "backward"
@@ -739,12 +756,13 @@ class Watcher:
             index,
         )
 
-    def on_op(self, func, seen, out):
-        """After an op ran: its record (the statistics of its first floating output) from
-        what `read_inputs` saw of its inputs."""
+    def on_op(self, func, seen, out, args=(), kwargs=None):
+        """After an op ran: its record (the statistics of its first floating output, or of
+        all its tensors together when they are one list) from what `read_inputs` saw of its
+        inputs."""
         (phase, node, ins, preds, ext, moved, derived, const_in, maskish_in, param_in, mask_scalar,
          finite_in, index) = seen
-        name, mutable, kind = self._info(func)
+        name, mutable, kind, written, many = self._info(func)
         derived = derived or name in _stats.RANDOM
         # Whether an Inf or NaN in the output can have been made here. A view of floating
         # values makes none: a non-finite value its input's record did not show was in that
@@ -753,8 +771,13 @@ class Watcher:
         can_make = (kind is None or (kind == "alias" and not all(_stats.floating(t) for t in ins))) and (
             phase != "forward" or derived
         )
+        if written is not None:
+            # It wrote its results into an argument and returned nothing.
+            i, arg = written
+            out = args[i] if i < len(args) else (kwargs or {}).get(arg)
         outs = (out,) if isinstance(out, torch.Tensor) else _leaves(out, torch.Tensor)
         floats = [t for t in outs if _stats.floating(t)]
+        many = many and len(floats) > 1
         if not floats:
             # Integer outputs have no record, but a float made from them later must know
             # where they come from.
@@ -778,7 +801,7 @@ class Watcher:
         # So does a copy of one input's values (a clone, a contiguous copy, a cast to a dtype
         # that holds them exactly and calls the same ones subnormal: bf16 to f32).
         same = None
-        if not mutable and moved:
+        if not mutable and moved and not many:
             optr = o.data_ptr()
             copies = len(moved) == 1 and name in _stats.VALUE_COPIES
             for ptr, t, p in moved:
@@ -814,7 +837,7 @@ class Watcher:
             checks.append([float(o.numel()), 0.0, 0.0, 0.0])
             vec = ("check", len(checks) - 1)
         else:
-            vec = self._vector(o)
+            vec = self._vector(floats if many else o)
             if vec[0] == "check" and not self.failing and can_make:
                 v = checks[vec[1]]
                 masked = phase == "forward" and (mask_scalar or maskish_in or const_in)
@@ -822,7 +845,7 @@ class Watcher:
                     # The step's first Inf or NaN that can be an origin: this op and the
                     # rest of the step are recorded in full.
                     self.failing = True
-                    vec = self._vector(o)
+                    vec = self._vector(floats if many else o)
         idx = len(ops)
         ops.append(
             {
@@ -830,7 +853,8 @@ class Watcher:
                 "op": name,
                 "module": module,
                 "inputs": [(t.dtype, t.shape) for t in ins],
-                "output": (o.dtype, o.shape),
+                # (a list's tensors as one: their element count)
+                "output": (o.dtype, (sum(t.numel() for t in floats),) if many else o.shape),
                 "vec": vec,
                 "preds": preds,
                 "ext": ext,
@@ -925,7 +949,14 @@ class Watcher:
                 return out
 
             sc.scale = scale
-            sc.unscale_ = self._in_optimizer(sc.unscale_)
+            orig_unscale = self._in_optimizer(sc.unscale_)
+
+            def unscale_(*a, **k):
+                r = orig_unscale(*a, **k)
+                w.unscaled = w.active
+                return r
+
+            sc.unscale_ = unscale_
             sc.step = self._in_optimizer(sc.step)
         else:
             orig = self._in_optimizer(self.optimizer.step)

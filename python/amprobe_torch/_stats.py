@@ -574,6 +574,47 @@ def full(t):
     return _full_device(t)
 
 
+def full_many(ts):
+    """`full` of a list of tensors taken together (a multi-tensor op's outputs): counts and
+    Σx² summed, the largest max |x| and the smallest min |x|; on the first tensor's device,
+    no synchronisation."""
+    vs = [full(t) for t in ts]
+    dev = vs[0].device
+    m = torch.stack([v.to(dev) for v in vs])
+    out = m.sum(0)
+    out[6] = m[:, 6].max()
+    out[7] = m[:, 7].min()
+    return out
+
+
+def check_many(ts):
+    """`check` of a list of tensors taken together. On the CPU the exact counts, summed. On
+    a device, a few multi-tensor kernels for them all (a check a tensor would be three
+    kernels each, for every parameter in an optimizer's update): the element count, whether
+    any holds a NaN, whether any holds an infinity where none holds a NaN (a NaN hides an
+    infinity beside it in a max-abs norm), read as counts of 1; an infinity beside a NaN
+    in the same list is not seen, the NaN is."""
+    xs = [local(t).detach() for t in ts]
+    if all(x.device.type == "cpu" for x in xs) and not DEVICE_PATH_ON_CPU:
+        out = [0.0, 0.0, 0.0, 0.0]
+        for x in xs:
+            out = [a + b for a, b in zip(out, check(x))]
+        return out
+    by_device = {}
+    for x in xs:
+        by_device.setdefault(x.device, []).append(x)
+    n = sum(x.numel() for x in xs)
+    nan = inf = None
+    for group in by_device.values():
+        c = batch_check(group)
+        dev = xs[0].device
+        g_nan, g_bad = c[1].to(dev), c[2].to(dev)
+        nan = g_nan if nan is None else torch.maximum(nan, g_nan)
+        inf = g_bad if inf is None else torch.maximum(inf, g_bad)
+    inf = inf * (1.0 - nan)
+    return DeviceCheck((n, nan, inf, torch.zeros_like(nan)))
+
+
 def _full_device(t):
     """`full` with no host synchronisation and no transfer: every figure by its own
     reduction, counts summed straight into float64 (exact below 2^53)."""
