@@ -258,6 +258,8 @@ class Watcher:
         self.tree_depth = 0
         self.light = False
         self.paused = False
+        # Whether the outermost model call running now paused the mode (`_call_enter`).
+        self.call_paused = False
         # Steps that are not kept are checked by modules and replayed when they fail, unless
         # every op must be checked (AMPROBE_CHECK=ops) or the model is sharded (a replay of
         # one rank's forward would wait on collectives the other ranks do not make).
@@ -321,6 +323,8 @@ class Watcher:
         self.replayed = False
         self.replaying = False
         self.replay_note = None
+        # Why a replay's backward could not run (its forward was recorded), or None.
+        self.replay_backward_note = None
         self.replayed_ops = 0
         self.replay_call = None
         self.replay_micro = 0
@@ -395,6 +399,8 @@ class Watcher:
         if self.replaying:
             return
         self.tree_depth += 1
+        if self.tree_depth == 1:
+            self.call_paused = False
         if (
             self.tree_depth == 1
             and self.light
@@ -414,8 +420,11 @@ class Watcher:
                 self.fail()
             finally:
                 self.busy = False
-            # The model's own ops run without the mode (a replay records them).
-            self._pause()
+            # The model's own ops run without the mode (a replay records them). Only this
+            # call's pause is undone where it ends: a call in a backward (a checkpointed
+            # block's recomputation) pauses nothing, and must not resume what the backward
+            # paused (the engine would then drop the mode when the node ends).
+            self.call_paused = self._pause()
 
     def _call_leave(self, module, args, out):
         if self.replaying:
@@ -425,7 +434,7 @@ class Watcher:
         c = self.call
         if c is None or not self.light or not self.active or self.busy:
             if self.tree_depth == 0:
-                self._resume()
+                self._end_call_pause()
             return
         self.busy = True
         try:
@@ -446,7 +455,13 @@ class Watcher:
         finally:
             self.busy = False
             if self.tree_depth == 0:
-                self._resume()
+                self._end_call_pause()
+
+    def _end_call_pause(self):
+        """Resumes the mode where an outermost call that paused it ends."""
+        if self.call_paused:
+            self.call_paused = False
+            self._resume()
 
     def _decide(self):
         """Where a step checked by modules enters its optimizer phase: whether it failed so
@@ -555,8 +570,15 @@ class Watcher:
                         if g is not None and t.requires_grad:
                             outs.append(t)
                             grads.append(g)
-                if outs and params:
-                    torch.autograd.grad(outs, params, grads, allow_unused=True)
+                if outs and params and self.replay_backward_note is None:
+                    try:
+                        torch.autograd.grad(outs, params, grads, allow_unused=True)
+                    except RuntimeError as e:
+                        # A backward that cannot run into gradients of its own (reentrant
+                        # activation checkpointing refuses `autograd.grad`): the forward's
+                        # records stand; later steps check every op, exactly.
+                        self.replay_backward_note = str(e).strip().split("\n")[0]
+                        self.light_ok = False
         except Exception:
             self.fail()
         finally:
@@ -1118,10 +1140,13 @@ class Watcher:
                 "params": params,
                 "ops": records,
                 "op_count": self.op_count + self.replayed_ops,
-                "events": [] if self.replay_note is None or not failing else [
+                "events": ([] if self.replay_note is None or not failing else [
                     f"amprobe_torch: the failing step could not be replayed ({self.replay_note}); "
                     "only the ops around the model and the optimizer's are recorded; later steps check every op"
-                ],
+                ]) + ([] if self.replay_backward_note is None else [
+                    f"amprobe_torch: the failing step's backward could not be replayed ({self.replay_backward_note}); "
+                    "its forward is recorded, its backward only around the model; later steps check every op"
+                ]),
                 "wall_ms": (time.perf_counter() - self.t0) * 1000.0,
                 "skip_cause": None,
             },

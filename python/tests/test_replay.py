@@ -265,3 +265,69 @@ def test_a_check_mode_that_is_not_one_is_refused(tmp_path, monkeypatch):
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="AMPROBE_CHECK"):
         amprobe_torch.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), None, trace=str(tmp_path / "t"))
+
+
+class Checkpointed(torch.nn.Module):
+    """Blocks under activation checkpointing (recomputed in the backward, where their
+    module hooks run again), reentrant or not."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 8)
+        self.blocks = torch.nn.ModuleList(
+            [torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)) for _ in range(3)]
+        )
+        self.head = torch.nn.Linear(8, 4)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x + checkpoint(b, x, use_reentrant=self.reentrant)
+        return self.head(x)
+
+
+def train_checkpointed(reentrant, watch):
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    watch(model, opt, scaler)
+    xs = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(1))
+    for s in range(4):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(xs[s] * (1e5 if s == 2 else 1.0)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_blocks_keep_the_capture_and_their_failing_step_is_found(tmp_path, reentrant):
+    # A checkpointed block's forward runs again inside the backward, with its module hooks:
+    # that call must not resume the mode the backward paused (the engine drops it when the
+    # node ends, and no op of any later step was seen). The failing step is found and
+    # named as checking every op names it, and the steps after it are checked as before.
+    # Reentrant checkpointing refuses the replay's `autograd.grad`: the replayed forward
+    # names the origin, the step says its backward was not replayed, and the steps after
+    # it check every op.
+    fast, ops = tmp_path / "fast.jsonl", tmp_path / "ops.jsonl"
+    train_checkpointed(reentrant, watcher(fast))
+    close_all()
+    train_checkpointed(reentrant, watcher(ops, check="ops"))
+    close_all()
+    a, b = steps_of(fast), steps_of(ops)
+    assert [s["skipped"] for s in a] == [s["skipped"] for s in b] == [False, False, True, False]
+    name = lambda o: None if o is None else (o["phase"], o["op"], o["module"])  # noqa: E731
+    for k in ("first_inf", "first_nan"):
+        assert name(a[2]["origins"][k]) == name(b[2]["origins"][k]), k
+    assert name(a[2]["origins"]["first_inf"]) == ("forward", "_to_copy", "inp")
+    assert a[1]["op_count"] > 0
+    if reentrant:
+        assert len(a[2]["events"]) == 1 and "backward could not be replayed" in a[2]["events"][0], a[2]["events"]
+        assert a[3]["op_count"] == b[3]["op_count"] > a[1]["op_count"]
+    else:
+        assert a[2]["events"] == [] and a[3]["op_count"] == a[1]["op_count"]
