@@ -1109,6 +1109,7 @@ class Watcher:
                     "f16_underflow_frac_scaled": v[5] / finite_nonzero if finite_nonzero else 0.0,
                     "nonfinite": int(v[7]),
                     "param_max_abs_after": jfloat(v[8]),
+                    "param_nan_after": int(v[9]),
                 }
             )
         loss = None

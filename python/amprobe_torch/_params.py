@@ -62,13 +62,13 @@ def param_vector(p, scale):
     loss scale) as a float64 vector on its device (read back with the step): [has a
     gradient, Σg² over finite values, max finite |g|, zeros, nonzero finite |g| that fp16
     flushes, the same of g·scale (in f32), nonzero finite count, non-finite count, max |p|
-    over non-NaN values after the step]."""
+    over non-NaN values after the step, NaN count of p after the step]."""
     g = p.grad
     p = _stats.local(p)
     dev = p.device
     f64 = torch.float64
     if g is None:
-        return torch.zeros(9, dtype=f64, device=dev)
+        return torch.zeros(10, dtype=f64, device=dev)
     g = _stats.local(g)
     x = g.detach().reshape(-1)
     x = x if x.dtype in (torch.float32, torch.float64) else x.float()
@@ -92,6 +92,7 @@ def param_vector(p, scale):
             nz.sum(dtype=f64),
             (~fin).sum(dtype=f64),
             pa.max().to(f64) if pa.numel() else zero,
+            pv.isnan().sum(dtype=f64),
         ]
     )
 
@@ -142,7 +143,8 @@ def _device_param_vectors(gs, ps, scale):
     for j, (l2, amax, nnz, amin, pmax) in enumerate(zip(*rows)):
         if not all(v - v == 0.0 for v in (l2, amax, pmax)):
             continue
-        out[j] = [1.0, l2**2, amax, float(gs[j].numel() - nnz), 0.0, 0.0, nnz, 0.0, pmax]
+        # (a NaN in p makes its max-abs norm NaN: none here)
+        out[j] = [1.0, l2**2, amax, float(gs[j].numel() - nnz), 0.0, 0.0, nnz, 0.0, pmax, 0.0]
         if nnz and amin <= b * max(1.0, 2.0 / scale):
             g = gs[j]
             if g.dtype == torch.float32 and exact_scaled:
@@ -233,7 +235,7 @@ def param_vectors(params, scale, scratch=None):
                     small_scaled = scratch.count_le(scaled, _stats.F16_UNDERFLOW) - zeros
             nonzero = n if nnz is None else int(nnz)
             out[fast[j]] = [1.0, l2**2, amax, float(n - nonzero), float(small), float(small_scaled),
-                            float(nonzero), 0.0, pmax]
+                            float(nonzero), 0.0, pmax, 0.0]
     for i, p in enumerate(given):
         if out[i] is None:
             out[i] = param_vector(p, scale)

@@ -228,6 +228,40 @@ scripts.train(torch.float16, steps=4, boom_step=2, watch=amprobe_torch.watch)
     assert r.returncode != 0 and "wrote no trace" in r.stderr and "amprobe_torch.watch" in r.stderr
 
 
+def test_parameters_the_update_made_nan_are_a_diverged_run(tmp_path):
+    # A fused AdamW update (one op that writes every parameter and returns nothing) at a
+    # learning rate of 3e38 overflows at step 2; the next step's gradients are NaN and so
+    # are the parameters after it, all of them: their largest |p| over non-NaN values is
+    # 0, and the NaN count after the step says what it hides. The run diverged, and the
+    # update is the origin.
+    script = tmp_path / "train.py"
+    script.write_text(
+        f"""
+import sys, torch
+sys.path[:0] = [{os.path.join(HERE, '..')!r}]
+import amprobe_torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
+amprobe_torch.watch(m, opt, None)
+for s in range(4):
+    opt.param_groups[0]["lr"] = 3e38 if s == 2 else 1e-3
+    opt.zero_grad()
+    m(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+"""
+    )
+    trace, summary = tmp_path / "t.jsonl", tmp_path / "summary.json"
+    cmd = [amprobe_bin(), "run", "--trace", str(trace), "--summary-json", str(summary), "--", sys.executable, str(script)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "verdict: diverged" in r.stdout, r.stdout + r.stderr
+    s = json.loads(summary.read_text())
+    assert s["verdict"] == "diverged"
+    assert (s["first_inf"]["phase"], s["first_inf"]["op"], s["first_inf"]["step"]) == ("optimizer", "_fused_adamw_", 2)
+    last = read(trace)[4]["params"]
+    assert all(p["param_nan_after"] == p["numel"] and p["param_max_abs_after"] == 0.0 for p in last), last
+
+
 def test_views_share_statistics_and_in_place_ops_do_not(tmp_path):
     # A transpose moves values (its statistics are its input's); an in-place add changes
     # them in the same storage (its statistics are its own).

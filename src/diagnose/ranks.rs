@@ -493,10 +493,7 @@ pub fn merge(ranks: &[RankTrace], shown_rank: u32) -> RanksSummary {
 }
 
 fn rank_verdict(t: &Trace) -> Verdict {
-    let params_finite = t
-        .steps
-        .last()
-        .is_none_or(|s| s.params.iter().all(|p| p.param_max_abs_after.is_finite()));
+    let params_finite = t.steps.last().is_none_or(StepRecord::params_finite);
     super::summary::verdict(&t.steps, params_finite)
 }
 

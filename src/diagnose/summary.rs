@@ -238,11 +238,7 @@ pub fn summary_of_trace(
     for r in &mut records {
         diag.after_recorded_step(r);
     }
-    let params_finite = records.last().is_none_or(|s| {
-        s.params
-            .iter()
-            .all(|p| !p.param_max_abs_after.is_nan() && p.param_max_abs_after.is_finite())
-    });
+    let params_finite = records.last().is_none_or(StepRecord::params_finite);
     let verdict = verdict(&records, params_finite);
     Ok(summarize(
         &records,

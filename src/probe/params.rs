@@ -53,6 +53,7 @@ impl ParamRecord {
             } else {
                 p.max_abs
             },
+            param_nan_after: p.nan,
         }
     }
 }

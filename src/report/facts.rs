@@ -302,11 +302,7 @@ pub fn verdict(trace: &Trace) -> String {
     if let Some(e) = trace.end.as_ref().filter(|e| !e.verdict.is_empty()) {
         return e.verdict.clone();
     }
-    let params_finite = trace.steps.last().is_none_or(|s| {
-        s.params
-            .iter()
-            .all(|p| !p.param_max_abs_after.is_nan() && p.param_max_abs_after.is_finite())
-    });
+    let params_finite = trace.steps.last().is_none_or(StepRecord::params_finite);
     crate::diagnose::summary::verdict(&trace.steps, params_finite).to_string()
 }
 

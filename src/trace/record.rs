@@ -366,6 +366,17 @@ pub struct ParamRecord {
     /// infinite; 0 when none).
     #[serde(with = "float_json")]
     pub param_max_abs_after: f64,
+    /// NaN parameter values after the step (absent in traces written before it was
+    /// recorded: read as 0).
+    #[serde(default)]
+    pub param_nan_after: u64,
+}
+
+impl ParamRecord {
+    /// Whether the parameter is finite after the step: no NaN and no infinity.
+    pub fn finite_after(&self) -> bool {
+        self.param_nan_after == 0 && self.param_max_abs_after.is_finite()
+    }
 }
 
 /// One optimizer step.
@@ -424,6 +435,14 @@ pub struct StepRecord {
     /// have none.
     #[serde(default)]
     pub skip_cause: Option<Box<SkipCause>>,
+}
+
+impl StepRecord {
+    /// Whether every parameter is finite after this step (no NaN, no infinity): a run
+    /// whose last step says otherwise diverged.
+    pub fn params_finite(&self) -> bool {
+        self.params.iter().all(ParamRecord::finite_after)
+    }
 }
 
 /// Last record of a run that finished.
@@ -510,6 +529,29 @@ pub use super::float_json;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parameter_is_finite_after_its_step_without_nan_or_infinity() {
+        // Written before the NaN count was recorded: read as none.
+        let json = r#"{"name":"w","dtype":"float32","grad_dtype":"float32","numel":4,"grad_l2":1.0,
+            "max_abs_grad":1.0,"zero_frac":0.0,"f16_underflow_frac_unscaled":0.0,
+            "f16_underflow_frac_scaled":0.0,"nonfinite":0,"param_max_abs_after":2.0}"#;
+        let p: ParamRecord = serde_json::from_str(json).unwrap();
+        assert_eq!(p.param_nan_after, 0);
+        assert!(p.finite_after());
+        let mut step = StepRecord {
+            params: vec![p.clone(), p],
+            ..StepRecord::default()
+        };
+        assert!(step.params_finite());
+        // All NaN: the largest |p| over the non-NaN values is 0, and still it diverged.
+        step.params[1].param_nan_after = 4;
+        step.params[1].param_max_abs_after = 0.0;
+        assert!(!step.params_finite());
+        step.params[1].param_nan_after = 0;
+        step.params[1].param_max_abs_after = f64::INFINITY;
+        assert!(!step.params_finite());
+    }
 
     #[test]
     fn record_json_shape() {

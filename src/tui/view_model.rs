@@ -220,10 +220,7 @@ impl Model {
         }
         // The runner's rule over the steps so far; diverged parameters show as infinite
         // post-step magnitudes in the last step.
-        let finite = self
-            .steps
-            .last()
-            .is_none_or(|s| s.params.iter().all(|p| p.param_max_abs_after.is_finite()));
+        let finite = self.steps.last().is_none_or(StepRecord::params_finite);
         (
             crate::diagnose::summary::verdict(&self.steps, finite).to_string(),
             self.end.is_some(),
@@ -457,6 +454,7 @@ pub(crate) mod tests {
             f16_underflow_frac_scaled: uf / 2.0,
             nonfinite,
             param_max_abs_after: 1.0,
+            param_nan_after: 0,
         }
     }
 
