@@ -991,6 +991,7 @@ class Watcher:
 
             self.optimizer.step = opt_step
         _install_backward_hook()
+        _install_clip_hooks()
 
     def _found_inf(self):
         states = getattr(self.scaler, "_per_optimizer_states", {})
@@ -1339,6 +1340,50 @@ def _install_backward_hook():
                     w.fail()
 
     torch.Tensor.backward = backward
+
+
+# torch.nn.utils' gradient clipping, as scripts and trainers call it (through the module).
+_CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_")
+_CLIPS_INSTALLED = False
+
+
+def _install_clip_hooks():
+    """Runs torch's gradient clipping in the watchers' optimizer phase, as amprobe's own
+    steps clip: it prepares the gradients for the update (without a scaler, nothing else
+    marks where the optimizer phase begins). A step checked by modules decides there, as
+    where it enters the optimizer's step, whether it failed."""
+    global _CLIPS_INSTALLED
+    if _CLIPS_INSTALLED:
+        return
+    _CLIPS_INSTALLED = True
+    from torch.nn import utils
+    from torch.nn.utils import clip_grad
+
+    for mod in (utils, clip_grad):
+        for name in _CLIP_FUNCTIONS:
+            f = getattr(mod, name, None)
+            if f is not None and not getattr(f, "_amprobe_phase", False):
+                setattr(mod, name, _in_optimizer_phase(f))
+
+
+def _in_optimizer_phase(f):
+    @functools.wraps(f)
+    def run(*a, **k):
+        entered = []
+        for w in _WATCHERS:
+            if w.active and not w.busy:
+                if w.light and not w.decided and not w.optimizer_depth:
+                    w._decide()
+                w.optimizer_depth += 1
+                entered.append(w)
+        try:
+            return f(*a, **k)
+        finally:
+            for w in entered:
+                w.optimizer_depth -= 1
+
+    run._amprobe_phase = True
+    return run
 
 
 def trace_path():

@@ -735,6 +735,38 @@ def test_an_update_written_in_place_over_many_tensors_is_recorded_and_can_be_the
     assert steps[2]["origins"]["first_nan"] is None
 
 
+@pytest.mark.parametrize("check", ["modules", "ops"])
+def test_gradient_clipping_is_the_optimizer_phase_without_a_scaler(tmp_path, check):
+    # bf16 without a scaler: nothing but the clipping marks where the optimizer phase
+    # begins. torch.nn.utils' clipping runs in it, in a kept step and in the steps after;
+    # the clipped gradients are those of the same script without the capture.
+    def run(watch):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if watch is not None:
+            watch(model, opt, None)
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.ones(3, 4)).float().pow(2).sum()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.001)
+            opt.step()
+        close_all()
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain = run(None)
+    seen = run(watcher(tmp_path / "t.jsonl", sample_every=2, check=check))
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen))
+    steps = read(tmp_path / "t.jsonl")[1:4]
+    for st in (steps[0], steps[2]):
+        clip = [r for r in st["ops"] if r["op"] in ("_foreach_norm", "_foreach_mul_", "_foreach_clamp_min_", "clamp_")]
+        assert clip and all(r["phase"] == "optimizer" for r in clip), [(r["op"], r["phase"]) for r in clip]
+        assert all(r["phase"] != "forward" for r in st["ops"] if r["op"] == "_foreach_mul_")
+
+
 def accumulate(dtype, watch=None, boom=None, steps=3, micro=2):
     """Net trained with `micro` backwards a step (gradient accumulation) under CPU autocast
     and a GradScaler; at `boom` = (step, micro-batch) the input overflows fp16. Returns the
