@@ -1228,7 +1228,14 @@ class Watcher:
         elif self.autocast_dtype == torch.bfloat16:
             precision = "bf16"
         else:
-            precision = "fp32"
+            # Without autocast, the dtype most of the parameters' values are in: a model
+            # made 16-bit (`model.half()`, `model.bfloat16()`) trains in it throughout,
+            # amprobe's "half" and "bfloat16-pure" modes.
+            by_dtype = {}
+            for p in self.model.parameters():
+                by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+            most = max(by_dtype, key=by_dtype.get) if by_dtype else torch.float32
+            precision = {torch.float16: "half", torch.bfloat16: "bfloat16-pure"}.get(most, "fp32")
         rank, world = 0, 1
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()

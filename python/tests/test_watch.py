@@ -767,6 +767,22 @@ def test_gradient_clipping_is_the_optimizer_phase_without_a_scaler(tmp_path, che
         assert all(r["phase"] != "forward" for r in st["ops"] if r["op"] == "_foreach_mul_")
 
 
+@pytest.mark.parametrize("dtype,mode", [(torch.float16, "half"), (torch.bfloat16, "bfloat16-pure"), (torch.float32, "fp32")])
+def test_a_model_made_16_bit_without_autocast_is_amprobes_pure_mode(tmp_path, dtype, mode):
+    # `model.half()` / `model.bfloat16()` trains in 16 bits throughout: the header says so
+    # (amprobe's own names for those modes), not fp32 because no autocast ran.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amprobe_torch.watch(model, opt, None, trace=str(tmp_path / "t.jsonl"))
+    opt.zero_grad()
+    model(torch.ones(2, 4, dtype=dtype)).float().sum().backward()
+    opt.step()
+    close_all()
+    header = read(tmp_path / "t.jsonl")[0]
+    assert (header["precision"], header["autocast_dtype"]) == (mode, None)
+
+
 def accumulate(dtype, watch=None, boom=None, steps=3, micro=2):
     """Net trained with `micro` backwards a step (gradient accumulation) under CPU autocast
     and a GradScaler; at `boom` = (step, micro-batch) the input overflows fp16. Returns the
