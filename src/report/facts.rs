@@ -425,7 +425,8 @@ impl Facts {
     /// What to try, from what the trace shows; one sentence each.
     pub fn remedies(&self, precision: &str) -> Vec<String> {
         let mut out = Vec::new();
-        let fp16 = precision.contains("16") && !precision.contains("bf");
+        let fp16 = crate::amp::mode::Precision::parse(precision)
+            .is_ok_and(|p| p.low_dtype() == Some(crate::dtype::DType::F16));
         if let Some((kind, o)) = self.origins.iter().find(|(_, o)| o.phase == Phase::Forward) {
             out.push(format!(
                 "The forward {kind} starts at `{}` in `{}`: keep that module in fp32 \
@@ -547,6 +548,42 @@ pub fn plural(n: u64, what: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forward_op_past_half_of_fp16s_max_is_one_step_away_in_every_fp16_mode() {
+        // 40000 is 61% of fp16's max: a warning where the run computes in fp16 (autocast,
+        // O2 or a model made fp16), none where it computes in bf16 or fp32.
+        let op = r#"{"micro":0,"index":4,"phase":"forward","op":"addmm","module":"fc",
+            "inputs":[],"output":{"dtype":"float16","shape":[2]},
+            "stats":{"numel":2,"nan":0,"pos_inf":0,"neg_inf":0,"zeros":0,"subnormal":0,
+            "max_abs":40000.0,"min_abs_nonzero":1.0,"sum_sq":1.6e9,
+            "exp_hist":{"lo":0,"counts":[1]},"to_f16":{"overflow":0,"underflow":0},
+            "to_bf16":{"overflow":0,"underflow":0}},"rounding":{"overflow":0,"underflow":0},
+            "forward_op":null,"wrt":null,"masked_neg_inf":0}"#;
+        let step = StepRecord {
+            ops: Some(vec![serde_json::from_str(op).unwrap()]),
+            ..StepRecord::default()
+        };
+        let trace = Trace {
+            header: crate::trace::record::Header::new(),
+            steps: vec![step],
+            end: None,
+            truncated: None,
+        };
+        let facts = Facts::new(&trace, &BTreeMap::new());
+        let warned = |p: &str| {
+            facts
+                .remedies(p)
+                .iter()
+                .any(|r| r.contains("one step away"))
+        };
+        for p in ["fp16", "o2", "half"] {
+            assert!(warned(p), "{p}");
+        }
+        for p in ["bf16", "o2-bf16", "bfloat16-pure", "fp32"] {
+            assert!(!warned(p), "{p}");
+        }
+    }
 
     #[test]
     fn number_formats() {
