@@ -919,15 +919,20 @@ class Watcher:
         w = self
 
         def run(*a, **k):
-            if w.light and not w.decided and not w.optimizer_depth and w.active and not w.busy:
-                w._decide()
-            w.optimizer_depth += 1
+            w._enter_optimizer()
             try:
                 return f(*a, **k)
             finally:
                 w.optimizer_depth -= 1
 
         return run
+
+    def _enter_optimizer(self):
+        """One level deeper into the optimizer phase; a step checked by modules decides
+        where it first enters it whether it failed."""
+        if self.light and not self.decided and not self.optimizer_depth and self.active and not self.busy:
+            self._decide()
+        self.optimizer_depth += 1
 
     def _wrap(self):
         w = self
@@ -1064,6 +1069,17 @@ class Watcher:
             or found_inf
             or any(l != l or abs(l) == float("inf") for l in losses)
         )
+        events = []
+        if self.replay_note is not None and failing:
+            events.append(
+                f"amprobe_torch: the failing step could not be replayed ({self.replay_note}); "
+                "only the ops around the model and the optimizer's are recorded; later steps check every op"
+            )
+        if self.replay_backward_note is not None:
+            events.append(
+                f"amprobe_torch: the failing step's backward could not be replayed ({self.replay_backward_note}); "
+                "its forward is recorded, its backward only around the model; later steps check every op"
+            )
         records = None
         if self.kept or failing:
             records = []
@@ -1142,13 +1158,7 @@ class Watcher:
                 "params": params,
                 "ops": records,
                 "op_count": self.op_count + self.replayed_ops,
-                "events": ([] if self.replay_note is None or not failing else [
-                    f"amprobe_torch: the failing step could not be replayed ({self.replay_note}); "
-                    "only the ops around the model and the optimizer's are recorded; later steps check every op"
-                ]) + ([] if self.replay_backward_note is None else [
-                    f"amprobe_torch: the failing step's backward could not be replayed ({self.replay_backward_note}); "
-                    "its forward is recorded, its backward only around the model; later steps check every op"
-                ]),
+                "events": events,
                 "wall_ms": (time.perf_counter() - self.t0) * 1000.0,
                 "skip_cause": None,
             },
@@ -1379,9 +1389,7 @@ def _in_optimizer_phase(f):
         entered = []
         for w in _WATCHERS:
             if w.active and not w.busy:
-                if w.light and not w.decided and not w.optimizer_depth:
-                    w._decide()
-                w.optimizer_depth += 1
+                w._enter_optimizer()
                 entered.append(w)
         try:
             return f(*a, **k)

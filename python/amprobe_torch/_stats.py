@@ -605,9 +605,9 @@ def check_many(ts):
         by_device.setdefault(x.device, []).append(x)
     n = sum(x.numel() for x in xs)
     nan = inf = None
+    dev = xs[0].device
     for group in by_device.values():
         c = batch_check(group)
-        dev = xs[0].device
         g_nan, g_bad = c[1].to(dev), c[2].to(dev)
         nan = g_nan if nan is None else torch.maximum(nan, g_nan)
         inf = g_bad if inf is None else torch.maximum(inf, g_bad)
