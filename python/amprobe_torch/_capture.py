@@ -186,6 +186,30 @@ def _order_key(index):
     return index if isinstance(index, tuple) else (index, 1, 0)
 
 
+def _cut(obj, leaves, memo):
+    """A call's arguments with each tensor that an op made and that needs a gradient
+    replaced by a leaf of the same values that needs one too (also put in `leaves`): the
+    replayed call's backward then ends at its inputs, driven by the gradients its own
+    outputs received, instead of going back into the first run's graph of what made them
+    (another call of the model, already freed by its backward)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.grad_fn is None or not obj.requires_grad:
+            return obj
+        leaf = memo.get(id(obj))
+        if leaf is None:
+            leaf = obj.detach().requires_grad_()
+            memo[id(obj)] = leaf
+            leaves.append(leaf)
+        return leaf
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_cut(x, leaves, memo) for x in obj)
+    if isinstance(obj, list):
+        return [_cut(x, leaves, memo) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _cut(v, leaves, memo) for k, v in obj.items()}
+    return obj
+
+
 def _keep_grad(call, j, g):
     """A tensor hook: keeps the gradient output `j` of `call` received (summed over
     backwards through it)."""
@@ -547,7 +571,7 @@ class Watcher:
         try:
             for micro in sorted({c.micro for c in self.calls}):
                 self.replay_micro = micro
-                outs, grads = [], []
+                outs, grads, leaves, memo = [], [], [], {}
                 for c in self.calls:
                     if c.micro != micro:
                         continue
@@ -555,13 +579,14 @@ class Watcher:
                     try:
                         with _disable_current_modes():
                             c.restore_rng()
+                            args, kwargs = _cut((c.args, c.kwargs), leaves, memo)
                     finally:
                         self.busy = False
                     self.replay_call = c
                     for m, t in zip(c.module.modules(), c.training):
                         m.training = t
                     with c.context():
-                        out = c.module(*c.args, **c.kwargs)
+                        out = c.module(*args, **kwargs)
                     self.replay_call = None
                     for j, t in enumerate(_leaves(out, torch.Tensor)):
                         # No op of the replay reads its outputs: their nodes are named here.
@@ -572,7 +597,9 @@ class Watcher:
                             grads.append(g)
                 if outs and params and self.replay_backward_note is None:
                     try:
-                        torch.autograd.grad(outs, params, grads, allow_unused=True)
+                        # (the inputs cut from other calls too: their gradients are
+                        # ops of the step)
+                        torch.autograd.grad(outs, params + leaves, grads, allow_unused=True)
                     except RuntimeError as e:
                         # A backward that cannot run into gradients of its own (reentrant
                         # activation checkpointing refuses `autograd.grad`): the forward's

@@ -331,3 +331,77 @@ def test_checkpointed_blocks_keep_the_capture_and_their_failing_step_is_found(tm
         assert a[3]["op_count"] == b[3]["op_count"] > a[1]["op_count"]
     else:
         assert a[2]["events"] == [] and a[3]["op_count"] == a[1]["op_count"]
+
+
+class Boost(torch.nn.Module):
+    """Multiplies by `k`, which the script sets where it plants an overflow."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = 1.0
+
+    def forward(self, x):
+        return x * self.k
+
+
+class Split(torch.nn.Module):
+    """A model the script calls part by part: an encoder, then a head on its output (two
+    outermost calls a step, the second reading what the first made)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), Boost(), torch.nn.Linear(16, 16))
+        self.head = torch.nn.Linear(16, 5)
+
+
+def train_split(dtype, steps=4, boom_step=2, watch=None, seed=0):
+    torch.manual_seed(seed)
+    model = Split()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=dtype == torch.float16)
+    if watch is not None:
+        watch(model, opt, scaler)
+    g = torch.Generator().manual_seed(seed + 1)
+    xs = torch.randn(steps, 12, 8, generator=g)
+    ys = torch.randint(0, 5, (steps, 12), generator=g)
+    losses, scales = [], []
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        # fp16: the gradient the loss sends back overflows in the backward (the scaler
+        # skips the step); bf16: the encoder's forward overflows.
+        boom = s == boom_step
+        model.encoder[2].k = 3.3e38 if boom and dtype == torch.bfloat16 else 1.0
+        with torch.autocast("cpu", dtype=dtype):
+            h = model.encoder(xs[s])
+            logits = model.head(h)
+        loss = torch.nn.functional.cross_entropy(logits.float(), ys[s])
+        scaler.scale(loss * (1.0e4 if boom and dtype == torch.float16 else 1.0)).backward()
+        losses.append(loss.detach().clone())
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return losses, scales, state
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_call_that_reads_another_calls_output_is_replayed_from_what_it_received(tmp_path, dtype):
+    # The head's input is the encoder call's output: replayed as it ran, its backward would
+    # go back into the first run's graph of the encoder, already freed.
+    plain = train_split(dtype)
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train_split(dtype, watch=watcher(full, sample_every=1))
+    close_all()
+    seen = train_split(dtype, watch=watcher(fast))
+    close_all()
+    assert_same_bits(plain, seen)
+    a, b = steps_of(full), steps_of(fast)
+    assert b[1]["ops"] is None and b[2]["ops"] is not None
+    first = b[2]["origins"]["first_inf"]
+    assert first is not None
+    if dtype == torch.float16:
+        assert first["phase"] == "backward"
+    else:
+        assert (first["phase"], first["op"], first["module"]) == ("forward", "mul", "encoder.2")
+    assert b[2]["events"] == [], b[2]["events"]
+    assert_replay_records_full_statistics(a[2], b[2])
