@@ -33,16 +33,21 @@ __version__ = _capture.TOOL_VERSION
 
 def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check=None):
     """Captures the training of `model` by `optimizer` (and `scaler`, a GradScaler, when the
-    script uses one) from now on. Steps end at `scaler.update()` when the scaler is enabled
-    (a skipped step never reaches `optimizer.step()`), else at `optimizer.step()`. Returns
-    the watcher (its `close()` ends the trace; it is also called at exit), or None when
-    AMPROBE_DISABLE=1. A plan in the environment (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES,
-    AMPROBE_INIT_SCALE) is applied first; a value it cannot apply raises ValueError."""
+    script uses one) from now on. Several models trained together (a GAN's generator and
+    discriminator) are given as a dict of them, named by its keys in the trace (or a list,
+    named by position); several optimizers as a list. Steps end at `scaler.update()` when
+    the scaler is enabled (a skipped step never reaches `optimizer.step()`), else when
+    every optimizer given has stepped. Returns the watcher (its `close()` ends the trace;
+    it is also called at exit), or None when AMPROBE_DISABLE=1. A plan in the environment
+    (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES, AMPROBE_INIT_SCALE) is applied first; a value
+    it cannot apply raises ValueError."""
     if os.environ.get("AMPROBE_DISABLE") == "1":
         return None
+    root, called = _capture.gather_models(model)
+    optimizers = _capture.gather_optimizers(optimizer)
     plan = _plan.from_env()
     if plan is not None:
-        _plan.apply(plan, model, scaler)
+        _plan.apply(plan, root, scaler, called)
     path = trace or _capture.trace_path()
     if sample_every is None:
         sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
@@ -50,7 +55,7 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check
         check = os.environ.get("AMPROBE_CHECK") or "modules"
     if check not in ("modules", "ops"):
         raise ValueError(f"AMPROBE_CHECK (or check=): expected `modules` or `ops`, not {check!r}")
-    w = _capture.Watcher(model, optimizer, scaler, path, sample_every, check)
+    w = _capture.Watcher(model, optimizers, scaler, path, sample_every, check)
     _capture._WATCHERS.append(w)
     atexit.register(w.close)
     return w

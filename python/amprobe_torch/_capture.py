@@ -180,6 +180,54 @@ def _sharded(model):
     )
 
 
+def _unwrapped(m):
+    """A module without a DDP or FSDP wrapper around it (the names the user's model has)."""
+    if hasattr(m, "module") and type(m).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):
+        return m.module
+    return m
+
+
+def gather_models(model):
+    """(the module whose names the trace uses, the modules the script calls) of what
+    `watch` was given: a module is both; several models (a dict of them, or a list or tuple,
+    named by position) are held by one ModuleDict, which names each one's modules under
+    its key, and are called themselves. Anything else raises TypeError or ValueError."""
+    if isinstance(model, torch.nn.Module):
+        return model, [model]
+    if isinstance(model, dict):
+        items = list(model.items())
+    elif isinstance(model, (list, tuple)):
+        items = [(str(i), m) for i, m in enumerate(model)]
+    else:
+        raise TypeError(
+            f"watch: the model must be a torch.nn.Module, or a dict or list of them, not {type(model).__name__}"
+        )
+    if not items:
+        raise ValueError("watch: no model given (an empty dict or list)")
+    for k, m in items:
+        if not isinstance(m, torch.nn.Module):
+            raise TypeError(f"watch: model[{k!r}] is a {type(m).__name__}, not a torch.nn.Module")
+        if not isinstance(k, str) or not k or "." in k:
+            raise ValueError(f"watch: model names must be non-empty strings without dots, not {k!r}")
+    return torch.nn.ModuleDict({k: _unwrapped(m) for k, m in items}), [m for _, m in items]
+
+
+def gather_optimizers(optimizer):
+    """The optimizers `watch` was given (one, or a list or tuple of them), each once;
+    TypeError for anything without `step` and `param_groups`."""
+    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not opts:
+        raise ValueError("watch: no optimizer given (an empty list)")
+    out = []
+    for i, o in enumerate(opts):
+        if not callable(getattr(o, "step", None)) or not hasattr(o, "param_groups"):
+            at = f"optimizer[{i}]" if isinstance(optimizer, (list, tuple)) else "the optimizer"
+            raise TypeError(f"watch: {at} is a {type(o).__name__}, not a torch.optim.Optimizer")
+        if not any(o is p for p in out):
+            out.append(o)
+    return out
+
+
 def _order_key(index):
     """An op's place in its step: a live op's index, or a replayed op's key (see
     `Watcher._replay_key`), which goes before the live op of the same index."""
@@ -264,9 +312,11 @@ class _Call:
 class Watcher:
     """What `watch` returns: the capture of one model's training, step by step."""
 
-    def __init__(self, model, optimizer, scaler, path, sample_every, check="modules"):
+    def __init__(self, model, optimizers, scaler, path, sample_every, check="modules"):
+        model, called = gather_models(model)
         self.model = model
-        self.optimizer = optimizer
+        self.several = model is not called[0]
+        self.optimizers = gather_optimizers(optimizers)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.path = path
         self.sample_every = sample_every
@@ -287,7 +337,7 @@ class Watcher:
         # Steps that are not kept are checked by modules and replayed when they fail, unless
         # every op must be checked (AMPROBE_CHECK=ops) or the model is sharded (a replay of
         # one rank's forward would wait on collectives the other ranks do not make).
-        self.light_ok = check == "modules" and not _sharded(model)
+        self.light_ok = check == "modules" and not any(_sharded(m) for m in called)
         self._begin_step()
         self.names = _Names(model)
         self.call_hooks = []
@@ -298,7 +348,8 @@ class Watcher:
         self.scratch = Scratch()
         # Autocast's state is read where the model's forward starts: inside the dispatcher,
         # autocast's own kernels hide it.
-        model.register_forward_pre_hook(self._autocast_state)
+        for m in called:
+            m.register_forward_pre_hook(self._autocast_state)
         self.mode = _Mode(self)
         self.mode.__enter__()
         self._wrap()
@@ -315,6 +366,13 @@ class Watcher:
         # Set when the script unscales the gradients itself (`scaler.unscale_`): what it
         # does with them before the scaler's step (clipping) is the optimizer phase's.
         self.unscaled = False
+        # Optimizer updates made in this step, and which optimizers have stepped (without
+        # a scaler the step ends when each has).
+        self.updates = 0
+        self.stepped = set()
+        # Set where a step checked by modules calls the model after an optimizer update:
+        # from there it is checked op by op (see `_updating`).
+        self.light_cut = False
         self.ops = []
         self.full_vecs = []
         self.check_vecs = []
@@ -425,6 +483,9 @@ class Watcher:
         self.tree_depth += 1
         if self.tree_depth == 1:
             self.call_paused = False
+            if self.light and self.updates and self.active and not self.busy:
+                self.light = False
+                self.light_cut = True
         if (
             self.tree_depth == 1
             and self.light
@@ -961,6 +1022,48 @@ class Watcher:
             self._decide()
         self.optimizer_depth += 1
 
+    def _outside_optimizer(self, closure):
+        """An optimizer step's closure (SAM's, L-BFGS's), whose forward and backward of the
+        model are those phases, not the optimizer's."""
+        w = self
+
+        def run(*a, **k):
+            depth, unscaled = w.optimizer_depth, w.unscaled
+            w.optimizer_depth, w.unscaled = 0, False
+            try:
+                return closure(*a, **k)
+            finally:
+                w.optimizer_depth, w.unscaled = depth, unscaled
+
+        return run
+
+    def _updating(self, f):
+        """`f`, an optimizer's update (its `step`, or the scaler's step of it), in the
+        optimizer phase, counted. A step checked by modules replays its model calls as they
+        ran, which needs the parameters they read unchanged: where such a step calls the
+        model after an update (a GAN's generator part after its discriminator's update),
+        the rest of it is checked op by op (`_call_enter`), and steps after one that
+        updated more than once are checked op by op throughout (`_end_step`)."""
+        w = self
+        inner = self._in_optimizer(f)
+
+        def run(*a, **k):
+            outer = w.active and not w.busy and not w.optimizer_depth
+            if outer:
+                w.updates += 1
+            if a and callable(a[0]):
+                a = (w._outside_optimizer(a[0]),) + a[1:]
+            elif callable(k.get("closure")):
+                k["closure"] = w._outside_optimizer(k["closure"])
+            try:
+                return inner(*a, **k)
+            finally:
+                if outer:
+                    # What follows an update is not its phase (the scaler's step unscaled).
+                    w.unscaled = False
+
+        return run
+
     def _wrap(self):
         w = self
         if self.scaler is not None:
@@ -976,7 +1079,14 @@ class Watcher:
                     before = sc._scale.detach().clone() if sc._scale is not None else None
                     # The scaler skipped a step its checks did not see fail: the
                     # parameters are as the step's forward had them, so it replays now.
-                    replay = w.light and not w.replayed and found is not None and float(found.item()) > 0
+                    # (after a model call that followed an update, only when that one
+                    # update was skipped: the calls before it ran on these parameters)
+                    replay = (
+                        (w.light or (w.light_cut and w.updates == 1))
+                        and not w.replayed
+                        and found is not None
+                        and float(found.item()) > 0
+                    )
                 finally:
                     w.busy = False
                 if replay:
@@ -1011,17 +1121,19 @@ class Watcher:
                 return r
 
             sc.unscale_ = unscale_
-            sc.step = self._in_optimizer(sc.step)
-        else:
-            orig = self._in_optimizer(self.optimizer.step)
+            sc.step = self._updating(sc.step)
+        for opt in self.optimizers:
+            orig = self._updating(opt.step)
 
-            def opt_step(*a, **k):
-                r = orig(*a, **k)
-                if w.active:
-                    w._end_step(None, None)
+            def opt_step(*a, _orig=orig, _id=id(opt), **k):
+                r = _orig(*a, **k)
+                if w.active and w.scaler is None and not w.optimizer_depth:
+                    w.stepped.add(_id)
+                    if len(w.stepped) == len(w.optimizers):
+                        w._end_step(None, None)
                 return r
 
-            self.optimizer.step = opt_step
+            opt.step = opt_step
         _install_backward_hook()
         _install_clip_hooks()
 
@@ -1052,6 +1164,9 @@ class Watcher:
             self.fail()
         finally:
             self.busy = False
+        if self.updates > 1:
+            # Steps that update more than once are checked op by op (see `_updating`).
+            self.light_ok = False
         self.step += 1
         self._begin_step()
 
@@ -1101,6 +1216,12 @@ class Watcher:
             events.append(
                 f"amprobe_torch: the failing step could not be replayed ({self.replay_note}); "
                 "only the ops around the model and the optimizer's are recorded; later steps check every op"
+            )
+        if self.light_cut and failing and origins["first_inf"] is None and origins["first_nan"] is None:
+            events.append(
+                "amprobe_torch: the step's origin is not known: up to its first optimizer update it was "
+                "checked only at the model's outputs, and its model calls cannot be replayed once an "
+                "update has changed parameters; later steps check every op"
             )
         if self.replay_backward_note is not None:
             events.append(
@@ -1164,7 +1285,7 @@ class Watcher:
         if self.writer is None:
             self.writer = TraceWriter(self.path)
             self.writer.write("header", self._header())
-        lr = self.optimizer.param_groups[0].get("lr", 0.0)
+        lr = self.optimizers[0].param_groups[0].get("lr", 0.0)
         self.writer.write(
             "step",
             {
@@ -1282,7 +1403,9 @@ class Watcher:
             "schema_version": SCHEMA_VERSION,
             "tool": "amprobe",
             "tool_version": TOOL_VERSION,
-            "model": type(self.names.root).__name__,
+            "model": " + ".join(type(m).__name__ for m in self.names.root.values())
+            if self.several
+            else type(self.names.root).__name__,
             "precision": precision,
             "autocast_dtype": _stats.DTYPE_NAMES.get(self.autocast_dtype) if self.autocast_dtype else None,
             "policy_device": dev.type,
@@ -1295,7 +1418,7 @@ class Watcher:
                 "backoff_factor": sc._backoff_factor,
                 "growth_interval": sc._growth_interval,
             },
-            "optimizer": {"kind": type(self.optimizer).__name__},
+            "optimizer": {"kind": " + ".join(type(o).__name__ for o in self.optimizers)},
             "backend": dev.type,
             "seed": 0,
             "command_line": list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),

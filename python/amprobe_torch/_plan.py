@@ -191,13 +191,16 @@ def _enable_scaler(scaler, init_scale):
     scaler.__dict__.update(fresh.__dict__)
 
 
-def apply(plan, model, scaler):
+def apply(plan, model, scaler, called=None):
     """Applies `plan` to the process, `model` and `scaler` (the GradScaler given to
-    `watch`, or None). Returns the dotted paths of the modules kept in fp32."""
+    `watch`, or None); `called` are the modules the script calls when `model` only holds
+    them (several models given to `watch`). Returns the dotted paths of the modules kept
+    in fp32."""
     if plan.autocast is not None:
         _force_autocast(plan.autocast)
         if plan.autocast in _DTYPES:
-            _autocast_around_forward(model, plan.autocast)
+            for m in called or [model]:
+                _autocast_around_forward(m, plan.autocast)
     if scaler is not None:
         if plan.autocast in ("bf16", "fp32") and scaler.is_enabled():
             scaler._enabled = False

@@ -333,15 +333,28 @@ def test_checkpointed_blocks_keep_the_capture_and_their_failing_step_is_found(tm
         assert a[2]["events"] == [] and a[3]["op_count"] == a[1]["op_count"]
 
 
+class _GradTimes(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.k = k
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
 class Boost(torch.nn.Module):
-    """Multiplies by `k`, which the script sets where it plants an overflow."""
+    """Multiplies by `k` twice (k = 1e20 overflows fp16 and bf16 alike), and its gradient
+    by `kg`; the script sets them where it plants an overflow."""
 
     def __init__(self):
         super().__init__()
         self.k = 1.0
+        self.kg = 1.0
 
     def forward(self, x):
-        return x * self.k
+        return _GradTimes.apply(x * self.k * self.k, self.kg)
 
 
 class Split(torch.nn.Module):
@@ -370,7 +383,7 @@ def train_split(dtype, steps=4, boom_step=2, watch=None, seed=0):
         # fp16: the gradient the loss sends back overflows in the backward (the scaler
         # skips the step); bf16: the encoder's forward overflows.
         boom = s == boom_step
-        model.encoder[2].k = 3.3e38 if boom and dtype == torch.bfloat16 else 1.0
+        model.encoder[2].k = 1.0e20 if boom and dtype == torch.bfloat16 else 1.0
         with torch.autocast("cpu", dtype=dtype):
             h = model.encoder(xs[s])
             logits = model.head(h)
@@ -405,3 +418,190 @@ def test_a_call_that_reads_another_calls_output_is_replayed_from_what_it_receive
         assert (first["phase"], first["op"], first["module"]) == ("forward", "mul", "encoder.2")
     assert b[2]["events"] == [], b[2]["events"]
     assert_replay_records_full_statistics(a[2], b[2])
+
+
+def train_gan(dtype, steps=4, plant=None, d_every=1, watch=None, seed=0):
+    """A GAN: each step the discriminator's loss, backward and update (every `d_every`-th
+    step), then the generator's through the discriminator as that update left it; one
+    scaler over both in fp16, none in bf16. `plant` = (step, where): "g-forward" makes the
+    discriminator's forward overflow in the generator's part, "d-backward" the
+    discriminator's backward in its own part (a gradient inside the model, which only a
+    replay would see in a step checked by modules)."""
+    torch.manual_seed(seed)
+    gen = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    disc = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), Boost(), torch.nn.Linear(32, 1))
+    og = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    od = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=dtype == torch.float16)
+    if watch is not None:
+        watch({"G": gen, "D": disc}, [od, og], scaler)
+    g = torch.Generator().manual_seed(seed + 1)
+    zs = torch.randn(steps, 16, 8, generator=g)
+    reals = torch.randn(steps, 16, 16, generator=g)
+    bce = torch.nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(16, 1), torch.zeros(16, 1)
+    losses, scales = [], []
+    for s in range(steps):
+        where = plant[1] if plant is not None and plant[0] == s else None
+        disc[2].kg = 1.0e20 if where == "d-backward" else 1.0
+        with torch.autocast("cpu", dtype=dtype):
+            fake = gen(zs[s])
+            ld = bce(disc(reals[s]), ones) + bce(disc(fake.detach()), zeros)
+        disc[2].kg = 1.0
+        if s % d_every == d_every - 1:
+            od.zero_grad(set_to_none=True)
+            scaler.scale(ld).backward()
+            scaler.step(od)
+        disc[2].k = 1.0e20 if where == "g-forward" else 1.0
+        with torch.autocast("cpu", dtype=dtype):
+            lg = bce(disc(fake), ones)
+        og.zero_grad(set_to_none=True)
+        scaler.scale(lg).backward()
+        scaler.step(og)
+        scaler.update()
+        disc[2].k = 1.0
+        losses += [ld.detach().clone(), lg.detach().clone()]
+        scales.append(scaler.get_scale())
+    state = {f"G.{n}": t.detach().clone() for n, t in gen.state_dict().items()}
+    state.update({f"D.{n}": t.detach().clone() for n, t in disc.state_dict().items()})
+    return losses, scales, state
+
+
+def _origin(step, kind="first_inf"):
+    o = step["origins"][kind]
+    return None if o is None else (o["phase"], o["op"], o["module"], o["op_index"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_gan_is_two_models_and_two_optimizers_in_one_step(tmp_path, dtype):
+    # The generator's part runs on the discriminator its update just changed: a replay of
+    # the step's calls would not run them as they ran, so steps that update twice are
+    # checked op by op, and find what full statistics find.
+    plain = train_gan(dtype, plant=(2, "g-forward"))
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train_gan(dtype, plant=(2, "g-forward"), watch=watcher(full, sample_every=1))
+    close_all()
+    seen = train_gan(dtype, plant=(2, "g-forward"), watch=watcher(fast))
+    close_all()
+    assert_same_bits(plain, seen)
+    header = read(fast)[0]
+    assert (header["model"], header["optimizer"]["kind"]) == ("Sequential + Sequential", "Adam + Adam")
+    a, b = steps_of(full), steps_of(fast)
+    assert [s["step"] for s in b] == [0, 1, 2, 3]
+    assert [s["ops"] is None for s in b[:3]] == [False, True, False]
+    # Checked op by op: every op of the step seen, as full statistics see them.
+    assert b[1]["op_count"] == a[1]["op_count"]
+    first = _origin(b[2])
+    assert first[:3] == ("forward", "mul", "D.2") and first == _origin(a[2])
+    # The generator's part comes after the discriminator's update.
+    ops = b[2]["ops"]
+    update = max(r["index"] for r in ops if r["phase"] == "optimizer" and r["index"] < first[3])
+    assert update < first[3]
+    assert {"G", "D"} <= {r["module"].split(".")[0] for r in ops}
+    assert b[2]["events"] == []
+
+
+def test_a_second_update_in_a_step_checked_by_modules_checks_the_rest_op_by_op(tmp_path):
+    # The discriminator steps only every other step: the first step updates once, so the
+    # next is checked by modules until its second update.
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    plant = (1, "g-forward")
+    plain = train_gan(torch.float16, plant=plant, d_every=2)
+    train_gan(torch.float16, plant=plant, d_every=2, watch=watcher(full, sample_every=1))
+    close_all()
+    seen = train_gan(torch.float16, plant=plant, d_every=2, watch=watcher(fast))
+    close_all()
+    assert_same_bits(plain, seen)
+    a, b = steps_of(full), steps_of(fast)
+    assert b[1]["op_count"] < a[1]["op_count"]
+    # (op indices differ: the part checked by modules counted only the ops it saw)
+    assert _origin(b[1])[:3] == _origin(a[1])[:3] == ("forward", "mul", "D.2")
+    assert b[3]["op_count"] == a[3]["op_count"]
+    # A failure before the second update is one a replay would have to find: the step
+    # says that its origin is not known, and the later steps check every op.
+    fast = tmp_path / "fast2.jsonl"
+    train_gan(torch.float16, plant=(1, "d-backward"), d_every=2, watch=watcher(fast))
+    close_all()
+    b = steps_of(fast)
+    assert b[1]["skipped"] and _origin(b[1]) is None
+    assert len(b[1]["events"]) == 1 and "origin is not known" in b[1]["events"][0]
+    assert b[2]["op_count"] == a[2]["op_count"]
+    # The same failure two steps later is found where it was made.
+    fast = tmp_path / "fast3.jsonl"
+    train_gan(torch.float16, plant=(3, "d-backward"), d_every=2, watch=watcher(fast))
+    close_all()
+    b = steps_of(fast)
+    assert b[3]["skipped"] and _origin(b[3])[:3] == ("backward", "mul", "D.2")
+
+
+class SAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation: the step climbs to the worst point near the
+    parameters, has the closure compute the loss and gradients there, comes back and takes
+    SGD's step with those gradients."""
+
+    def __init__(self, params, lr, rho=0.05):
+        super().__init__(params, {"lr": lr, "rho": rho})
+        self.base = torch.optim.SGD(self.param_groups, lr=lr)
+
+    @torch.no_grad()
+    def step(self, closure):
+        ps = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.stack([p.grad.norm() for p in ps]).norm()
+        for p in ps:
+            e = p.grad * (self.param_groups[0]["rho"] / (norm + 1e-12))
+            p.add_(e)
+            self.state[p]["e"] = e
+        with torch.enable_grad():
+            closure()
+        for p in ps:
+            p.sub_(self.state[p]["e"])
+        self.base.step()
+
+
+def train_sam(dtype, steps=4, boom_step=2, watch=None, seed=0):
+    torch.manual_seed(seed)
+    model = Split()
+    opt = SAM(model.parameters(), lr=0.1)
+    if watch is not None:
+        watch(model, opt, None)
+    g = torch.Generator().manual_seed(seed + 1)
+    xs = torch.randn(steps, 12, 8, generator=g)
+    ys = torch.randint(0, 5, (steps, 12), generator=g)
+    losses = []
+    for s in range(steps):
+
+        def closure(planted=False):
+            opt.zero_grad(set_to_none=True)
+            model.encoder[2].k = 1.0e20 if planted else 1.0
+            with torch.autocast("cpu", dtype=dtype):
+                logits = model.head(model.encoder(xs[s]))
+            model.encoder[2].k = 1.0
+            loss = torch.nn.functional.cross_entropy(logits.float(), ys[s])
+            loss.backward()
+            losses.append(loss.detach().clone())
+            return loss
+
+        closure()
+        # The overflow is planted in the forward the optimizer's step asks for.
+        opt.step(lambda: closure(planted=s == boom_step))
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return losses, [], state
+
+
+@pytest.mark.parametrize("check", ["modules", "ops"])
+def test_a_forward_and_backward_the_optimizer_asks_for_are_forward_and_backward(tmp_path, check):
+    # SAM's step calls a closure that runs the model again: its ops are the forward's
+    # and the backward's, not the optimizer's.
+    plain = train_sam(torch.bfloat16)
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train_sam(torch.bfloat16, watch=watcher(full, sample_every=1))
+    close_all()
+    seen = train_sam(torch.bfloat16, watch=watcher(fast, check=check))
+    close_all()
+    assert_same_bits(plain, seen)
+    a, b = steps_of(full), steps_of(fast)
+    assert [s["micro_batches"] for s in b] == [2, 2, 2, 2]
+    ops = a[0]["ops"]
+    phases = [r["phase"] for r in ops if r["module"].startswith("encoder")]
+    assert phases.count("forward") > 0 and phases.count("backward") > 0 and "optimizer" not in phases
+    assert _origin(b[2])[:3] == _origin(a[2])[:3] == ("forward", "mul", "encoder.2")

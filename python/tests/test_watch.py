@@ -871,3 +871,20 @@ def test_a_batch_check_says_whether_a_nan_is_there_and_whether_an_inf_may_be():
     both = inf + nan
     got = [[float(c) for c in _stats.batch_check(ts)] for ts in (clean, inf, nan, both)]
     assert got == [[7, 0, 0, 0], [9, 0, 1, 0], [9, 1, 1, 0], [18, 1, 1, 0]]
+
+
+def test_what_watch_is_given_is_checked_and_named(tmp_path):
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    path = str(tmp_path / "t.jsonl")
+    with pytest.raises(TypeError, match="torch.nn.Module, or a dict or list of them, not str"):
+        amprobe_torch.watch("model", opt, trace=path)
+    with pytest.raises(TypeError, match=r"model\['b'\] is a int"):
+        amprobe_torch.watch({"a": m, "b": 3}, opt, trace=path)
+    with pytest.raises(ValueError, match="without dots, not 'a.b'"):
+        amprobe_torch.watch({"a.b": m}, opt, trace=path)
+    with pytest.raises(ValueError, match="no model given"):
+        amprobe_torch.watch([], opt, trace=path)
+    with pytest.raises(TypeError, match=r"optimizer\[1\] is a int, not a torch.optim.Optimizer"):
+        amprobe_torch.watch(m, [opt, 1], trace=path)
+    assert not amprobe_torch._capture._WATCHERS
