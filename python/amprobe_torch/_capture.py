@@ -563,7 +563,9 @@ class Watcher:
                 if self.losses:
                     flags.append(~torch.stack(self.losses).isfinite().all())
                 if self.scaler is None:
-                    grads = [p.grad for p in self.names.root.parameters() if p.grad is not None]
+                    grads = [
+                        _stats.stored_values(p.grad) for p in self.names.root.parameters() if p.grad is not None
+                    ]
                     on_cpu = [g for g in grads if _stats.local(g).device.type == "cpu"]
                     for g in on_cpu:
                         # The optimizer's ops read these next: their checks are these.

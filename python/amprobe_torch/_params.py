@@ -69,8 +69,10 @@ def param_vector(p, scale):
     f64 = torch.float64
     if g is None:
         return torch.zeros(10, dtype=f64, device=dev)
-    g = _stats.local(g)
-    x = g.detach().reshape(-1)
+    g = _stats.local(g).detach()
+    # A sparse gradient (an embedding's): its stored values, the rest zeros.
+    x = _stats.stored_values(g).reshape(-1)
+    implicit_zeros = g.numel() - x.numel()
     x = x if x.dtype in (torch.float32, torch.float64) else x.float()
     pv = p.detach().reshape(-1)
     n = x.numel()
@@ -86,7 +88,7 @@ def param_vector(p, scale):
             torch.ones((), dtype=f64, device=dev),
             (a.to(f64) ** 2).sum(),
             a.max().to(f64) if n else zero,
-            (x == 0).sum(dtype=f64),
+            (x == 0).sum(dtype=f64) + implicit_zeros,
             (nz & (a <= _stats.F16_UNDERFLOW)).sum(dtype=f64),
             (nz & (scaled <= _stats.F16_UNDERFLOW)).sum(dtype=f64),
             nz.sum(dtype=f64),
@@ -182,6 +184,7 @@ def param_vectors(params, scale, scratch=None):
         for i, p in enumerate(params)
         if grads[i] is not None
         and grads[i].dtype in (torch.float32, torch.float64)
+        and grads[i].layout == torch.strided
         and p.numel()
         and grads[i].numel() == p.numel()
         and grads[i].device == p.device

@@ -128,6 +128,17 @@ def observed(t):
     return isinstance(t, torch.Tensor) and t.dtype in DTYPE_NAMES and t.layout == torch.strided
 
 
+def stored_values(t):
+    """The values a tensor stores: the tensor itself when it is strided; a sparse one's
+    stored values (a COO tensor's coalesced, duplicate entries summed), every other element
+    of it being zero."""
+    if t.layout == torch.strided:
+        return t
+    if t.layout == torch.sparse_coo:
+        return t.coalesce().values()
+    return t.values()
+
+
 def floating(t):
     return isinstance(t, torch.Tensor) and t.dtype in _NORMAL_MIN and t.layout == torch.strided
 

@@ -888,3 +888,82 @@ def test_what_watch_is_given_is_checked_and_named(tmp_path):
     with pytest.raises(TypeError, match=r"optimizer\[1\] is a int, not a torch.optim.Optimizer"):
         amprobe_torch.watch(m, [opt, 1], trace=path)
     assert not amprobe_torch._capture._WATCHERS
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_a_sparse_gradients_figures_are_its_dense_equivalents(monkeypatch, device_path):
+    from amprobe_torch._params import param_vector, param_vectors
+
+    monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", device_path)
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(50, 4))
+    # Uncoalesced, as an embedding's backward leaves it: row 3 twice (its values summed),
+    # one value 2^-27 (flushed by fp16 unscaled), one an exact zero.
+    idx = torch.tensor([[3, 7, 3, 9]])
+    vals = torch.randn(4, 4) * 1e-3
+    vals[1, 2] = 2.0**-27
+    vals[3, 0] = 0.0
+    p.grad = torch.sparse_coo_tensor(idx, vals, (50, 4), check_invariants=True)
+    dense = torch.nn.Parameter(p.detach().clone())
+    dense.grad = p.grad.to_dense()
+    bad = torch.nn.Parameter(torch.randn(50, 4))
+    v2 = vals.clone()
+    v2[2, 1] = float("inf")
+    bad.grad = torch.sparse_coo_tensor(idx, v2, (50, 4), check_invariants=True)
+    bad_dense = torch.nn.Parameter(bad.detach().clone())
+    bad_dense.grad = bad.grad.to_dense()
+    for scale in (1.0, 65536.0):
+        got = param_vectors([p, bad], scale)
+        for sparse, d, f in zip((p, bad), (dense, bad_dense), got):
+            want = param_vector(d, scale).tolist()
+            f = list(f) if isinstance(f, list) else f.tolist()
+            assert f == pytest.approx(want, rel=1e-12), (scale, sparse is bad)
+            assert param_vector(sparse, scale).tolist() == pytest.approx(want, rel=1e-12)
+
+
+def train_sparse(dtype, steps=4, watch=None, boom_step=None):
+    """An embedding with sparse gradients (SparseAdam) and a dense head (Adam)."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(100, 16, sparse=True)
+    head = torch.nn.Linear(16, 4)
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    o1 = torch.optim.SparseAdam(list(emb.parameters()), lr=1e-2)
+    o2 = torch.optim.Adam(head.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=dtype == torch.float16)
+    if watch is not None:
+        watch(model, [o1, o2], scaler)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 100, (steps, 8, 5), generator=g)
+    ys = torch.randint(0, 4, (steps, 8), generator=g)
+    losses, scales = [], []
+    for s in range(steps):
+        o1.zero_grad()
+        o2.zero_grad()
+        with torch.autocast("cpu", dtype=dtype):
+            h = emb(ids[s]).mean(1) * (1.0e39 if s == boom_step else 1.0)
+            loss = torch.nn.functional.cross_entropy(head(h).float(), ys[s])
+        scaler.scale(loss).backward()
+        scaler.step(o1)
+        scaler.step(o2)
+        scaler.update()
+        losses.append(loss.detach().clone())
+        scales.append(scaler.get_scale())
+    return losses, scales, {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sparse_gradients_are_captured(tmp_path, dtype):
+    path = tmp_path / "t.jsonl"
+    plain = train_sparse(dtype, boom_step=2)
+    seen = train_sparse(dtype, boom_step=2, watch=watcher(path))
+    close_all()
+    # (bitwise: the failing step's update makes NaN parameters in bf16)
+    for a, b in zip(plain[0] + list(plain[2].values()), seen[0] + list(seen[2].values())):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert plain[1] == seen[1]
+    steps = [r for r in read(path) if r["type"] == "step"]
+    assert len(steps) == 4
+    emb = [q for q in steps[0]["params"] if q["name"] == "emb.weight"][0]
+    # Five ids a row, eight rows: at most 40 of the 100 rows have a gradient.
+    assert emb["zero_frac"] >= 0.6 and emb["grad_l2"] > 0 and emb["nonfinite"] == 0
+    assert steps[2]["origins"]["first_inf"] is not None
