@@ -370,9 +370,12 @@ class Watcher:
         # a scaler the step ends when each has).
         self.updates = 0
         self.stepped = set()
-        # Set where a step checked by modules calls the model after an optimizer update:
-        # from there it is checked op by op (see `_updating`).
-        self.light_cut = False
+        # Why a step checked by modules is checked op by op from some point on: "update"
+        # where it calls the model after an optimizer update (see `_updating`), "grad"
+        # where the script differentiates by `torch.autograd.grad` (`on_autograd_grad`).
+        self.light_cut = None
+        # Whether the script called `torch.autograd.grad` in this step.
+        self.grad_called = False
         self.ops = []
         self.full_vecs = []
         self.check_vecs = []
@@ -485,7 +488,7 @@ class Watcher:
             self.call_paused = False
             if self.light and self.updates and self.active and not self.busy:
                 self.light = False
-                self.light_cut = True
+                self.light_cut = "update"
         if (
             self.tree_depth == 1
             and self.light
@@ -1039,6 +1042,18 @@ class Watcher:
 
         return run
 
+    def on_autograd_grad(self):
+        """The script calls `torch.autograd.grad` (a gradient penalty: the gradients of a
+        loss, with their graph, enter the loss that is backpropagated). A replay runs the
+        step's calls and one backward from the gradients their outputs received, which
+        cannot reproduce several backwards and their double backward: the rest of a step
+        checked by modules is checked op by op, and so are the steps after it."""
+        self.grad_called = True
+        if self.light:
+            self.light = False
+            self.light_cut = "grad"
+            self.light_ok = False
+
     def _updating(self, f):
         """`f`, an optimizer's update (its `step`, or the scaler's step of it), in the
         optimizer phase, counted. A step checked by modules replays its model calls as they
@@ -1084,7 +1099,7 @@ class Watcher:
                     # (after a model call that followed an update, only when that one
                     # update was skipped: the calls before it ran on these parameters)
                     replay = (
-                        (w.light or (w.light_cut and w.updates == 1))
+                        (w.light or (w.light_cut == "update" and w.updates == 1))
                         and not w.replayed
                         and found is not None
                         and float(found.item()) > 0
@@ -1137,6 +1152,7 @@ class Watcher:
 
             opt.step = opt_step
         _install_backward_hook()
+        _install_grad_hook()
         _install_clip_hooks()
 
     def _found_inf(self):
@@ -1166,8 +1182,9 @@ class Watcher:
             self.fail()
         finally:
             self.busy = False
-        if self.updates > 1:
-            # Steps that update more than once are checked op by op (see `_updating`).
+        if self.updates > 1 or self.grad_called:
+            # Steps that update more than once, or differentiate by `torch.autograd.grad`,
+            # are checked op by op (see `_updating`, `on_autograd_grad`).
             self.light_ok = False
         self.step += 1
         self._begin_step()
@@ -1221,9 +1238,15 @@ class Watcher:
             )
         if self.light_cut and failing and origins["first_inf"] is None and origins["first_nan"] is None:
             events.append(
-                "amprobe_torch: the step's origin is not known: up to its first optimizer update it was "
-                "checked only at the model's outputs, and its model calls cannot be replayed once an "
-                "update has changed parameters; later steps check every op"
+                "amprobe_torch: the step's origin is not known: "
+                + (
+                    "up to its first optimizer update it was checked only at the model's outputs, and "
+                    "its model calls cannot be replayed once an update has changed parameters"
+                    if self.light_cut == "update"
+                    else "up to its call of torch.autograd.grad it was checked only at the model's outputs, "
+                    "and a replay's one backward cannot stand for its several (a gradient penalty)"
+                )
+                + "; later steps check every op"
             )
         if self.replay_backward_note is not None:
             events.append(
@@ -1509,6 +1532,27 @@ def _install_backward_hook():
                     w.fail()
 
     torch.Tensor.backward = backward
+
+
+_AUTOGRAD_GRAD = None
+
+
+def _install_grad_hook():
+    """Tells the watchers when the script calls `torch.autograd.grad` (not a replay's own)."""
+    global _AUTOGRAD_GRAD
+    if _AUTOGRAD_GRAD is not None:
+        return
+    orig = torch.autograd.grad
+    _AUTOGRAD_GRAD = orig
+
+    @functools.wraps(orig)
+    def grad(*a, **k):
+        for w in _WATCHERS:
+            if w.active and not w.busy and not w.replaying:
+                w.on_autograd_grad()
+        return orig(*a, **k)
+
+    torch.autograd.grad = grad
 
 
 # torch.nn.utils' gradient clipping, as scripts and trainers call it (through the module).
