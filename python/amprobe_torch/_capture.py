@@ -350,6 +350,7 @@ class Watcher:
         # autocast's own kernels hide it.
         for m in called:
             m.register_forward_pre_hook(self._autocast_state)
+        self.eager = _force_eager()
         self.mode = _Mode(self)
         self.mode.__enter__()
         self._wrap()
@@ -1478,6 +1479,9 @@ class Watcher:
             self.names.close()
             for h in self.call_hooks:
                 h.remove()
+            if self.eager:
+                self.eager = False
+                _release_eager()
         except Exception:
             pass
         if self.writer is not None:
@@ -1488,6 +1492,42 @@ class Watcher:
 
 _WATCHERS = []
 _BACKWARD = None
+
+# Watchers open, and Dynamo's stance before the first of them set it to run eagerly.
+_EAGER = {"open": 0, "before": None}
+
+
+def _force_eager():
+    """Runs `torch.compile`d code eagerly while a watcher is open: a dispatch mode sees no
+    op inside a compiled graph, and Dynamo compiles nothing under one, so a step checked by
+    modules (the mode off the stack) would otherwise run compiled kernels that a kept step
+    and a replay do not, and train otherwise than the step it stands for."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:
+        return False
+    if _EAGER["open"] == 0:
+        try:
+            from torch._dynamo import eval_frame
+
+            _EAGER["before"] = getattr(eval_frame, "_stance", None)
+        except Exception:
+            _EAGER["before"] = None
+        set_stance("force_eager")
+    _EAGER["open"] += 1
+    return True
+
+
+def _release_eager():
+    """Puts Dynamo's stance back where the last open watcher closes."""
+    _EAGER["open"] -= 1
+    if _EAGER["open"] == 0:
+        before = _EAGER["before"]
+        if before is not None and before.stance == "default" and before.backend is not None:
+            torch.compiler.set_stance("default", force_backend=before.backend)
+        elif before is not None:
+            torch.compiler.set_stance(before.stance, skip_guard_eval_unsafe=before.skip_guard_eval_unsafe)
+        else:
+            torch.compiler.set_stance("default")
 
 
 def _install_backward_hook():

@@ -967,3 +967,56 @@ def test_sparse_gradients_are_captured(tmp_path, dtype):
     # Five ids a row, eight rows: at most 40 of the 100 rows have a gradient.
     assert emb["zero_frac"] >= 0.6 and emb["grad_l2"] > 0 and emb["nonfinite"] == 0
     assert steps[2]["origins"]["first_inf"] is not None
+
+
+def test_a_compiled_model_runs_eagerly_while_watched_and_compiles_again_after(tmp_path):
+    # A dispatch mode sees nothing inside a compiled graph: every step of a watched run is
+    # eager (before, the steps checked by modules ran compiled and trained otherwise).
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(1)
+        return gm.forward
+
+    def run(watch):
+        torch._dynamo.reset()
+        model, opt, scaler, data = train_setup()
+        cm = torch.compile(model, backend=backend)
+        if watch:
+            w = amprobe_torch.watch(model, opt, scaler, trace=str(tmp_path / "t.jsonl"))
+        losses = []
+        for x, y in data:
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(cm(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.detach().clone())
+        if watch:
+            w.close()
+            _capture._WATCHERS.clear()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    def train_setup():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        g = torch.Generator().manual_seed(1)
+        return model, opt, scaler, [(torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)) for _ in range(4)]
+
+    from amprobe_torch import _capture
+
+    with torch.compiler.set_stance("force_eager"):
+        eager = run(False)
+    assert not compiled
+    watched = run(True)
+    assert not compiled
+    for a, b in zip(eager[0] + eager[1], watched[0] + watched[1]):
+        assert torch.equal(a, b)
+    steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
+    assert len(steps) == 4 and steps[0]["ops"]
+    # Closed, compiling is back.
+    run(False)
+    assert compiled
