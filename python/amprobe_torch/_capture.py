@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -1164,10 +1165,14 @@ class Watcher:
                 found.append(v.detach().reshape(-1).to(torch.float64))
         return torch.cat(found).sum() if found else None
 
-    def on_backward(self, root):
-        self._name_loss(root)
-        if self.active and root.numel() == 1:
-            self.losses.append(root.detach().reshape(()).to(torch.float64).clone())
+    def on_backward(self, roots):
+        """A backward from `roots` starts: their nodes are named, and their sum, when each
+        is one value, is the micro-batch's loss (the gradient is the sum's)."""
+        for root in roots:
+            self._name_loss(root)
+        if self.active and roots and all(r.numel() == 1 for r in roots):
+            total = sum(r.detach().reshape(()).to(torch.float64) for r in roots)
+            self.losses.append(total.clone())
 
     def _param_vectors(self, scale):
         names = [(_own_name(n), p) for n, p in self.names.root.named_parameters()]
@@ -1530,48 +1535,94 @@ def _release_eager():
             torch.compiler.set_stance("default")
 
 
+# Whether this thread is inside a backward the watchers were told of (a tensor's
+# `backward` calls `torch.autograd.backward`, which must not tell them again).
+_IN_BACKWARD = threading.local()
+
+
+def _seeds_needed(roots, given):
+    """Whether a backward of `roots` makes its own seeds (ones, for one-value roots, when
+    none are given) that a step checked by modules makes here instead, while the mode still
+    sees them (as in a step recorded in full): the same values either way."""
+    return given is None and roots and all(r.numel() == 1 for r in roots) and any(
+        w.light and w.active for w in _WATCHERS
+    )
+
+
+def _told_backward(roots, given, run):
+    """Runs `run(seeds)`, a backward from `roots` (the losses) with the gradients `given`
+    for them, told to the watchers: each names the roots' nodes and keeps their loss, and
+    a step checked by modules pauses its mode for the model's own nodes. `seeds` are the
+    roots' seeds made here (`_seeds_needed`), or None."""
+    light = []
+    for w in _WATCHERS:
+        if w.active and not w.busy:
+            w.busy = True
+            try:
+                w.on_backward(roots)
+            except Exception:
+                w.fail()
+            finally:
+                w.busy = False
+    # (after the loss is kept: the seeds belong to its micro-batch, as the backward's own do)
+    seeds = None
+    if _seeds_needed(roots, given):
+        seeds = [torch.ones_like(t, memory_format=torch.preserve_format) for t in roots]
+    for w in _WATCHERS:
+        if w.light and w.active and not w.busy:
+            w.busy = True
+            try:
+                light.append((w, w.before_backward()))
+            except Exception:
+                w.fail()
+            finally:
+                w.busy = False
+    _IN_BACKWARD.depth = getattr(_IN_BACKWARD, "depth", 0) + 1
+    try:
+        return run(seeds)
+    finally:
+        _IN_BACKWARD.depth -= 1
+        for w, paused in reversed(light):
+            try:
+                w.after_backward(paused)
+            except Exception:
+                w.fail()
+
+
 def _install_backward_hook():
-    """Notes the root of every backward (the loss) for the watchers."""
+    """Notes the roots of every backward (the loss) for the watchers, whether the script
+    calls a tensor's `backward` or `torch.autograd.backward`."""
     global _BACKWARD
     if _BACKWARD is not None:
         return
     orig = torch.Tensor.backward
+    orig_fn = torch.autograd.backward
     _BACKWARD = orig
 
     def backward(self, *a, **k):
-        light = []
-        for w in _WATCHERS:
-            if w.active and not w.busy:
-                w.busy = True
-                try:
-                    w.on_backward(self)
-                except Exception:
-                    w.fail()
-                finally:
-                    w.busy = False
-        if any(w.light and w.active for w in _WATCHERS) and not a and k.get("gradient") is None and self.numel() == 1:
-            # The seed a backward of a scalar makes for itself, made here while the mode
-            # still sees it (as in a step recorded in full): the same values either way.
-            k["gradient"] = torch.ones_like(self, memory_format=torch.preserve_format)
-        for w in _WATCHERS:
-            if w.light and w.active and not w.busy:
-                w.busy = True
-                try:
-                    light.append((w, w.before_backward()))
-                except Exception:
-                    w.fail()
-                finally:
-                    w.busy = False
-        try:
+        def run(seeds):
+            if seeds is not None:
+                k["gradient"] = seeds[0]
             return orig(self, *a, **k)
-        finally:
-            for w, paused in reversed(light):
-                try:
-                    w.after_backward(paused)
-                except Exception:
-                    w.fail()
+
+        return _told_backward([self], a[0] if a else k.get("gradient"), run)
+
+    @functools.wraps(orig_fn)
+    def autograd_backward(tensors, grad_tensors=None, *a, **k):
+        if getattr(_IN_BACKWARD, "depth", 0):
+            return orig_fn(tensors, grad_tensors, *a, **k)
+        one = isinstance(tensors, torch.Tensor)
+        roots = [tensors] if one else [t for t in tensors if isinstance(t, torch.Tensor)]
+
+        def run(seeds):
+            grads = grad_tensors if seeds is None else (seeds[0] if one else seeds)
+            return orig_fn(tensors, grads, *a, **k)
+
+        given = grad_tensors if grad_tensors is not None else k.get("grad_variables")
+        return _told_backward(roots, given, run)
 
     torch.Tensor.backward = backward
+    torch.autograd.backward = autograd_backward
 
 
 _AUTOGRAD_GRAD = None

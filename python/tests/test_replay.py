@@ -657,3 +657,59 @@ def test_a_gradient_penalty_is_checked_op_by_op_and_found_where_full_statistics_
     for k in ("first_inf", "first_nan"):
         assert _origin(b[2], k) == _origin(a[2], k)
     assert _origin(b[2])[:3] == (where, "mul", "2")
+
+
+def train_two_heads(form, steps=4, plant=None, watch=None, seed=0):
+    """Two losses, backpropagated by `loss.backward()` of their sum ("tensor") or by
+    `torch.autograd.backward` of the pair ("function"). `plant` = (step, "forward" |
+    "backward")."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), Boost(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    if watch is not None:
+        watch(model, opt, scaler)
+    g = torch.Generator().manual_seed(seed + 1)
+    losses, scales = [], []
+    for s in range(steps):
+        x = torch.randn(8, 16, generator=g)
+        y = torch.randint(0, 4, (8,), generator=g)
+        opt.zero_grad()
+        model[2].k = 1.0e20 if plant == (s, "forward") else 1.0
+        model[2].kg = 1.0e20 if plant == (s, "backward") else 1.0
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x).float()
+        a = torch.nn.functional.cross_entropy(out, y)
+        b = out.pow(2).mean()
+        if form == "tensor":
+            scaler.scale(a + b).backward()
+        else:
+            torch.autograd.backward([scaler.scale(a), scaler.scale(b)])
+        scaler.step(opt)
+        scaler.update()
+        losses.append((a + b).detach().clone())
+        scales.append(scaler.get_scale())
+    return losses, scales, {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_torch_autograd_backward_is_a_backward_as_a_tensors_is(tmp_path, where):
+    # Its losses were not kept (every step's loss empty) and a step checked by modules
+    # did not pause for the model's nodes.
+    plant = (2, where)
+    plain = train_two_heads("function", plant=plant)
+    traces = {}
+    for form in ("tensor", "function"):
+        traces[form] = tmp_path / f"{form}.jsonl"
+        seen = train_two_heads(form, plant=plant, watch=watcher(traces[form]))
+        close_all()
+        if form == "function":
+            assert_same_bits(plain, seen)
+    a, b = steps_of(traces["tensor"]), steps_of(traces["function"])
+    assert all(s["loss"] is not None and s["micro_batches"] == 1 for s in b)
+    # One micro-batch's loss: the sum of the roots (to the last bits: the sum is taken in
+    # f64 here, in f32 by the script).
+    for x, y in zip(a, b):
+        assert (x["loss"] == y["loss"] == "NaN") or x["loss"] == pytest.approx(y["loss"], rel=1e-6)
+    assert b[1]["op_count"] < b[0]["op_count"]
+    assert b[2]["skipped"] and _origin(b[2])[:3] == _origin(a[2])[:3] == (where, "mul", "2")
