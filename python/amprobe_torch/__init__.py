@@ -37,7 +37,10 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check
     discriminator) are given as a dict of them, named by its keys in the trace (or a list,
     named by position); several optimizers as a list. Steps end at `scaler.update()` when
     the scaler is enabled (a skipped step never reaches `optimizer.step()`), else when
-    every optimizer given has stepped. Returns the watcher (its `close()` ends the trace;
+    every optimizer given has stepped. Called again with what it already watches (in an
+    epoch loop), it returns the open watcher; a model already watched with other optimizers
+    or another scaler, or a trace path an open watcher writes, raises ValueError. Returns
+    the watcher (its `close()` ends the trace;
     it is also called at exit), or None when AMPROBE_DISABLE=1. A plan in the environment
     (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES, AMPROBE_INIT_SCALE) is applied first; a value
     it cannot apply raises ValueError."""
@@ -45,10 +48,14 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check
         return None
     root, called = _capture.gather_models(model)
     optimizers = _capture.gather_optimizers(optimizer)
+    path = trace or _capture.trace_path()
+    # (before the plan: a second watch of the same training must not apply it twice)
+    already = _capture.open_watcher(called, optimizers, scaler, path)
+    if already is not None:
+        return already
     plan = _plan.from_env()
     if plan is not None:
         _plan.apply(plan, root, scaler, called)
-    path = trace or _capture.trace_path()
     if sample_every is None:
         sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
     if check is None:

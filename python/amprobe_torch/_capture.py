@@ -229,6 +229,39 @@ def gather_optimizers(optimizer):
     return out
 
 
+def open_watcher(called, optimizers, scaler, path):
+    """The open watcher that watches exactly `called` with `optimizers` and `scaler`, which
+    `watch` returns when a script calls it again (in its epoch loop); None when there is
+    none. ValueError when a model given is watched by an open watcher with other models,
+    optimizers or another scaler, or when an open watcher writes the trace `path`."""
+    for w in _WATCHERS:
+        if w.closed:
+            continue
+        shared = [m for m in called if any(m is c for c in w.called)]
+        if shared:
+
+            def same(a, b):
+                return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+            if same(called, w.called) and same(optimizers, w.optimizers) and scaler is w.scaler_given:
+                if not w.rewatched:
+                    w.rewatched = True
+                    sys.stderr.write(
+                        "amprobe_torch: watch() called again with what it already watches: the open watcher goes on\n"
+                    )
+                return w
+            raise ValueError(
+                f"watch: the {type(shared[0]).__name__} given is already watched with other models, optimizers "
+                f"or scaler (trace {w.path}); close that watcher first (the value watch returned: .close())"
+            )
+        if os.path.abspath(w.path) == os.path.abspath(path):
+            raise ValueError(
+                f"watch: an open watcher already writes the trace {path}; give this one another "
+                "(watch(..., trace=PATH) or AMPROBE_TRACE)"
+            )
+    return None
+
+
 def _order_key(index):
     """An op's place in its step: a live op's index, or a replayed op's key (see
     `Watcher._replay_key`), which goes before the live op of the same index."""
@@ -316,6 +349,9 @@ class Watcher:
     def __init__(self, model, optimizers, scaler, path, sample_every, check="modules"):
         model, called = gather_models(model)
         self.model = model
+        self.called = called
+        self.scaler_given = scaler
+        self.rewatched = False
         self.several = model is not called[0]
         self.optimizers = gather_optimizers(optimizers)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None

@@ -1020,3 +1020,37 @@ def test_a_compiled_model_runs_eagerly_while_watched_and_compiles_again_after(tm
     # Closed, compiling is back.
     run(False)
     assert compiled
+
+
+def test_watch_called_again_goes_on_and_a_second_watch_of_a_model_or_trace_is_refused(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+
+    def every_epoch(model, opt, scaler):
+        # A script that calls watch in its epoch loop: once a step here.
+        orig = opt.zero_grad
+
+        def zero_grad(*a, **k):
+            amprobe_torch.watch(model, opt, scaler, trace=str(path))
+            return orig(*a, **k)
+
+        opt.zero_grad = zero_grad
+
+    plain = train(torch.float16, steps=4, boom_step=2)
+    seen = train(torch.float16, steps=4, boom_step=2, watch=every_epoch)
+    close_all()
+    assert_same_training(plain, seen)
+    steps = [r for r in read(path) if r["type"] == "step"]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert steps[2]["origins"]["first_inf"] is not None
+    assert capsys.readouterr().err.count("called again") == 1
+
+    m, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    w = amprobe_torch.watch(m, opt, trace=str(tmp_path / "a.jsonl"))
+    with pytest.raises(ValueError, match="already watched with other models, optimizers or scaler"):
+        amprobe_torch.watch(m, torch.optim.SGD(m.parameters(), lr=0.1), trace=str(tmp_path / "b.jsonl"))
+    with pytest.raises(ValueError, match="already writes the trace"):
+        amprobe_torch.watch(other, torch.optim.SGD(other.parameters(), lr=0.1), trace=str(tmp_path / "a.jsonl"))
+    w2 = amprobe_torch.watch(other, torch.optim.SGD(other.parameters(), lr=0.1), trace=str(tmp_path / "c.jsonl"))
+    assert w2 is not w and amprobe_torch.watch(m, opt, trace=str(tmp_path / "a.jsonl")) is w
+    close_all()
