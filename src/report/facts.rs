@@ -494,13 +494,23 @@ impl Facts {
         // An op that overflowed is the origin's business (above); this is the warning for
         // the ops one step away from it.
         if let Some(h) = self.headroom.iter().find(|h| h.ratio.is_finite()) {
-            if fp16 || h.ratio > 1.0 {
+            if fp16 {
                 out.push(format!(
                     "`{}` in `{}` reaches {} of fp16's max: one step away from overflow. \
                      Keep it in fp32 or use bf16.",
                     h.op.op,
                     module_name(&h.op.module),
                     fmt_pct(h.ratio)
+                ));
+            } else if h.ratio > 1.0 {
+                // A run outside fp16 holds the value; the warning is for a move to fp16.
+                out.push(format!(
+                    "`{}` in `{}` reaches {} of fp16's max (max |x| {}): it would overflow \
+                     in fp16, so keep it out of fp16.",
+                    h.op.op,
+                    module_name(&h.op.module),
+                    fmt_pct(h.ratio),
+                    fmt_num(h.max_abs)
                 ));
             }
         }
@@ -582,6 +592,38 @@ mod tests {
         }
         for p in ["bf16", "o2-bf16", "bfloat16-pure", "fp32"] {
             assert!(!warned(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn past_fp16s_max_outside_fp16_is_a_warning_against_fp16_not_one_step_away() {
+        // 1e5 in a bf16 run: held by bf16, an overflow in fp16.
+        let op = r#"{"micro":0,"index":4,"phase":"forward","op":"addmm","module":"fc",
+            "inputs":[],"output":{"dtype":"bfloat16","shape":[2]},
+            "stats":{"numel":2,"nan":0,"pos_inf":0,"neg_inf":0,"zeros":0,"subnormal":0,
+            "max_abs":100000.0,"min_abs_nonzero":1.0,"sum_sq":1e10,
+            "exp_hist":{"lo":0,"counts":[1]},"to_f16":{"overflow":1,"underflow":0},
+            "to_bf16":{"overflow":0,"underflow":0}},"rounding":{"overflow":0,"underflow":0},
+            "forward_op":null,"wrt":null,"masked_neg_inf":0}"#;
+        let step = StepRecord {
+            ops: Some(vec![serde_json::from_str(op).unwrap()]),
+            ..StepRecord::default()
+        };
+        let trace = Trace {
+            header: crate::trace::record::Header::new(),
+            steps: vec![step],
+            end: None,
+            truncated: None,
+        };
+        let facts = Facts::new(&trace, &BTreeMap::new());
+        for p in ["bf16", "fp32"] {
+            let r = facts.remedies(p);
+            assert!(!r.iter().any(|r| r.contains("one step away")), "{p}: {r:?}");
+            assert!(
+                r.iter()
+                    .any(|r| r.contains("would overflow in fp16") && r.contains("max |x| 100000")),
+                "{p}: {r:?}"
+            );
         }
     }
 
