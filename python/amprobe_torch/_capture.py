@@ -408,6 +408,10 @@ class Watcher:
         # a scaler the step ends when each has).
         self.updates = 0
         self.stepped = set()
+        # Backwards run in this step, and whether the script discarded their gradients
+        # without an update (`_abandon`).
+        self.backwards = 0
+        self.abandoned = False
         # Why a step checked by modules is checked op by op from some point on: "update"
         # where it calls the model after an optimizer update (see `_updating`), "grad"
         # where the script differentiates by `torch.autograd.grad` (`on_autograd_grad`).
@@ -1092,6 +1096,20 @@ class Watcher:
             self.light_cut = "grad"
             self.light_ok = False
 
+    def _abandon(self):
+        """The script zeroes the gradients of a step that ran a backward and made no update
+        (it skips a bad batch: `if not finite: optimizer.zero_grad(); continue`, or zeroes
+        at the top of the next iteration after a `continue`): the step ends there, skipped.
+        A step checked by modules decides first, while its gradients are still there. (With
+        one optimizer only: where several train together, one's gradients are zeroed while
+        another's update is still to come.)"""
+        if self.light and not self.decided:
+            self._decide()
+        self.abandoned = True
+        sc = self.scaler
+        before = sc._scale.detach().clone() if sc is not None and sc._scale is not None else None
+        self._end_step(before, self._found_inf() if sc is not None else None)
+
     def _updating(self, f):
         """`f`, an optimizer's update (its `step`, or the scaler's step of it), in the
         optimizer phase, counted. A step checked by modules replays its model calls as they
@@ -1189,6 +1207,16 @@ class Watcher:
                 return r
 
             opt.step = opt_step
+        if len(self.optimizers) == 1:
+            opt = self.optimizers[0]
+            orig_zero = opt.zero_grad
+
+            def zero_grad(*a, **k):
+                if w.active and not w.busy and not w.optimizer_depth and w.backwards and not w.updates:
+                    w._abandon()
+                return orig_zero(*a, **k)
+
+            opt.zero_grad = zero_grad
         _install_backward_hook()
         _install_grad_hook()
         _install_clip_hooks()
@@ -1206,6 +1234,7 @@ class Watcher:
         is one value, is the micro-batch's loss (the gradient is the sum's)."""
         for root in roots:
             self._name_loss(root)
+        self.backwards += 1
         if self.active and roots and all(r.numel() == 1 for r in roots):
             total = sum(r.detach().reshape(()).to(torch.float64) for r in roots)
             self.losses.append(total.clone())
@@ -1290,6 +1319,11 @@ class Watcher:
                 )
                 + "; later steps check every op"
             )
+        if self.abandoned:
+            events.append(
+                "amprobe_torch: the script zeroed this step's gradients without an optimizer update: "
+                "the step is recorded as skipped"
+            )
         if self.replay_backward_note is not None:
             events.append(
                 f"amprobe_torch: the failing step's backward could not be replayed ({self.replay_backward_note}); "
@@ -1363,7 +1397,7 @@ class Watcher:
                 "scale_before": jfloat(scale_host),
                 "scale_after": jfloat(scale_after_host),
                 "found_inf": found_inf,
-                "skipped": found_inf,
+                "skipped": found_inf or self.abandoned,
                 "growth_tracker": growth,
                 "grad_norm": None,
                 "clip_coef": None,
