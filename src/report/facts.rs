@@ -559,19 +559,22 @@ pub fn plural(n: u64, what: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_forward_op_past_half_of_fp16s_max_is_one_step_away_in_every_fp16_mode() {
-        // 40000 is 61% of fp16's max: a warning where the run computes in fp16 (autocast,
-        // O2 or a model made fp16), none where it computes in bf16 or fp32.
-        let op = r#"{"micro":0,"index":4,"phase":"forward","op":"addmm","module":"fc",
-            "inputs":[],"output":{"dtype":"float16","shape":[2]},
-            "stats":{"numel":2,"nan":0,"pos_inf":0,"neg_inf":0,"zeros":0,"subnormal":0,
-            "max_abs":40000.0,"min_abs_nonzero":1.0,"sum_sq":1.6e9,
-            "exp_hist":{"lo":0,"counts":[1]},"to_f16":{"overflow":0,"underflow":0},
-            "to_bf16":{"overflow":0,"underflow":0}},"rounding":{"overflow":0,"underflow":0},
-            "forward_op":null,"wrt":null,"masked_neg_inf":0}"#;
+    /// The facts of a trace of one step whose one op, a forward `addmm` in `fc`, output
+    /// `dtype` values up to `max_abs`.
+    fn one_op_facts(dtype: &str, max_abs: f64) -> Facts {
+        let op = format!(
+            r#"{{"micro":0,"index":4,"phase":"forward","op":"addmm","module":"fc",
+            "inputs":[],"output":{{"dtype":"{dtype}","shape":[2]}},
+            "stats":{{"numel":2,"nan":0,"pos_inf":0,"neg_inf":0,"zeros":0,"subnormal":0,
+            "max_abs":{max_abs:?},"min_abs_nonzero":1.0,"sum_sq":{:?},
+            "exp_hist":{{"lo":0,"counts":[1]}},"to_f16":{{"overflow":{},"underflow":0}},
+            "to_bf16":{{"overflow":0,"underflow":0}}}},"rounding":{{"overflow":0,"underflow":0}},
+            "forward_op":null,"wrt":null,"masked_neg_inf":0}}"#,
+            max_abs * max_abs,
+            u64::from(max_abs > 65504.0)
+        );
         let step = StepRecord {
-            ops: Some(vec![serde_json::from_str(op).unwrap()]),
+            ops: Some(vec![serde_json::from_str(&op).unwrap()]),
             ..StepRecord::default()
         };
         let trace = Trace {
@@ -580,7 +583,14 @@ mod tests {
             end: None,
             truncated: None,
         };
-        let facts = Facts::new(&trace, &BTreeMap::new());
+        Facts::new(&trace, &BTreeMap::new())
+    }
+
+    #[test]
+    fn a_forward_op_past_half_of_fp16s_max_is_one_step_away_in_every_fp16_mode() {
+        // 40000 is 61% of fp16's max: a warning where the run computes in fp16 (autocast,
+        // O2 or a model made fp16), none where it computes in bf16 or fp32.
+        let facts = one_op_facts("float16", 40000.0);
         let warned = |p: &str| {
             facts
                 .remedies(p)
@@ -598,24 +608,7 @@ mod tests {
     #[test]
     fn past_fp16s_max_outside_fp16_is_a_warning_against_fp16_not_one_step_away() {
         // 1e5 in a bf16 run: held by bf16, an overflow in fp16.
-        let op = r#"{"micro":0,"index":4,"phase":"forward","op":"addmm","module":"fc",
-            "inputs":[],"output":{"dtype":"bfloat16","shape":[2]},
-            "stats":{"numel":2,"nan":0,"pos_inf":0,"neg_inf":0,"zeros":0,"subnormal":0,
-            "max_abs":100000.0,"min_abs_nonzero":1.0,"sum_sq":1e10,
-            "exp_hist":{"lo":0,"counts":[1]},"to_f16":{"overflow":1,"underflow":0},
-            "to_bf16":{"overflow":0,"underflow":0}},"rounding":{"overflow":0,"underflow":0},
-            "forward_op":null,"wrt":null,"masked_neg_inf":0}"#;
-        let step = StepRecord {
-            ops: Some(vec![serde_json::from_str(op).unwrap()]),
-            ..StepRecord::default()
-        };
-        let trace = Trace {
-            header: crate::trace::record::Header::new(),
-            steps: vec![step],
-            end: None,
-            truncated: None,
-        };
-        let facts = Facts::new(&trace, &BTreeMap::new());
+        let facts = one_op_facts("bfloat16", 100000.0);
         for p in ["bf16", "fp32"] {
             let r = facts.remedies(p);
             assert!(!r.iter().any(|r| r.contains("one step away")), "{p}: {r:?}");
