@@ -607,24 +607,39 @@ def test_a_forward_and_backward_the_optimizer_asks_for_are_forward_and_backward(
     assert _origin(b[2])[:3] == _origin(a[2])[:3] == ("forward", "mul", "encoder.2")
 
 
-def train_penalty(steps=4, plant=None, watch=None, seed=0):
-    """A gradient penalty as PyTorch's AMP examples write it: the scaled loss's gradients
-    by `torch.autograd.grad` with their graph, unscaled, their norm added to the loss,
-    which is backpropagated. `plant` = (step, "forward" | "backward")."""
+def _boosted_fp16(seed, watch):
+    """A small model with a `Boost` at index 2, SGD and an fp16 GradScaler, watched when
+    `watch` is given."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), Boost(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     if watch is not None:
         watch(model, opt, scaler)
+    return model, opt, scaler
+
+
+def _batches(steps, seed):
     g = torch.Generator().manual_seed(seed + 1)
+    return [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(steps)]
+
+
+def _plant(boost, plant, s):
+    """Sets `boost` to overflow the forward or the backward where `plant` = (step, where)
+    says, else to pass values through."""
+    boost.k = 1.0e20 if plant == (s, "forward") else 1.0
+    boost.kg = 1.0e20 if plant == (s, "backward") else 1.0
+
+
+def train_penalty(steps=4, plant=None, watch=None, seed=0):
+    """A gradient penalty as PyTorch's AMP examples write it: the scaled loss's gradients
+    by `torch.autograd.grad` with their graph, unscaled, their norm added to the loss,
+    which is backpropagated. `plant` = (step, "forward" | "backward")."""
+    model, opt, scaler = _boosted_fp16(seed, watch)
     losses, scales = [], []
-    for s in range(steps):
-        x = torch.randn(8, 16, generator=g)
-        y = torch.randint(0, 4, (8,), generator=g)
+    for s, (x, y) in enumerate(_batches(steps, seed)):
         opt.zero_grad()
-        model[2].k = 1.0e20 if plant == (s, "forward") else 1.0
-        model[2].kg = 1.0e20 if plant == (s, "backward") else 1.0
+        _plant(model[2], plant, s)
         with torch.autocast("cpu", dtype=torch.float16):
             loss = torch.nn.functional.cross_entropy(model(x).float(), y)
         scaled = torch.autograd.grad(outputs=scaler.scale(loss), inputs=list(model.parameters()), create_graph=True)
@@ -663,20 +678,11 @@ def train_two_heads(form, steps=4, plant=None, watch=None, seed=0):
     """Two losses, backpropagated by `loss.backward()` of their sum ("tensor") or by
     `torch.autograd.backward` of the pair ("function"). `plant` = (step, "forward" |
     "backward")."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), Boost(), torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    if watch is not None:
-        watch(model, opt, scaler)
-    g = torch.Generator().manual_seed(seed + 1)
+    model, opt, scaler = _boosted_fp16(seed, watch)
     losses, scales = [], []
-    for s in range(steps):
-        x = torch.randn(8, 16, generator=g)
-        y = torch.randint(0, 4, (8,), generator=g)
+    for s, (x, y) in enumerate(_batches(steps, seed)):
         opt.zero_grad()
-        model[2].k = 1.0e20 if plant == (s, "forward") else 1.0
-        model[2].kg = 1.0e20 if plant == (s, "backward") else 1.0
+        _plant(model[2], plant, s)
         with torch.autocast("cpu", dtype=torch.float16):
             out = model(x).float()
         a = torch.nn.functional.cross_entropy(out, y)
