@@ -351,7 +351,17 @@ fn fix_code(t: &Tried, device: &str, model: &str, transformers: bool) -> Vec<Str
             out.push(String::new());
             out.push("    module.forward = fp32_forward".into());
             out.push(String::new());
-            out.push("# after the model is built (`model`: your model)".into());
+            if model.contains(" + ") {
+                // Several models given to `watch` are named under their keys: a ModuleDict
+                // of them holds the same modules under the same names.
+                out.push(
+                    "# after the models are built (`model`: torch.nn.ModuleDict of the models \
+                     given to watch, under the names given there; a list's are \"0\", \"1\", ...)"
+                        .into(),
+                );
+            } else {
+                out.push("# after the model is built (`model`: your model)".into());
+            }
             if t.pattern {
                 out.push(format!(
                     "for name, module in model.named_modules():  # every `{}` module",
@@ -736,6 +746,14 @@ mod tests {
         );
         assert!(
             code.contains("if name.split(\".\")[-1] == \"wo\":"),
+            "{code}"
+        );
+        // Several models given to watch: their names are under a ModuleDict's keys.
+        let t = tried(RemedyKind::KeepFp32, &["D.2"], None, false);
+        let code = fix_code(&t, "cpu", "Sequential + Sequential", false).join("\n");
+        assert!(
+            code.contains("`model`: torch.nn.ModuleDict of the models given to watch")
+                && code.contains("for name in [\"D.2\"]:"),
             "{code}"
         );
         let t = tried(RemedyKind::LowerScale, &[], Some(1024.0), false);
