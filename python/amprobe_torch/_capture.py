@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -1195,31 +1196,44 @@ class Watcher:
 
             sc.unscale_ = unscale_
             sc.step = self._updating(sc.step)
+        # The wrappers are bound methods, as the optimizer's own are: an LR scheduler made
+        # after `watch` wraps `step` through its `__func__`.
         for opt in self.optimizers:
-            orig = self._updating(opt.step)
-
-            def opt_step(*a, _orig=orig, _id=id(opt), **k):
-                r = _orig(*a, **k)
-                if w.active and w.scaler is None and not w.optimizer_depth:
-                    w.stepped.add(_id)
-                    if len(w.stepped) == len(w.optimizers):
-                        w._end_step(None, None)
-                return r
-
-            opt.step = opt_step
+            opt.step = types.MethodType(self._stepping(opt), opt)
         if len(self.optimizers) == 1:
             opt = self.optimizers[0]
             orig_zero = opt.zero_grad
 
-            def zero_grad(*a, **k):
+            def zero_grad(_opt, *a, **k):
                 if w.active and not w.busy and not w.optimizer_depth and w.backwards and not w.updates:
                     w._abandon()
                 return orig_zero(*a, **k)
 
-            opt.zero_grad = zero_grad
+            opt.zero_grad = types.MethodType(zero_grad, opt)
         _install_backward_hook()
         _install_grad_hook()
         _install_clip_hooks()
+
+    def _stepping(self, opt):
+        """`opt.step` as the watcher runs it (an update, `_updating`); without a scaler the
+        step ends where every optimizer has stepped."""
+        w = self
+        before = opt.step
+        orig = self._updating(before)
+        key = id(opt)
+
+        def step(_opt, *a, **k):
+            r = orig(*a, **k)
+            if w.active and w.scaler is None and not w.optimizer_depth:
+                w.stepped.add(key)
+                if len(w.stepped) == len(w.optimizers):
+                    w._end_step(None, None)
+            return r
+
+        # The marks others left on the step it wraps (an LR scheduler made before `watch`
+        # checks its own is still there).
+        step.__dict__.update(getattr(getattr(before, "__func__", before), "__dict__", {}))
+        return step
 
     def _found_inf(self):
         states = getattr(self.scaler, "_per_optimizer_states", {})

@@ -1054,3 +1054,43 @@ def test_watch_called_again_goes_on_and_a_second_watch_of_a_model_or_trace_is_re
     w2 = amprobe_torch.watch(other, torch.optim.SGD(other.parameters(), lr=0.1), trace=str(tmp_path / "c.jsonl"))
     assert w2 is not w and amprobe_torch.watch(m, opt, trace=str(tmp_path / "a.jsonl")) is w
     close_all()
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("made", ["before", "after"])
+def test_an_lr_scheduler_made_before_or_after_watch_runs_as_without_it(tmp_path, scaled, made):
+    # A scheduler wraps the optimizer's step through its `__func__`: made after `watch`, it
+    # raised on the watcher's wrapper, a plain function.
+    def run(path):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=scaled)
+        if made == "before":
+            sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+        if path is not None:
+            amprobe_torch.watch(model, opt, scaler, trace=str(path))
+        if made == "after":
+            sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(3, 4, generator=g)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    import warnings
+
+    with warnings.catch_warnings():
+        # (that the scheduler stepped before the optimizer: it did not)
+        warnings.simplefilter("error", UserWarning)
+        plain = run(None)
+        seen = run(tmp_path / "t.jsonl")
+    close_all()
+    assert all(torch.equal(a, b) for a, b in zip(plain, seen))
+    steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
+    assert [s["lr"] for s in steps] == [0.1, 0.05, 0.025]
