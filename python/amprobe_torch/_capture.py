@@ -1696,6 +1696,8 @@ def _install_backward_hook():
         if getattr(_IN_BACKWARD, "depth", 0):
             return orig_fn(tensors, grad_tensors, *a, **k)
         one = isinstance(tensors, torch.Tensor)
+        if not one:
+            tensors = list(tensors)  # (any iterable, read once)
         roots = [tensors] if one else [t for t in tensors if isinstance(t, torch.Tensor)]
 
         def run(seeds):
@@ -1703,6 +1705,10 @@ def _install_backward_hook():
             return orig_fn(tensors, grads, *a, **k)
 
         given = grad_tensors if grad_tensors is not None else k.get("grad_variables")
+        if len(roots) != (1 if one else len(tensors)):
+            # Roots that are not tensors (autograd's gradient edges): their seeds are
+            # autograd's to make.
+            given = tensors
         return _told_backward(roots, given, run)
 
     torch.Tensor.backward = backward

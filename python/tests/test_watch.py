@@ -1094,3 +1094,33 @@ def test_an_lr_scheduler_made_before_or_after_watch_runs_as_without_it(tmp_path,
     assert all(torch.equal(a, b) for a, b in zip(plain, seen))
     steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
     assert [s["lr"] for s in steps] == [0.1, 0.05, 0.025]
+
+
+def test_torch_autograd_backward_takes_any_iterable_and_gradient_edges(tmp_path):
+    from torch.autograd.graph import get_gradient_edge
+
+    def run(watched):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        if watched:
+            amprobe_torch.watch(m, opt, None, trace=str(tmp_path / "t.jsonl"))
+        x = torch.randn(3, 4)
+        for s in range(3):
+            opt.zero_grad()
+            a = m(x).pow(2).mean()
+            if s == 0:
+                # A generator, read once: the step's loss is the sum of its roots.
+                torch.autograd.backward(r for r in [a, a * 2])
+            else:
+                # A gradient edge beside a loss: its seed is autograd's to make (in the
+                # steps checked by modules too).
+                torch.autograd.backward([a, get_gradient_edge(m(x).sum())])
+            opt.step()
+        close_all()
+        return [p.detach().clone() for p in m.parameters()]
+
+    plain, seen = run(False), run(True)
+    assert all(torch.equal(p, q) for p, q in zip(plain, seen))
+    steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
+    assert len(steps) == 3 and all(s["loss"] is not None for s in steps)
