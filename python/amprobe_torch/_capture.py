@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - older torch: the mode sees the step's 
     _disable_current_modes = contextlib.nullcontext
 
 from . import _plan, _stats
+from ._hooks import ModuleHook
 from ._params import Scratch, param_vectors
 from ._trace import SCHEMA_VERSION, TraceWriter, jfloat
 
@@ -380,14 +381,14 @@ class Watcher:
         self.names = _Names(model)
         self.call_hooks = []
         for m in self.names.root.modules():
-            self.call_hooks.append(m.register_forward_pre_hook(self._call_enter, with_kwargs=True))
-            self.call_hooks.append(m.register_forward_hook(self._call_leave, always_call=True))
+            self.call_hooks.append(m.register_forward_pre_hook(ModuleHook(self._call_enter), with_kwargs=True))
+            self.call_hooks.append(m.register_forward_hook(ModuleHook(self._call_leave), always_call=True))
         self.fn_info = {}
         self.scratch = Scratch()
         # Autocast's state is read where the model's forward starts: inside the dispatcher,
         # autocast's own kernels hide it.
         for m in called:
-            m.register_forward_pre_hook(self._autocast_state)
+            self.call_hooks.append(m.register_forward_pre_hook(ModuleHook(self._autocast_state)))
         self.eager = _force_eager()
         self.mode = _Mode(self)
         self.mode.__enter__()

@@ -25,11 +25,12 @@ A value that cannot be applied (an unknown dtype, a pattern no module matches, a
 without a scaler) is an error raised by `watch` that names the variable.
 """
 
-import functools
 import os
 import sys
 
 import torch
+
+from ._hooks import ModuleHook
 
 AUTOCAST = "AMPROBE_AUTOCAST"
 FP32_MODULES = "AMPROBE_FP32_MODULES"
@@ -140,8 +141,8 @@ def _autocast_around_forward(model, kind):
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
-    model.register_forward_pre_hook(enter, prepend=True)
-    model.register_forward_hook(leave, always_call=True)
+    model.register_forward_pre_hook(ModuleHook(enter, follows_copies=True), prepend=True)
+    model.register_forward_hook(ModuleHook(leave, follows_copies=True), always_call=True)
 
 
 def _to_fp32(x):
@@ -156,14 +157,23 @@ def _to_fp32(x):
 
 
 def _run_in_fp32(module, device_type):
-    forward = module.forward
+    """Runs `module`'s forward outside autocast on float32 inputs, by hooks (a copy of the
+    module, which carries them, runs as it does; a replaced `forward` would run the
+    original's)."""
+    stack = []
 
-    @functools.wraps(forward)
-    def fp32_forward(*args, **kwargs):
-        with torch.autocast(device_type, enabled=False):
-            return forward(*_to_fp32(args), **_to_fp32(kwargs))
+    def enter(m, args, kwargs):
+        ctx = torch.autocast(device_type, enabled=False)
+        ctx.__enter__()
+        stack.append(ctx)
+        return _to_fp32(args), _to_fp32(kwargs)
 
-    module.forward = fp32_forward
+    def leave(m, args, out):
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(ModuleHook(enter, follows_copies=True), with_kwargs=True, prepend=True)
+    module.register_forward_hook(ModuleHook(leave, follows_copies=True), always_call=True, prepend=True)
 
 
 def _keep_in_fp32(model, patterns):

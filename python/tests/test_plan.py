@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from amprobe_torch import _plan
 
@@ -150,3 +151,29 @@ def test_patterns_match_whole_segments_in_a_row():
     assert not _plan.matches("block.3", "encoder.block.13.layer.1")
     assert _plan.matches("block.*.layer", "encoder.block.7.layer.0")
     assert not _plan.matches("a.b.c", "a.b")
+
+
+def test_a_module_kept_in_fp32_is_kept_so_in_its_copies_on_their_own_weights():
+    # An EMA copy of a model whose module is kept in fp32: a replaced forward would have run
+    # the original module (its weights) in the copy; the hooks run the copy's.
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    _plan._run_in_fp32(model[0], "cpu")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[0].weight.mul_(2.0)
+    x = torch.randn(3, 4)
+    with torch.autocast("cpu", dtype=torch.float16):
+        h, h_twin = model[0](x), twin[0](x)
+    assert h.dtype == h_twin.dtype == torch.float32
+    assert torch.equal(h_twin, torch.nn.functional.linear(x, twin[0].weight, twin[0].bias))
+    assert not torch.equal(h_twin, h)
+    # Saved whole and loaded, the module runs as a plain one.
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.load(buf, weights_only=False)[0](x).dtype == torch.float16

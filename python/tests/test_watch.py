@@ -1124,3 +1124,36 @@ def test_torch_autograd_backward_takes_any_iterable_and_gradient_edges(tmp_path)
     assert all(torch.equal(p, q) for p, q in zip(plain, seen))
     steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
     assert len(steps) == 3 and all(s["loss"] is not None for s in steps)
+
+
+def test_a_watched_model_can_be_copied_and_saved_whole(tmp_path):
+    # An EMA model made by copy.deepcopy, a model saved by torch.save: their hooks held the
+    # watcher, which neither copies nor pickles. The copy is not watched.
+    import copy
+    import io
+
+    model, opt = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)), None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "t.jsonl"
+    amprobe_torch.watch(model, opt, None, trace=str(path))
+    ema = copy.deepcopy(model)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        with torch.no_grad():
+            ema(x)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    close_all()
+    assert torch.equal(loaded(x), model(x))
+    steps = [r for r in read(path) if r["type"] == "step"]
+    assert len(steps) == 2
+    from amprobe_torch._hooks import ModuleHook
+
+    for m in (ema, loaded):
+        hooks = [h for sub in m.modules() for h in (*sub._forward_pre_hooks.values(), *sub._forward_hooks.values())]
+        assert hooks and all(isinstance(h, ModuleHook) and h.f is None for h in hooks)
