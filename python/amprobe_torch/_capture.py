@@ -1600,9 +1600,10 @@ def _force_eager():
             from torch._dynamo import eval_frame
 
             _EAGER["before"] = getattr(eval_frame, "_stance", None)
-        except Exception:
-            _EAGER["before"] = None
-        set_stance("force_eager")
+            set_stance("force_eager")
+        except Exception:  # (never stop the script over it: compiled code stays compiled)
+            sys.stderr.write("amprobe_torch: could not make torch.compile run eagerly; compiled code goes unseen\n")
+            return False
     _EAGER["open"] += 1
     return True
 

@@ -1157,3 +1157,15 @@ def test_a_watched_model_can_be_copied_and_saved_whole(tmp_path):
     for m in (ema, loaded):
         hooks = [h for sub in m.modules() for h in (*sub._forward_pre_hooks.values(), *sub._forward_hooks.values())]
         assert hooks and all(isinstance(h, ModuleHook) and h.f is None for h in hooks)
+
+
+def test_a_stance_dynamo_refuses_does_not_stop_the_script(tmp_path, monkeypatch, capsys):
+    def refuse(*a, **k):
+        raise RuntimeError("not here")
+
+    monkeypatch.setattr(torch.compiler, "set_stance", refuse)
+    m = torch.nn.Linear(2, 1)
+    w = amprobe_torch.watch(m, torch.optim.SGD(m.parameters(), lr=0.1), trace=str(tmp_path / "t.jsonl"))
+    assert w is not None and not w.eager
+    close_all()
+    assert "could not make torch.compile run eagerly" in capsys.readouterr().err
