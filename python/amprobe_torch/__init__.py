@@ -40,10 +40,9 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check
     every optimizer given has stepped. Called again with what it already watches (in an
     epoch loop), it returns the open watcher; a model already watched with other optimizers
     or another scaler, or a trace path an open watcher writes, raises ValueError. Returns
-    the watcher (its `close()` ends the trace;
-    it is also called at exit), or None when AMPROBE_DISABLE=1. A plan in the environment
-    (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES, AMPROBE_INIT_SCALE) is applied first; a value
-    it cannot apply raises ValueError."""
+    the watcher (its `close()` ends the trace; it is also called at exit), or None when
+    AMPROBE_DISABLE=1. A plan in the environment (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES,
+    AMPROBE_INIT_SCALE) is applied first; a value it cannot apply raises ValueError."""
     if os.environ.get("AMPROBE_DISABLE") == "1":
         return None
     root, called = _capture.gather_models(model)
@@ -62,7 +61,7 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check
         check = os.environ.get("AMPROBE_CHECK") or "modules"
     if check not in ("modules", "ops"):
         raise ValueError(f"AMPROBE_CHECK (or check=): expected `modules` or `ops`, not {check!r}")
-    w = _capture.Watcher(model, optimizers, scaler, path, sample_every, check)
+    w = _capture.Watcher(root, called, optimizers, scaler, path, sample_every, check)
     _capture._WATCHERS.append(w)
     atexit.register(w.close)
     return w

@@ -348,14 +348,15 @@ class _Call:
 class Watcher:
     """What `watch` returns: the capture of one model's training, step by step."""
 
-    def __init__(self, model, optimizers, scaler, path, sample_every, check="modules"):
-        model, called = gather_models(model)
+    def __init__(self, model, called, optimizers, scaler, path, sample_every, check="modules"):
+        """`model`, `called` and `optimizers` as `gather_models` and `gather_optimizers`
+        give them."""
         self.model = model
         self.called = called
         self.scaler_given = scaler
         self.rewatched = False
         self.several = model is not called[0]
-        self.optimizers = gather_optimizers(optimizers)
+        self.optimizers = optimizers
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.path = path
         self.sample_every = sample_every
