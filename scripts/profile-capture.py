@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Where the PyTorch companion's time goes: the T5 encoder step of scripts/bench-capture.py,
+plain and under `amprobe_torch.watch` in its default mode, profiled after warm-up — the
+Python functions that take the most time (cProfile, self and cumulative), and per step the
+kernel launches, host-device copies and synchronizations each variant makes
+(torch.profiler).
+
+    scripts/profile-capture.py [--device cpu|cuda] [--size mini|base] [--steps N] [--top N]
+                               [--batch B] [--seq S]
+
+Needs torch and transformers.
+"""
+
+import argparse
+import collections
+import copy
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import amprobe_torch  # noqa: E402
+from amprobe_torch import _capture  # noqa: E402
+
+SIZES = {
+    "mini": dict(d_model=384, num_layers=4, num_heads=8, d_ff=1536, d_kv=48, batch=4, seq=128),
+    "base": dict(d_model=768, num_layers=12, num_heads=12, d_ff=3072, d_kv=64, batch=8, seq=512),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", default=None, choices=tuple(SIZES))
+    ap.add_argument("--steps", type=int, default=4, help="profiled steps per variant (default 4)")
+    ap.add_argument("--top", type=int, default=25, help="functions listed (default 25)")
+    ap.add_argument("--batch", type=int, default=None, help="batch (default: the size's)")
+    ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the size's)")
+    ap.add_argument("--check", default="modules", choices=("modules", "ops"))
+    a = ap.parse_args()
+    from transformers import T5Config, T5EncoderModel
+
+    size = a.size or ("base" if a.device == "cuda" else "mini")
+    s = dict(SIZES[size])
+    s["batch"] = a.batch or s["batch"]
+    s["seq"] = a.seq or s["seq"]
+    dev = torch.device(a.device)
+    cfg = T5Config(vocab_size=32128, d_model=s["d_model"], d_kv=s["d_kv"], d_ff=s["d_ff"],
+                   num_layers=s["num_layers"], num_heads=s["num_heads"], dropout_rate=0.0,
+                   feed_forward_proj="relu")
+    torch.manual_seed(0)
+    base = T5EncoderModel(cfg).to(dev)
+    ids = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=dev)
+    labels = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=dev)
+    dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    tmp = tempfile.mkdtemp(prefix="amprobe-profile-")
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    print(f"device {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}, torch {torch.__version__}; "
+          f"T5 encoder {size} at batch {s['batch']}, seq {s['seq']}; {dtype} autocast; watch check={a.check}")
+    for variant in ("eager", "watch"):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
+        w = None
+        if variant == "watch":
+            w = amprobe_torch.watch(model, opt, scaler, trace=os.path.join(tmp, "t.jsonl"), check=a.check)
+
+        def one():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(dev.type, dtype=dtype):
+                h = model(input_ids=ids).last_hidden_state
+                logits = h @ model.shared.weight.t()
+                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sync()
+
+        for _ in range(3):  # the first is watch's kept step
+            one()
+        times = []
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            one()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        print(f"\n== {variant}: median {statistics.median(times):.1f} ms, min {min(times):.1f} ms")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.steps):
+            one()
+        prof.disable()
+        if variant == "watch":
+            for key in ("tottime", "cumulative"):
+                buf = io.StringIO()
+                pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(a.top)
+                print(f"-- cProfile by {key}, {a.steps} steps")
+                print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[:12000])
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as p:
+            for _ in range(a.steps):
+                one()
+        counts = collections.Counter()
+        cpu_us = collections.Counter()
+        for e in p.key_averages():
+            counts[e.key] += e.count
+            cpu_us[e.key] += e.self_cpu_time_total
+        runtime = [k for k in counts if k.startswith("cuda") or k.startswith("Memcpy") or k.startswith("Memset")]
+        print(f"-- per step: {sum(counts[k] for k in counts if k.startswith('aten::')) / a.steps:.0f} aten ops")
+        for k in sorted(runtime, key=lambda k: -counts[k]):
+            print(f"   {k:<40} {counts[k] / a.steps:>8.1f} calls  {cpu_us[k] / a.steps / 1000:>8.2f} ms host")
+        top = sorted((k for k in counts if k.startswith("aten::")), key=lambda k: -cpu_us[k])[:15]
+        for k in top:
+            print(f"   {k:<40} {counts[k] / a.steps:>8.1f} calls  {cpu_us[k] / a.steps / 1000:>8.2f} ms self cpu")
+        if w is not None:
+            w.close()
+            _capture._WATCHERS.remove(w)
+
+
+if __name__ == "__main__":
+    main()
