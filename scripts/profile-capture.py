@@ -3,10 +3,15 @@
 plain and under `amprobe_torch.watch` in its default mode, profiled after warm-up — the
 Python functions that take the most time (cProfile, self and cumulative), and per step the
 kernel launches, host-device copies and synchronizations each variant makes
-(torch.profiler).
+(torch.profiler), and the read backs a step (calls that bring a tensor's values to Python:
+on a GPU each waits for the device's queue to drain).
 
     scripts/profile-capture.py [--device cpu|cuda] [--size mini|base] [--steps N] [--top N]
-                               [--batch B] [--seq S]
+                               [--batch B] [--seq S] [--device-path]
+
+--device-path runs the companion's device paths on the CPU (every figure gathered where it
+is made and read back with the step, as on a GPU): its read backs and kernels a step are
+then the GPU's, without one.
 
 Needs torch and transformers.
 """
@@ -44,7 +49,12 @@ def main():
     ap.add_argument("--batch", type=int, default=None, help="batch (default: the size's)")
     ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the size's)")
     ap.add_argument("--check", default="modules", choices=("modules", "ops"))
+    ap.add_argument("--device-path", action="store_true", help="the device paths on the CPU")
     a = ap.parse_args()
+    if a.device_path:
+        from amprobe_torch import _stats
+
+        _stats.DEVICE_PATH_ON_CPU = True
     from transformers import T5Config, T5EncoderModel
 
     size = a.size or ("base" if a.device == "cuda" else "mini")
@@ -68,9 +78,28 @@ def main():
 
     print(f"device {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}, torch {torch.__version__}; "
           f"T5 encoder {size} at batch {s['batch']}, seq {s['seq']}; {dtype} autocast; watch check={a.check}")
+    reads = collections.Counter()
+    counting = [None]
+
+    def counted(name):
+        orig = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kw):
+            out = orig(self, *args, **kw)
+            if counting[0] and not getattr(self, "_profile_host", False):
+                reads[counting[0]] += 1
+                if isinstance(out, torch.Tensor):
+                    out._profile_host = True  # its tolist is the same read
+            return out
+
+        setattr(torch.Tensor, name, read)
+
+    for name in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"):
+        counted(name)
     for variant in ("eager", "watch"):
         model = copy.deepcopy(base)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        # foreach: the optimizer's update as on a GPU (a few multi-tensor ops)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=True)
         scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
         w = None
         if variant == "watch":
@@ -94,7 +123,11 @@ def main():
             t0 = time.perf_counter()
             one()
             times.append((time.perf_counter() - t0) * 1000.0)
-        print(f"\n== {variant}: median {statistics.median(times):.1f} ms, min {min(times):.1f} ms")
+        counting[0] = variant
+        one()
+        counting[0] = None
+        print(f"\n== {variant}: median {statistics.median(times):.1f} ms, min {min(times):.1f} ms; "
+              f"{reads[variant]} read backs a step")
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(a.steps):

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - older torch: the mode sees the step's 
 
 from . import _plan, _stats
 from ._hooks import ModuleHook
-from ._params import Scratch, param_vectors
+from ._params import Scratch, begin_param_vectors
 from ._trace import SCHEMA_VERSION, TraceWriter, jfloat
 
 TOOL_VERSION = "0.1.0"
@@ -386,6 +386,9 @@ class Watcher:
             self.call_hooks.append(m.register_forward_hook(ModuleHook(self._call_leave), always_call=True))
         self.fn_info = {}
         self.scratch = Scratch()
+        # Ids of the parameters whose figures needed more than the shortcut last step (see
+        # `begin_param_vectors`).
+        self.counted = {}
         # Autocast's state is read where the model's forward starts: inside the dispatcher,
         # autocast's own kernels hide it.
         for m in called:
@@ -614,7 +617,7 @@ class Watcher:
                     grads = [
                         _stats.stored_values(p.grad) for p in self.names.root.parameters() if p.grad is not None
                     ]
-                    on_cpu = [g for g in grads if _stats.local(g).device.type == "cpu"]
+                    on_cpu = [g for g in grads if _stats.on_host(_stats.local(g))]
                     for g in on_cpu:
                         # The optimizer's ops read these next: their checks are these.
                         k = _key(g)
@@ -623,7 +626,7 @@ class Watcher:
                             self.external[k] = len(self.check_vecs) - 1
                         v = self.check_vecs[self.external[k]]
                         flags.append(v[1] + v[2] + v[3] > 0)
-                    flags.append(_stats.nonfinite_flag([g for g in grads if _stats.local(g).device.type != "cpu"]))
+                    flags.append(_stats.nonfinite_flag([g for g in grads if not _stats.on_host(_stats.local(g))]))
                 failing = any(f is True for f in flags)
                 by_device = {}
                 for f in flags:
@@ -876,7 +879,7 @@ class Watcher:
             param_in = param_in or k in self.param_keys
             if k[1] in _stats.FLOATING:
                 e = self.external.get(k)
-                if e is None and len(ins) >= _BATCHED_INPUTS and (t.device.type != "cpu" or _stats.DEVICE_PATH_ON_CPU):
+                if e is None and len(ins) >= _BATCHED_INPUTS and not _stats.on_host(t):
                     unchecked.append((k, t))
                     continue
                 if e is None:
@@ -1153,22 +1156,16 @@ class Watcher:
                 try:
                     found = w._found_inf()
                     before = sc._scale.detach().clone() if sc._scale is not None else None
-                    # The scaler skipped a step its checks did not see fail: the
-                    # parameters are as the step's forward had them, so it replays now.
-                    # (after a model call that followed an update, only when that one
-                    # update was skipped: the calls before it ran on these parameters)
-                    replay = (
-                        (w.light or (w.light_cut == "update" and w.updates == 1))
-                        and not w.replayed
-                        and found is not None
-                        and float(found.item()) > 0
-                    )
+                    # Whether a skip the step's checks did not see replays it (read with
+                    # the step: the parameters are as the step's forward had them until
+                    # the next update). After a model call that followed an update, only
+                    # when that one update was skipped: the calls before it ran on these
+                    # parameters.
+                    replay = (w.light or (w.light_cut == "update" and w.updates == 1)) and not w.replayed
                 finally:
                     w.busy = False
-                if replay:
-                    w._replay()
                 r = w._in_optimizer(orig_update)(*a, **k)
-                w._end_step(before, found)
+                w._end_step(before, found, replay)
                 return r
 
             sc.update = update
@@ -1255,16 +1252,26 @@ class Watcher:
             total = sum(r.detach().reshape(()).to(torch.float64) for r in roots)
             self.losses.append(total.clone())
 
-    def _param_vectors(self, scale):
-        names = [(_own_name(n), p) for n, p in self.names.root.named_parameters()]
-        return names, param_vectors([p for _, p in names], scale, self.scratch)
-
-    def _end_step(self, scale_before, found):
+    def _end_step(self, scale_before, found, replay=False):
+        """The step ends: its figures are read back (once), a skip its checks did not see
+        replays it where `replay` says it may, and its record is written."""
+        read = None
         self.busy = True
         try:
             # The step's own figures are not ops of the script: no mode sees them.
             with _disable_current_modes():
-                self._finish(scale_before, found)
+                read = self._read_step(scale_before, found)
+        except Exception:
+            self.fail()
+        finally:
+            self.busy = False
+        if read is not None and replay and read["found_inf"] and self.active:
+            self._replay()
+        self.busy = True
+        try:
+            with _disable_current_modes():
+                if read is not None and self.active:
+                    self._finish(read)
         except Exception:
             self.fail()
         finally:
@@ -1276,8 +1283,52 @@ class Watcher:
         self.step += 1
         self._begin_step()
 
-    def _finish(self, scale_before, found):
+    def _read_step(self, scale_before, found):
+        """Everything the step gathered on its devices, read back in one transfer per
+        device: the scaler's figures, the losses, the parameters' figures (begun here; a
+        second read only where they need counts a step like the last did not), the ops'
+        statistics."""
         sc = self.scaler
+        names = [(_own_name(n), p) for n, p in self.names.root.named_parameters()]
+        with torch.no_grad():
+            # (read now: no copy of the scaler's tensors is needed)
+            scale_after = sc._scale if sc is not None else None
+            growth_tracker = sc._growth_tracker if sc is not None else None
+            params = begin_param_vectors([p for _, p in names], 1.0 if scale_before is None else scale_before, self.counted)
+            scalars = [scale_before, scale_after, found, growth_tracker]
+            present = [t for t in scalars if t is not None]
+            got = _stats.gather(present + list(self.losses) + params.parts + self.full_vecs + self.check_vecs)
+            host = iter(got[: len(present)])
+            scale_host, scale_after_host, found_host, growth = (
+                d if t is None else float(next(host)[0]) for t, d in zip(scalars, (1.0, 1.0, 0.0, 0.0))
+            )
+            k = len(present)
+            losses = [v[0] for v in got[k : k + len(self.losses)]]
+            k += len(self.losses)
+            read_params = got[k : k + len(params.parts)]
+            k += len(params.parts)
+            pv = params.finish(read_params, scale_host, self.scratch)
+            self.counted = params.counted
+        return {
+            "names": names,
+            "params": pv,
+            "scale": scale_host,
+            "scale_after": scale_after_host,
+            "found_inf": found_host > 0,
+            "growth": int(growth),
+            "losses": losses,
+            "full": got[k : k + len(self.full_vecs)],
+            "check": got[k + len(self.full_vecs) :],
+        }
+
+    def _finish(self, read):
+        sc = self.scaler
+        # A replay after the read back adds ops: their statistics are read now.
+        full = read["full"] + _stats.gather(self.full_vecs[len(read["full"]) :])
+        check = read["check"] + _stats.gather(self.check_vecs[len(read["check"]) :])
+        names, pv, losses = read["names"], read["params"], read["losses"]
+        scale_host, scale_after_host, growth = read["scale"], read["scale_after"], read["growth"]
+        found_inf = read["found_inf"]
         if self.replayed and self.ops:
             # Replayed ops were appended after the step's own: each goes where its index puts it.
             order = sorted(range(len(self.ops)), key=lambda i: _order_key(self.ops[i]["index"]))
@@ -1288,18 +1339,6 @@ class Watcher:
             for i, op in enumerate(self.ops):
                 op["preds"] = [pos[p] for p in op["preds"]]
                 op["index"] = i
-        with torch.no_grad():
-            # One read back a step: everything gathered on the device goes to the host here.
-            scale_after = sc._scale.detach().clone() if sc is not None else None
-            scale_host = float(scale_before.item()) if scale_before is not None else 1.0
-            names, pvecs = self._param_vectors(scale_host)
-            pv = _stats.gather(pvecs)
-            full = _stats.gather(self.full_vecs)
-            check = _stats.gather(self.check_vecs)
-            losses = [float(l.item()) for l in self.losses]
-            found_inf = bool(found is not None and float(found.item()) > 0)
-            scale_after_host = float(scale_after.item()) if scale_after is not None else 1.0
-            growth = int(sc._growth_tracker.item()) if sc is not None else 0
         vecs = [full[i] if kind == "full" else check[i] for kind, i in (op["vec"] for op in self.ops)]
         # Ops after the last backward (the script's own bookkeeping) belong to the last
         # micro-batch, not to one that never ran.

@@ -59,7 +59,8 @@ class Scratch:
 
 def param_vector(p, scale):
     """The ParamRecord figures of parameter `p` (its gradient unscaled, `scale` the step's
-    loss scale) as a float64 vector on its device (read back with the step): [has a
+    loss scale, a float or a 0-d tensor) as a float64 vector on its device (read back with
+    the step): [has a
     gradient, Σg² over finite values, max finite |g|, zeros, nonzero finite |g| that fp16
     flushes, the same of g·scale (in f32), nonzero finite count, non-finite count, max |p|
     over non-NaN values after the step, NaN count of p after the step]."""
@@ -80,7 +81,12 @@ def param_vector(p, scale):
     fin = x.isfinite()
     a = torch.where(fin, x.abs(), torch.zeros((), dtype=x.dtype, device=dev))
     nz = fin & (a > 0)
-    scaled = (a * float(scale)).float()
+    if isinstance(scale, torch.Tensor):
+        # The scaler's scale, not read yet (an f32 value: the product is as with its float).
+        scale = scale.detach().to(dev)
+    else:
+        scale = float(scale)
+    scaled = (a * scale).float()
     pa = pv.abs()
     pa = torch.where(pv.isnan(), torch.zeros((), dtype=pa.dtype, device=dev), pa)
     return torch.stack(
@@ -127,85 +133,133 @@ def _extremes(gs, ps):
     return out
 
 
-def _device_param_vectors(gs, ps, scale):
-    """The `param_vector` figures of f32/f64 gradients `gs` (flat) and their parameters
-    `ps` on one device, by multi-tensor norms of them all (five kernels' worth of launches,
-    not a dozen a parameter) and, where the smallest |g| may flush, two counts a gradient;
-    read back twice. None for one whose figures are not all finite: `param_vector` takes
-    it."""
+def _device_rows(gs, ps):
+    """[Σg² (as its root), max |g|, nonzero count, min |g|, max |p|] of f32/f64 gradients `gs`
+    (flat) and their parameters `ps` on one device, as a (5, n) float64 tensor there: no
+    synchronisation. The root and the maxima by multi-tensor norms (one kernel for all the
+    gradients of a dtype); the counts by `count_nonzero` and the minima by a norm of each
+    (multi-tensor norms have no kernel for them, and fall back to one per tensor through a
+    float64 copy)."""
     inf = float("inf")
+    f64 = torch.float64
     # In f64: counts exact past 2^24, Σg² neither overflowing nor vanishing.
-    rows = torch.stack(
-        [torch.stack(list(torch._foreach_norm(x, o, dtype=torch.float64))) for x, o in
-         ((gs, 2), (gs, inf), (gs, 0), (gs, -inf), (ps, inf))]
-    ).tolist()
-    b = _stats.F16_UNDERFLOW
-    exact_scaled = math.frexp(scale)[0] == 0.5 and scale <= 2.0**100
-    counts, out = [], [None] * len(gs)
-    for j, (l2, amax, nnz, amin, pmax) in enumerate(zip(*rows)):
-        if not all(v - v == 0.0 for v in (l2, amax, pmax)):
-            continue
-        # (a NaN in p makes its max-abs norm NaN: none here)
-        out[j] = [1.0, l2**2, amax, float(gs[j].numel() - nnz), 0.0, 0.0, nnz, 0.0, pmax, 0.0]
-        if nnz and amin <= b * max(1.0, 2.0 / scale):
-            g = gs[j]
-            if g.dtype == torch.float32 and exact_scaled:
-                scaled = torch.nn.functional.softshrink(g, b / scale).count_nonzero()
-            else:
-                a = g.abs().mul_(scale).float()
-                scaled = (a > b).sum()
-            counts.append((j, torch.nn.functional.softshrink(g, b).count_nonzero(), scaled))
-    if counts:
-        read = torch.stack([torch.stack([c, d]) for _, c, d in counts]).tolist()
-        for (j, _, _), (above, above_scaled) in zip(counts, read):
-            # Nonzero values at most the bound: all of them, less those beyond it.
-            out[j][4] = out[j][6] - above
-            out[j][5] = out[j][6] - above_scaled
-    return out
+    l2 = torch.stack(list(torch._foreach_norm(gs, 2, dtype=f64)))
+    amax = torch.stack(list(torch._foreach_norm(gs, inf, dtype=f64)))
+    pmax = torch.stack(list(torch._foreach_norm(ps, inf, dtype=f64)))
+    nnz = torch.stack([torch.count_nonzero(g) for g in gs]).to(f64)
+    amin = torch.stack([torch.linalg.vector_norm(g, -inf) for g in gs]).to(f64)
+    return torch.stack([l2, amax, nnz, amin, pmax])
 
 
-def param_vectors(params, scale, scratch=None):
-    """`param_vector` of every parameter. Those on the CPU with f32 or f64 gradients take
-    a few reductions without temporaries of their size (for small ones, multi-tensor norms
-    of them all at once), the flush counts read only where the smallest |g| may be small
-    enough to be flushed; those on a device, multi-tensor norms of them all
-    (`_device_param_vectors`); one whose figures are not all finite, and every other one,
-    goes through `param_vector`. The figures are the same; Σg² accumulates in f32 by
-    torch's cascade summation (relative error far below 1e-6), of g·2^k where squares would
-    vanish or overflow."""
-    scratch = scratch or Scratch()
-    out = [None] * len(params)
-    # Each process's own shard of a distributed parameter.
-    given = params
-    grads = [None if p.grad is None else _stats.local(p.grad) for p in params]
-    params = [_stats.local(p) for p in params]
-    usable = [
-        i
-        for i, p in enumerate(params)
-        if grads[i] is not None
-        and grads[i].dtype in (torch.float32, torch.float64)
-        and grads[i].layout == torch.strided
-        and p.numel()
-        and grads[i].numel() == p.numel()
-        and grads[i].device == p.device
-    ]
-    scale = float(scale)
-    fast = [i for i in usable if params[i].device.type == "cpu"]
-    by_device = {}
-    for i in usable:
-        if params[i].device.type != "cpu" or _stats.DEVICE_PATH_ON_CPU:
-            by_device.setdefault(params[i].device, []).append(i)
-    if 0.0 < scale < float("inf"):
+def begin_param_vectors(params, scale, counted=None):
+    """The `param_vector` figures of every parameter, begun where their values are, before
+    the step's one read back (`PendingParams.parts`), and finished from what it read
+    (`PendingParams.finish`). `scale` is the step's loss scale, a float or the scaler's 0-d
+    tensor. `counted`: the last step's `PendingParams.counted` (which parameters needed
+    their flush counts, which the general path); what they needed is begun now, before the
+    read, so a step like the last needs no second one."""
+    return PendingParams(params, scale, counted or {})
+
+
+class PendingParams:
+    """The parameters' figures of one step, begun (see `begin_param_vectors`)."""
+
+    def __init__(self, params, scale, counted):
+        self.given = params
+        self.grads = [None if p.grad is None else _stats.local(p.grad) for p in params]
+        self.params = [_stats.local(p) for p in params]
+        usable = [
+            i
+            for i, p in enumerate(self.params)
+            if self.grads[i] is not None
+            and self.grads[i].dtype in (torch.float32, torch.float64)
+            and self.grads[i].layout == torch.strided
+            and p.numel()
+            and self.grads[i].numel() == p.numel()
+            and self.grads[i].device == p.device
+        ]
+        self.fast = [i for i in usable if _stats.on_host(self.params[i])]
+        by_device = {}
+        for i in usable:
+            if not _stats.on_host(self.params[i]):
+                by_device.setdefault(self.params[i].device, []).append(i)
+        # What goes into the step's read back.
+        self.parts = []
+        self.rows = []
+        self.counts = {}
         for idx in by_device.values():
-            vs = _device_param_vectors([grads[i].detach().reshape(-1) for i in idx],
-                                       [params[i].detach().reshape(-1) for i in idx], scale)
-            for i, v in zip(idx, vs):
+            gs = [self.grads[i].detach().reshape(-1) for i in idx]
+            ps = [self.params[i].detach().reshape(-1) for i in idx]
+            self.rows.append((idx, gs, len(self.parts)))
+            self.parts.append(_device_rows(gs, ps))
+            # The flush counts of those that needed them last step, begun now.
+            for j, i in enumerate(idx):
+                if counted.get(id(params[i])) == "counts":
+                    self.counts[i] = len(self.parts)
+                    self.parts.append(_device_counts(gs[j], scale))
+        in_rows = {i for idx in by_device.values() for i in idx}
+        fast = set(self.fast)
+        # The general path: parameters that no shortcut takes, and those that took it last
+        # step.
+        self.early = {}
+        for i, p in enumerate(params):
+            if (i not in in_rows and i not in fast) or (i in in_rows and counted.get(id(p)) == "general"):
+                self.early[i] = len(self.parts)
+                self.parts.append(param_vector(p, scale))
+        # Ids of the parameters whose rows did not settle their figures this step: "counts"
+        # where the flush counts were needed, "general" where the general path was.
+        self.counted = {}
+
+    def finish(self, read, scale, scratch=None):
+        """Every parameter's figures as a host list, from `read` (the host values of `parts`,
+        as `_stats.gather` gives them) and `scale` (the loss scale, a float); what the read
+        did not settle is computed and read now (a second read back). Afterwards `counted`
+        holds the ids of the parameters that needed more than their row."""
+        scratch = scratch or Scratch()
+        out = [None] * len(self.given)
+        for i, slot in self.early.items():
+            out[i] = read[slot]
+        later = {}
+        if 0.0 < scale < float("inf"):
+            for idx, gs, slot in self.rows:
+                flat = read[slot]
+                n = len(idx)
+                for j, row in enumerate(zip(*(flat[k * n : (k + 1) * n] for k in range(5)))):
+                    i = idx[j]
+                    if not _row_finite(row):
+                        self.counted[id(self.given[i])] = "general"
+                    elif not _row_settles(row, scale):
+                        self.counted[id(self.given[i])] = "counts"
+                    if i in self.early:
+                        continue
+                    v = _device_figures(gs[j], row, scale, read[self.counts[i]] if i in self.counts else None)
+                    if v is None:
+                        later[i] = param_vector(self.given[i], scale)
+                    else:
+                        out[i] = v
+            self._host(out, scale, scratch)
+        for i, p in enumerate(self.given):
+            if out[i] is None and i not in later:
+                later[i] = param_vector(p, scale)
+        # The flush counts begun above, and the general path's vectors, in one read back.
+        counts = [(i, k, t) for i, v in enumerate(out) if v is not None for k, t in enumerate(v) if isinstance(t, torch.Tensor)]
+        if counts or later:
+            got = _stats.gather([t for _, _, t in counts] + list(later.values()))
+            for (i, k, _), c in zip(counts, got):
+                out[i][k] = c[0]
+            for i, v in zip(later, got[len(counts) :]):
                 out[i] = v
-        if _stats.DEVICE_PATH_ON_CPU:
-            fast = []
-    if fast and 0.0 < scale < float("inf"):
-        gs = [grads[i].detach().reshape(-1) for i in fast]
-        ps = [params[i].detach().reshape(-1) for i in fast]
+        return out
+
+    def _host(self, out, scale, scratch):
+        """The figures of f32/f64 gradients on the CPU (few reductions, no temporaries of
+        their size: for small ones multi-tensor norms of them all at once), the flush counts
+        only where the smallest |g| may be small enough to be flushed."""
+        fast = self.fast
+        if not fast:
+            return
+        gs = [self.grads[i].detach().reshape(-1) for i in fast]
+        ps = [self.params[i].detach().reshape(-1) for i in fast]
         bound = _stats.F16_UNDERFLOW * max(1.0, 2.0 / scale)
         for j, (l2, amax, nnz, amin, pmax) in enumerate(_extremes(gs, ps)):
             # NaN or an infinity anywhere shows in the extremes and the norm.
@@ -239,7 +293,75 @@ def param_vectors(params, scale, scratch=None):
             nonzero = n if nnz is None else int(nnz)
             out[fast[j]] = [1.0, l2**2, amax, float(n - nonzero), float(small), float(small_scaled),
                             float(nonzero), 0.0, pmax, 0.0]
-    for i, p in enumerate(given):
-        if out[i] is None:
-            out[i] = param_vector(p, scale)
-    return out
+
+
+def _row_settles(row, scale):
+    """Whether a device gradient's row of `_device_rows` gives all its figures: they are
+    finite, and its smallest |g| shows that nothing is small enough to be flushed."""
+    l2, amax, nnz, amin, pmax = row
+    if not _row_finite(row):
+        return False
+    return not (nnz and amin <= _stats.F16_UNDERFLOW * max(1.0, 2.0 / scale))
+
+
+def _row_finite(row):
+    """Whether a row's figures are finite and its Σg² trustworthy: a GPU's multi-tensor norm
+    sums the squares in f32, where they vanish below |g| = 2^-60 or so and overflow above
+    2^60 (the host path rescales such a gradient; the device's takes the general path, in
+    f64)."""
+    l2, amax, _, _, pmax = row
+    if not all(v - v == 0.0 for v in (l2, amax, pmax)):
+        return False
+    return amax == 0.0 or 2.0**-60 <= amax <= 2.0**60
+
+
+def _device_counts(g, scale):
+    """How many values of a device gradient `g` (flat, f32 or f64) fp16 would not flush:
+    |g| beyond 2^-25, and |g|·scale (in f32) beyond it, as a 2-vector there. Begun before the
+    read back, so `scale` may be the scaler's 0-d tensor (an f32 value: the product is as
+    with its float). Non-finite values are counted too: a gradient that has any takes the
+    general path."""
+    b = _stats.F16_UNDERFLOW
+    if isinstance(scale, torch.Tensor):
+        scale = scale.detach().to(g.device)
+    above = torch.nn.functional.softshrink(g, b).count_nonzero()
+    above_scaled = ((g.abs() * scale).float() > b).sum()
+    return torch.stack([above, above_scaled])
+
+
+def _device_figures(g, row, scale, counts=None):
+    """A device gradient's figures from its row of `_device_rows` (read back), and its
+    `_device_counts` where they were begun before the read (read back with it); where the
+    row shows values small enough to be flushed and no counts were begun, the counts are
+    begun now (0-d tensors in slots 4 and 5, read by the caller). None where a figure is
+    not finite (the general path takes it)."""
+    l2, amax, nnz, amin, pmax = row
+    if not _row_finite(row):
+        return None
+    # (a NaN in p makes its max-abs norm NaN: none here)
+    v = [1.0, l2**2, amax, float(g.numel() - nnz), 0.0, 0.0, nnz, 0.0, pmax, 0.0]
+    b = _stats.F16_UNDERFLOW
+    if counts is not None:
+        # Nonzero values at most the bound: all of them, less those beyond it.
+        v[4] = nnz - counts[0]
+        v[5] = nnz - counts[1]
+    elif nnz and amin <= b * max(1.0, 2.0 / scale):
+        if g.dtype == torch.float32 and math.frexp(scale)[0] == 0.5 and scale <= 2.0**100:
+            above_scaled = torch.nn.functional.softshrink(g, b / scale).count_nonzero()
+        else:
+            a = g.abs().mul_(scale).float()
+            above_scaled = (a > b).sum()
+        # Nonzero values at most the bound: all of them, less those beyond it (in f64:
+        # exact, where a float minus an integer tensor would round to f32).
+        v[4] = nnz - torch.nn.functional.softshrink(g, b).count_nonzero().double()
+        v[5] = nnz - above_scaled.double()
+    return v
+
+
+def param_vectors(params, scale, scratch=None):
+    """`param_vector` of every parameter, as host lists, by the shortcuts of
+    `PendingParams` (the figures are the same; Σg² accumulates in f32 by torch's cascade
+    summation on the CPU's (relative error far below 1e-6), of g·2^k where squares would
+    vanish or overflow)."""
+    pending = begin_param_vectors(params, scale)
+    return pending.finish(_stats.gather(pending.parts), float(scale), scratch)

@@ -17,9 +17,15 @@ except ImportError:  # pragma: no cover - torch without distributed tensors
     DTensor = None
 
 
-# The tests set it to run the device paths (the parameters' figures, a multi-tensor op's
-# inputs) on the CPU.
+# The tests set it to run the device paths on the CPU: every figure gathered on the
+# tensor's device and read back with the step, as on a GPU.
 DEVICE_PATH_ON_CPU = False
+
+
+def on_host(x):
+    """Whether `x` takes the host paths: on the CPU, where reading a value back costs no
+    synchronisation (unless the tests ask for the device paths there)."""
+    return x.device.type == "cpu" and not DEVICE_PATH_ON_CPU
 
 
 def local(t):
@@ -160,7 +166,7 @@ def check(t):
     (or when a sum merely overflowed) they are counted."""
     # No reshape: flattening a transposed tensor would copy it.
     x = local(t).detach()
-    if x.device.type == "cpu":
+    if on_host(x):
         if x.dtype == torch.float16:
             # An fp16 sum would overflow at 65504, and one in f32 takes this CPU twenty
             # times as long as the extremes do.
@@ -191,24 +197,40 @@ def device_check(x):
 
 
 def gather(vecs):
-    """Host lists of statistics vectors (full vectors, checks, parameters' vectors): those on
-    the host as they are, the rest read back in one transfer per device and dtype."""
+    """Host lists of statistics vectors (full vectors, checks, parameters' vectors, and any
+    tensor, as the list of its values): those on the host as they are, the rest read back
+    in one transfer per device (each device synchronises once)."""
     out = list(vecs)
     parts = {}
     for i, v in enumerate(vecs):
         if isinstance(v, DeviceCheck):
             out[i] = [float(v[0]), 0.0, 0.0, 0.0]
             for j, c in enumerate(v[1:], 1):
-                parts.setdefault((c.device, c.dtype, 0), []).append((i, j, c))
+                parts.setdefault(c.device, []).append((i, j, c))
         elif isinstance(v, torch.Tensor):
-            parts.setdefault((v.device, v.dtype, v.numel()), []).append((i, None, v))
-    for items in parts.values():
-        rows = torch.stack([v for _, _, v in items]).cpu().tolist()
-        for (i, j, _), row in zip(items, rows):
-            if j is None:
-                out[i] = row
-            else:
-                out[i][j] = float(row)
+            parts.setdefault(v.device, []).append((i, None, v))
+    with torch.no_grad():
+        for items in parts.values():
+            # Gathered by dtype (one stack of the single values and one concatenation of
+            # the rest each), then in float64 (the figures are float64 already, the counts
+            # integers below 2^53): a few kernels, however many the items.
+            by_dtype = {}
+            for item in items:
+                by_dtype.setdefault((item[2].dtype, item[2].dim() == 0), []).append(item)
+            order, pieces = [], []
+            for (_, single), group in by_dtype.items():
+                ts = [v for _, _, v in group]
+                pieces.append((torch.stack(ts) if single else torch.cat([t.reshape(-1) for t in ts])).to(torch.float64))
+                order.extend(group)
+            flat = (torch.cat(pieces) if len(pieces) > 1 else pieces[0]).cpu().tolist()
+            k = 0
+            for i, j, v in order:
+                n = v.numel()
+                if j is None:
+                    out[i] = flat[k : k + n]
+                else:
+                    out[i][j] = flat[k]
+                k += n
     return out
 
 
@@ -580,7 +602,7 @@ def full(t):
     widen exactly to f32)."""
     t = local(t)
     # Below a few thousand values the calls cost more than the passes they save.
-    if t.device.type == "cpu" and t.numel() >= 4096:
+    if on_host(t) and t.numel() >= 4096:
         return _full_host(t)
     return _full_device(t)
 
@@ -606,7 +628,7 @@ def check_many(ts):
     infinity beside it in a max-abs norm), read as counts of 1; an infinity beside a NaN
     in the same list is not seen, the NaN is."""
     xs = [local(t).detach() for t in ts]
-    if all(x.device.type == "cpu" for x in xs) and not DEVICE_PATH_ON_CPU:
+    if all(on_host(x) for x in xs):
         out = [0.0, 0.0, 0.0, 0.0]
         for x in xs:
             out = [a + b for a, b in zip(out, check(x))]
@@ -730,7 +752,7 @@ def nonfinite_flag(tensors):
     for t in tensors:
         x = local(t).detach()
         if x.numel():
-            (host if x.device.type == "cpu" else dev).append(x)
+            (host if on_host(x) else dev).append(x)
     for x in host:
         v = check(x)
         if v[1] + v[2] + v[3]:
@@ -764,6 +786,11 @@ def batch_check(tensors):
     if not live:
         zero = torch.zeros((), dtype=torch.float64, device=xs[0].device)
         return DeviceCheck((n, zero, zero, zero))
-    norms = torch.stack(list(torch._foreach_norm(live, float("inf"))))
+    # By dtype: a multi-tensor norm takes its one-kernel path only over tensors of one
+    # dtype (over a mixed list it falls back to a kernel a tensor). The maxima widen exactly.
+    by_dtype = {}
+    for x in live:
+        by_dtype.setdefault(x.dtype, []).append(x)
+    norms = torch.cat([torch.stack(list(torch._foreach_norm(g, float("inf")))).double() for g in by_dtype.values()])
     nan = norms.isnan().any().double()
     return DeviceCheck((n, nan, (~norms.isfinite()).any().double(), torch.zeros_like(nan)))

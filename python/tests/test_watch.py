@@ -369,7 +369,7 @@ def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does()
 @pytest.mark.parametrize("device_path", [False, True])
 def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch, device_path):
     # The device path (multi-tensor norms of every gradient) runs here on the CPU.
-    from amprobe_torch._params import param_vector, param_vectors
+    from amprobe_torch._params import begin_param_vectors, param_vector, param_vectors
 
     monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", device_path)
 
@@ -412,15 +412,28 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch
     params = [p, clean, bad, none, big, big_clean, tiny, edge, wide, at_bound]
     for scale in (1.0, 65536.0, 0.5, 3.0):
         fast = param_vectors(params, scale)
-        for q, f in zip(params, fast):
+        # Begun with the flush counts of every parameter before the read back, as for those
+        # that needed them the step before, with the scale as the scaler holds it (unread).
+        begun = []
+        for kind in ("counts", "general"):
+            pending = begin_param_vectors(params, torch.tensor(scale), counted={id(q): kind for q in params})
+            begun.append(pending.finish(_stats.gather(pending.parts), scale))
+        for q, *figures in zip(params, fast, *begun):
             slow = param_vector(q, scale).tolist()
-            f = list(f) if isinstance(f, list) else f.tolist()
-            assert f[0] == slow[0] and f[2:] == slow[2:], (scale, q.numel())
-            # Σg² accumulates in f32 on the shortcut (torch's cascade summation), in f64 off it.
-            assert f[1] == pytest.approx(slow[1], rel=1e-6)
+            for f in figures:
+                f = list(f) if isinstance(f, list) else f.tolist()
+                assert f[0] == slow[0] and f[2:] == slow[2:], (scale, q.numel())
+                # Σg² accumulates in f32 on the shortcut (torch's cascade summation), in f64 off it.
+                assert f[1] == pytest.approx(slow[1], rel=1e-6)
+        if device_path:
+            # Those whose rows did not settle their figures: zeros, values at the bound, a
+            # non-finite gradient; not the clean ones.
+            assert id(clean) not in pending.counted and id(big_clean) not in pending.counted
+            assert all(pending.counted[id(q)] == "counts" for q in (p, big, edge, at_bound))
+            assert all(pending.counted[id(q)] == "general" for q in (bad, tiny))
     v = param_vectors([p], 65536.0)[0]
     assert v[4] > 0 and v[5] == 0 and v[2] == 3.0
-    b = param_vectors([bad], 1.0)[0].tolist()
+    b = param_vectors([bad], 1.0)[0]
     assert b[7] == 2 and b[6] == 18
 
 
@@ -1169,3 +1182,59 @@ def test_a_stance_dynamo_refuses_does_not_stop_the_script(tmp_path, monkeypatch,
     assert w is not None and not w.eager
     close_all()
     assert "could not make torch.compile run eagerly" in capsys.readouterr().err
+
+
+def test_a_step_checked_by_modules_reads_back_once_where_it_decides_and_once_where_it_ends(tmp_path, monkeypatch):
+    # On a GPU every read back waits for the device's queue to drain, and the host's work
+    # after it then runs with the device idle. A step checked by modules reads twice: where
+    # it enters the optimizer phase (does it replay?) and where it ends (its figures); the
+    # scaler reads its own found-inf once. The device paths run here on the CPU, where a
+    # read is a call that brings a tensor's values to Python.
+    monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", True)
+    reads = []
+    counting = [False]
+
+    def counted(name):
+        orig = getattr(torch.Tensor, name)
+
+        def read(self, *a, **k):
+            out = orig(self, *a, **k)
+            if counting[0] and not getattr(self, "_amprobe_test_host", False):
+                reads.append(name)
+                if isinstance(out, torch.Tensor):
+                    out._amprobe_test_host = True  # its tolist is the same read
+            return out
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+    for name in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"):
+        counted(name)
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(100, 32)  # rows no batch uses: zero gradients, flush counts needed
+    model = torch.nn.Sequential(emb, torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 100))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    w = amprobe_torch.watch(model, opt, scaler, trace=str(tmp_path / "t.jsonl"))
+    x = torch.randint(0, 100, (4, 16))
+    y = torch.randint(0, 100, (4, 16))
+    per_step = []
+    for step in range(5):
+        reads.clear()
+        counting[0] = True
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = model(x)
+            loss = torch.nn.functional.cross_entropy(h.float().flatten(0, 1), y.flatten())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        counting[0] = False
+        per_step.append(len(reads))
+    close_all()
+    steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
+    assert len(steps) == 5 and not any(s["skipped"] for s in steps)
+    assert steps[1]["ops"] is None  # checked by modules, not kept
+    # The embedding's flush counts were needed (its zeros): from the second light step on
+    # they are begun before the read, not read after it.
+    assert steps[-1]["params"][0]["zero_frac"] > 0
+    assert per_step[2:] == [3, 3, 3], per_step
