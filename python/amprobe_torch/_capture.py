@@ -301,6 +301,26 @@ def _keep_grad(call, j, g):
     call.grads[j] = g if had is None else had + g
 
 
+class _Wrapped:
+    """A method of the script's scaler as the watcher wraps it (set on the instance): called,
+    it is the wrapper; copied or pickled with the scaler (`copy.deepcopy`, `torch.save` of
+    the whole object), it is the copy's own method, and the copy is not watched."""
+
+    __slots__ = ("owner", "name", "func")
+
+    def __init__(self, owner, name, func):
+        self.owner = owner
+        self.name = name
+        self.func = func
+
+    def __call__(self, *a, **k):
+        return self.func(*a, **k)
+
+    def __reduce__(self):
+        # The copy's attribute is read before its state is set: its class's method.
+        return (getattr, (self.owner, self.name))
+
+
 class _Call:
     """One outermost call of a module of the model in a step checked by modules: what a
     replay needs to run it again as it ran (its inputs, the random generators' states,
@@ -1168,7 +1188,7 @@ class Watcher:
                 w._end_step(before, found, replay)
                 return r
 
-            sc.update = update
+            sc.update = _Wrapped(sc, "update", update)
             orig_scale = sc.scale
 
             def scale(*a, **k):
@@ -1185,7 +1205,7 @@ class Watcher:
                     w.scaling_nodes.append(out.grad_fn)
                 return out
 
-            sc.scale = scale
+            sc.scale = _Wrapped(sc, "scale", scale)
             orig_unscale = self._in_optimizer(sc.unscale_)
 
             def unscale_(*a, **k):
@@ -1193,8 +1213,8 @@ class Watcher:
                 w.unscaled = w.active
                 return r
 
-            sc.unscale_ = unscale_
-            sc.step = self._updating(sc.step)
+            sc.unscale_ = _Wrapped(sc, "unscale_", unscale_)
+            sc.step = _Wrapped(sc, "step", self._updating(sc.step))
         # The wrappers are bound methods, as the optimizer's own are: an LR scheduler made
         # after `watch` wraps `step` through its `__func__`.
         for opt in self.optimizers:

@@ -1172,6 +1172,42 @@ def test_a_watched_model_can_be_copied_and_saved_whole(tmp_path):
         assert hooks and all(isinstance(h, ModuleHook) and h.f is None for h in hooks)
 
 
+def test_a_watched_scaler_can_be_saved_whole_and_copied(tmp_path):
+    # torch.save(scaler) of the whole object raised (its wrapped methods were closures); a
+    # deep copy's methods were the closures themselves, still updating the original scaler
+    # and writing its steps to the trace. A copy is a scaler of its own, not watched.
+    import copy
+    import io
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    path = tmp_path / "t.jsonl"
+    amprobe_torch.watch(model, opt, scaler, trace=str(path))
+    x = torch.randn(3, 4)
+
+    def step(sc, new_scale=None):
+        opt.zero_grad()
+        sc.scale(model(x).pow(2).mean()).backward()
+        sc.step(opt)
+        sc.update(new_scale)
+
+    step(scaler)
+    buf = io.BytesIO()
+    torch.save(scaler, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    twin = copy.deepcopy(scaler)
+    for other in (loaded, twin):
+        step(other, 512.0)
+        assert other.get_scale() == 512.0
+    assert scaler.get_scale() == 1024.0
+    close_all()
+    # (the copies' steps ran the optimizer, not the watched scaler: not steps of the trace)
+    steps = [r for r in read(path) if r["type"] == "step"]
+    assert len(steps) == 1 and steps[0]["scale_before"] == 1024.0
+
+
 def test_a_stance_dynamo_refuses_does_not_stop_the_script(tmp_path, monkeypatch, capsys):
     def refuse(*a, **k):
         raise RuntimeError("not here")
