@@ -29,11 +29,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import amprobe_torch  # noqa: E402
 from amprobe_torch import _capture  # noqa: E402
+from capture_workload import SIZES, Workload  # noqa: E402
 
-SIZES = {
-    "mini": dict(d_model=384, num_layers=4, num_heads=8, d_ff=1536, d_kv=48, batch=4, seq=128),
-    "base": dict(d_model=768, num_layers=12, num_heads=12, d_ff=3072, d_kv=64, batch=8, seq=512),
-}
 VARIANTS = ("eager", "watch", "watch-ops", "watch-full", "anomaly")
 
 
@@ -46,33 +43,11 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, eager first (default {','.join(VARIANTS)})")
     a = ap.parse_args()
-    from transformers import T5Config, T5EncoderModel
-
     size = a.size or ("base" if a.device == "cuda" else "mini")
-    s = SIZES[size]
-    dev = torch.device(a.device)
-    cfg = T5Config(
-        vocab_size=32128,
-        d_model=s["d_model"],
-        d_kv=s["d_kv"],
-        d_ff=s["d_ff"],
-        num_layers=s["num_layers"],
-        num_heads=s["num_heads"],
-        dropout_rate=0.0,
-        feed_forward_proj="relu",
-    )
-    torch.manual_seed(0)
-    base = T5EncoderModel(cfg).to(dev)
-    ids = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=dev)
-    # Targets other than the inputs: against its own ids a tied-embedding LM is already
-    # near zero loss, with gradients near 1e-28 that no real run has.
-    labels = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=dev)
-    dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    work = Workload(a.device, size)
+    s, dev, dtype, base = work.size, work.device, work.dtype, work.model
     tmp = tempfile.mkdtemp(prefix="amprobe-bench-")
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+    sync = work.sync
 
     def run(variant, rnd):
         model = copy.deepcopy(base)
@@ -93,11 +68,7 @@ def main():
             opt.zero_grad(set_to_none=True)
             ctx = torch.autograd.detect_anomaly(check_nan=True) if variant == "anomaly" else _null()
             with ctx:
-                with torch.autocast(dev.type, dtype=dtype):
-                    h = model(input_ids=ids).last_hidden_state
-                    logits = h @ model.shared.weight.t()
-                    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-                scaler.scale(loss).backward()
+                scaler.scale(work.loss(model)).backward()
             scaler.step(opt)
             scaler.update()
             sync()

@@ -28,6 +28,7 @@ from . import _plan, _stats
 from ._hooks import ModuleHook
 from ._params import Scratch, begin_param_vectors
 from ._trace import SCHEMA_VERSION, TraceWriter, jfloat
+from ._tree import leaves, map_tensors
 
 TOOL_VERSION = "0.1.0"
 
@@ -37,21 +38,6 @@ def _key(t):
     (the Python objects that reach the dispatcher are not stable)."""
     t = _stats.local(t)
     return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
-
-
-def _leaves(tree, kind):
-    """The leaves of type `kind` in a tree of lists, tuples and dicts, in order."""
-    out = []
-    stack = [tree]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, kind):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(reversed(x))
-        elif isinstance(x, dict):
-            stack.extend(reversed(list(x.values())))
-    return out
 
 
 # An op with this many tensor inputs or more (a multi-tensor op) has its unchecked inputs
@@ -79,14 +65,9 @@ class _Names:
     node."""
 
     def __init__(self, model):
-        root = model
         # A DDP or FSDP wrapper's names carry its `module.` prefix and FSDP's inner
         # wrappers their `_fsdp_wrapped_module`; the user's model's names have neither.
-        if hasattr(root, "module") and type(root).__name__ in (
-            "DistributedDataParallel",
-            "FullyShardedDataParallel",
-        ):
-            root = root.module
+        root = _unwrapped(model)
         self.root = root
         self.names = {id(m): _own_name(n) for n, m in root.named_modules()}
         if id(model) not in self.names:
@@ -270,28 +251,24 @@ def _order_key(index):
     return index if isinstance(index, tuple) else (index, 1, 0)
 
 
-def _cut(obj, leaves, memo):
+def _cut(obj, made, memo):
     """A call's arguments with each tensor that an op made and that needs a gradient
-    replaced by a leaf of the same values that needs one too (also put in `leaves`): the
+    replaced by a leaf of the same values that needs one too (also put in `made`): the
     replayed call's backward then ends at its inputs, driven by the gradients its own
     outputs received, instead of going back into the first run's graph of what made them
     (another call of the model, already freed by its backward)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.grad_fn is None or not obj.requires_grad:
-            return obj
-        leaf = memo.get(id(obj))
+
+    def cut(t):
+        if t.grad_fn is None or not t.requires_grad:
+            return t
+        leaf = memo.get(id(t))
         if leaf is None:
-            leaf = obj.detach().requires_grad_()
-            memo[id(obj)] = leaf
-            leaves.append(leaf)
+            leaf = t.detach().requires_grad_()
+            memo[id(t)] = leaf
+            made.append(leaf)
         return leaf
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_cut(x, leaves, memo) for x in obj)
-    if isinstance(obj, list):
-        return [_cut(x, leaves, memo) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _cut(v, leaves, memo) for k, v in obj.items()}
-    return obj
+
+    return map_tensors(obj, cut)
 
 
 def _keep_grad(call, j, g):
@@ -456,6 +433,10 @@ class Watcher:
         self.param_keys = {_key(p) for p in self.model.parameters()}
         self.op_count = 0
         self.losses = []
+        # The model's outermost calls in this step, and their count at the last backward:
+        # a backward with no call since the last one is another loss of its micro-batch.
+        self.model_calls = 0
+        self.calls_at_backward = None
         self.scaling_nodes = []
         # Autograd node -> the module whose forward made it (backward ops are named by it).
         self.node_module = {}
@@ -554,6 +535,9 @@ class Watcher:
         self.tree_depth += 1
         if self.tree_depth == 1:
             self.call_paused = False
+            if torch._C._current_graph_task_id() == -1:
+                # (not a checkpointed block's recomputation inside a backward)
+                self.model_calls += 1
             if self.light and self.updates and self.active and not self.busy:
                 self.light = False
                 self.light_cut = "update"
@@ -594,7 +578,7 @@ class Watcher:
             return
         self.busy = True
         try:
-            for t in _leaves(out, torch.Tensor):
+            for t in leaves(out, torch.Tensor):
                 if _stats.floating(t):
                     self.call_outputs[id(t)] = t
             # Checked in batches: a forward's outputs are not all held until it ends.
@@ -603,7 +587,7 @@ class Watcher:
                 self.call_outputs = {}
             if self.tree_depth == 0:
                 self.call = None
-                for j, t in enumerate(_leaves(out, torch.Tensor)):
+                for j, t in enumerate(leaves(out, torch.Tensor)):
                     if t.requires_grad:
                         t.register_hook(functools.partial(_keep_grad, c, j))
         except Exception:
@@ -705,7 +689,7 @@ class Watcher:
         try:
             for micro in sorted({c.micro for c in self.calls}):
                 self.replay_micro = micro
-                outs, grads, leaves, memo = [], [], [], {}
+                outs, grads, made, memo = [], [], [], {}
                 for c in self.calls:
                     if c.micro != micro:
                         continue
@@ -713,7 +697,7 @@ class Watcher:
                     try:
                         with _disable_current_modes():
                             c.restore_rng()
-                            args, kwargs = _cut((c.args, c.kwargs), leaves, memo)
+                            args, kwargs = _cut((c.args, c.kwargs), made, memo)
                     finally:
                         self.busy = False
                     self.replay_call = c
@@ -722,7 +706,7 @@ class Watcher:
                     with c.context():
                         out = c.module(*args, **kwargs)
                     self.replay_call = None
-                    for j, t in enumerate(_leaves(out, torch.Tensor)):
+                    for j, t in enumerate(leaves(out, torch.Tensor)):
                         # No op of the replay reads its outputs: their nodes are named here.
                         self._name_loss(t)
                         g = c.grads.get(j)
@@ -733,7 +717,7 @@ class Watcher:
                     try:
                         # (the inputs cut from other calls too: their gradients are
                         # ops of the step)
-                        torch.autograd.grad(outs, params + leaves, grads, allow_unused=True)
+                        torch.autograd.grad(outs, params + made, grads, allow_unused=True)
                     except RuntimeError as e:
                         # A backward that cannot run into gradients of its own (reentrant
                         # activation checkpointing refuses `autograd.grad`): the forward's
@@ -843,8 +827,8 @@ class Watcher:
                     mask_scalar = mask_scalar or _mask_like(x)
                     scalars_finite = scalars_finite and x - x == 0.0
                 elif isinstance(x, (list, tuple)):
-                    ins.extend(t for t in _leaves(x, torch.Tensor) if _stats.observed(t))
-                    for f in _leaves(x, float):
+                    ins.extend(t for t in leaves(x, torch.Tensor) if _stats.observed(t))
+                    for f in leaves(x, float):
                         mask_scalar = mask_scalar or _mask_like(f)
                         scalars_finite = scalars_finite and f - f == 0.0
         # What the output will derive from: the parameters or the batch (then its Inf or
@@ -958,7 +942,7 @@ class Watcher:
             # It wrote its results into an argument and returned nothing.
             i, arg = written
             out = args[i] if i < len(args) else (kwargs or {}).get(arg)
-        outs = (out,) if isinstance(out, torch.Tensor) else _leaves(out, torch.Tensor)
+        outs = (out,) if isinstance(out, torch.Tensor) else leaves(out, torch.Tensor)
         floats = [t for t in outs if _stats.floating(t)]
         many = many and len(floats) > 1
         if not floats:
@@ -1264,13 +1248,21 @@ class Watcher:
 
     def on_backward(self, roots):
         """A backward from `roots` starts: their nodes are named, and their sum, when each
-        is one value, is the micro-batch's loss (the gradient is the sum's)."""
+        is one value, is the micro-batch's loss (the gradient is the sum's), or adds to it
+        where the model was not called since the last backward."""
         for root in roots:
             self._name_loss(root)
         self.backwards += 1
         if self.active and roots and all(r.numel() == 1 for r in roots):
             total = sum(r.detach().reshape(()).to(torch.float64) for r in roots)
-            self.losses.append(total.clone())
+            if self.losses and self.model_calls and self.model_calls == self.calls_at_backward:
+                # Several losses of one forward, each backpropagated on its own
+                # (`retain_graph=True`): one micro-batch, whose loss is their sum (the
+                # gradients are). Without calls of the model seen, each backward is one.
+                self.losses[-1] = self.losses[-1] + total
+            else:
+                self.losses.append(total.clone())
+        self.calls_at_backward = self.model_calls
 
     def _end_step(self, scale_before, found, replay=False):
         """The step ends: its figures are read back (once), a skip its checks did not see

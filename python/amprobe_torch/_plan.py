@@ -31,6 +31,7 @@ import sys
 import torch
 
 from ._hooks import ModuleHook
+from ._tree import map_tensors
 
 AUTOCAST = "AMPROBE_AUTOCAST"
 FP32_MODULES = "AMPROBE_FP32_MODULES"
@@ -146,14 +147,7 @@ def _autocast_around_forward(model, kind):
 
 
 def _to_fp32(x):
-    if isinstance(x, torch.Tensor):
-        return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    if isinstance(x, (list, tuple)):
-        out = [_to_fp32(v) for v in x]
-        return type(x)(out) if type(x) in (list, tuple) else x
-    if isinstance(x, dict):
-        return {k: _to_fp32(v) for k, v in x.items()}
-    return x
+    return map_tensors(x, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
 
 
 def _run_in_fp32(module, device_type):

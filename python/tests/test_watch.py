@@ -1274,3 +1274,47 @@ def test_a_step_checked_by_modules_reads_back_once_where_it_decides_and_once_whe
     # they are begun before the read, not read after it.
     assert steps[-1]["params"][0]["zero_frac"] > 0
     assert per_step[2:] == [3, 3, 3], per_step
+
+
+def test_several_losses_of_one_forward_are_one_micro_batch(tmp_path):
+    # loss1.backward(retain_graph=True); loss2.backward(): two backwards, one micro-batch,
+    # whose loss is the sum (the gradients are the sum's). They were counted as two
+    # micro-batches with the mean of the two as the step's loss. A failing step's origin is
+    # the same checked by modules as with full statistics.
+    def run(path, sample_every):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        sc = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        amprobe_torch.watch(m, opt, sc, trace=str(path), sample_every=sample_every)
+        x = torch.randn(4, 8)
+        totals = []
+        for step in range(4):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = m(x)
+                l1 = out.float().pow(2).mean()
+                l2 = out.float().abs().mean() * (1e6 if step == 2 else 1.0)
+            totals.append((l1 + l2).item())
+            sc.scale(l1).backward(retain_graph=True)
+            sc.scale(l2).backward()
+            sc.step(opt)
+            sc.update()
+        close_all()
+        return totals, [r for r in read(path) if r["type"] == "step"]
+
+    totals, light = run(tmp_path / "light.jsonl", 0)
+    _, full = run(tmp_path / "full.jsonl", 1)
+    assert [s["micro_batches"] for s in light] == [1, 1, 1, 1]
+    for s, t in zip(light, totals):
+        assert s["loss"] == pytest.approx(t, rel=1e-6)
+    assert light[2]["skipped"] and light[2]["origins"]["first_inf"] is not None
+    for a, b in zip(light, full):
+        # (where: the op indices differ, the model's backward ops of a step checked by
+        # modules being its replay's, which runs one backward for the two)
+        for k in ("first_inf", "first_nan"):
+            x, y = a["origins"][k], b["origins"][k]
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert (x["module"], x["op"], x["phase"], x["micro"]) == (y["module"], y["op"], y["phase"], y["micro"])
+        assert a["loss"] == b["loss"]

@@ -1,0 +1,52 @@
+"""The workload scripts/bench-capture.py and scripts/profile-capture.py time: a T5 encoder
+from transformers trained as a language model on its tied embedding, under autocast (fp16
+with a GradScaler on a GPU, bf16 on the CPU)."""
+
+import torch
+
+SIZES = {
+    "mini": dict(d_model=384, num_layers=4, num_heads=8, d_ff=1536, d_kv=48, batch=4, seq=128),
+    "base": dict(d_model=768, num_layers=12, num_heads=12, d_ff=3072, d_kv=64, batch=8, seq=512),
+}
+
+
+class Workload:
+    """The model of size `size` (a key of SIZES; batch and seq may be overridden) on `device`,
+    its batch and targets, and the autocast dtype."""
+
+    def __init__(self, device, size, batch=None, seq=None):
+        from transformers import T5Config, T5EncoderModel
+
+        s = dict(SIZES[size])
+        s["batch"] = batch or s["batch"]
+        s["seq"] = seq or s["seq"]
+        self.size = s
+        self.device = torch.device(device)
+        cfg = T5Config(
+            vocab_size=32128,
+            d_model=s["d_model"],
+            d_kv=s["d_kv"],
+            d_ff=s["d_ff"],
+            num_layers=s["num_layers"],
+            num_heads=s["num_heads"],
+            dropout_rate=0.0,
+            feed_forward_proj="relu",
+        )
+        torch.manual_seed(0)
+        self.model = T5EncoderModel(cfg).to(self.device)
+        self.ids = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=self.device)
+        # Targets other than the inputs: against its own ids a tied-embedding LM is already
+        # near zero loss, with gradients near 1e-28 that no real run has.
+        self.labels = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), device=self.device)
+        self.dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
+
+    def loss(self, model):
+        """The step's loss with `model` (a copy of `self.model`), under autocast."""
+        with torch.autocast(self.device.type, dtype=self.dtype):
+            h = model(input_ids=self.ids).last_hidden_state
+            logits = h @ model.shared.weight.t()
+            return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), self.labels.flatten())
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
