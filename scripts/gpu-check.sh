@@ -14,7 +14,9 @@
 # The Hugging Face samples (GPT-2, LLaMA, BERT, the full T5) each run one step on the
 # device and on the CPU; their diagnoses must read the same.
 #
-#   scripts/gpu-check.sh [--quick | --no-bench]  # --quick: both benches with 2 layers
+#   scripts/gpu-check.sh [--quick | --no-bench | --ab]  # --quick: both benches with 2 layers
+#                                                      # --ab: then scripts/gpu-ab.sh (fp16 and
+#                                                      # fp32, probes off; gpu-pack.sh --ab REV)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -83,6 +85,10 @@ step amprobe_llama 300 gpu-bin/t5_base_gpu --model llama --layers "$llama_layers
 capture_size=base; [ "$quick" = "--quick" ] && capture_size=mini
 step bench_capture 240 python3 scripts/bench-capture.py --device cuda --size "$capture_size" \
     --rounds 3 --steps 3
+
+if [ "$quick" = "--ab" ]; then
+    step ab 240 scripts/gpu-ab.sh --rounds 2 --modes fp16,fp32 --probes off
+fi
 
 echo
 echo "== summary ($(tail -n 1 "$out/nvidia-smi.txt"))"
