@@ -202,7 +202,12 @@ class PendingParams:
         # The general path: parameters that no shortcut takes, and those that took it last
         # step.
         self.early = {}
+        # Parameters without a gradient (frozen: a LoRA model's base weights) have no
+        # figures to compute: zeros, on the host.
+        self.frozen = {i for i, g in enumerate(self.grads) if g is None}
         for i, p in enumerate(params):
+            if i in self.frozen:
+                continue
             if (i not in in_rows and i not in fast) or (i in in_rows and counted.get(id(p)) == "general"):
                 self.early[i] = len(self.parts)
                 self.parts.append(param_vector(p, scale))
@@ -217,6 +222,8 @@ class PendingParams:
         holds the ids of the parameters that needed more than their row."""
         scratch = scratch or Scratch()
         out = [None] * len(self.given)
+        for i in self.frozen:
+            out[i] = [0.0] * 10
         for i, slot in self.early.items():
             out[i] = read[slot]
         later = {}
