@@ -416,9 +416,20 @@ class Watcher:
         self.backwards = 0
         self.abandoned = False
         # Why a step checked by modules is checked op by op from some point on: "update"
-        # where it calls the model after an optimizer update (see `_updating`), "grad"
-        # where the script differentiates by `torch.autograd.grad` (`on_autograd_grad`).
+        # where it calls the model inside an update (an optimizer's closure: see
+        # `_call_enter`), "grad" where the script differentiates by `torch.autograd.grad`
+        # (`on_autograd_grad`).
         self.light_cut = None
+        # Whether an optimizer's update is running (see `_updating`).
+        self.in_update = False
+        # Whether the optimizer's own step ran inside the scaler's step being run (the
+        # scaler skips it where it found an infinity: see `_updating`).
+        self.inner_stepped = False
+        # Whether the step's calls are past its first update (see `_new_segment`), and
+        # whether the scaler skipped an update whose calls were decided before an earlier
+        # one (no replay can run them as they ran).
+        self.later_segment = False
+        self.segment_note = False
         # Whether the script called `torch.autograd.grad` in this step.
         self.grad_called = False
         self.ops = []
@@ -538,7 +549,10 @@ class Watcher:
             if torch._C._current_graph_task_id() == -1:
                 # (not a checkpointed block's recomputation inside a backward)
                 self.model_calls += 1
-            if self.light and self.updates and self.active and not self.busy:
+            if self.light and self.in_update and self.active and not self.busy:
+                # A call inside an update (an optimizer's closure: SAM's, which runs it on
+                # parameters it moved): no replay can run it as it ran; the rest of the
+                # step is checked op by op.
                 self.light = False
                 self.light_cut = "update"
         if (
@@ -642,14 +656,16 @@ class Watcher:
                     # Read back as a check is (its first count is the flag).
                     on_device.append(_stats.DeviceCheck((1, f, f, f)))
                 vecs = [self.full_vecs[i] if k == "full" else self.check_vecs[i] for k, i in (op["vec"] for op in self.ops)]
-                ext = [self.check_vecs[e] for e in self.external.values()]
+                ext = list(self.external.values())
                 if not failing:
-                    read = _stats.gather(vecs + ext + on_device)
+                    read = _stats.gather(vecs + [self.check_vecs[e] for e in ext] + on_device)
                     for _ in on_device:
                         failing = read.pop()[1] > 0 or failing
-                    for op, v in zip(self.ops, read):
-                        failing = failing or (op["eligible"] and v[1] + v[2] + (0 if op["masked"] else v[3]) > 0)
-                    failing = failing or any(v[1] + v[2] + v[3] > 0 for v in read[len(vecs):])
+                    # An op of the script's own that made a NaN or an infinity (not one that
+                    # only passed on what an input held: the last step's NaN loss kept by
+                    # the script; a model's output that held one is in its modules' flags).
+                    origins = self._origins(read[: len(vecs)], dict(zip(ext, read[len(vecs) :])))
+                    failing = failing or origins["first_inf"] is not None or origins["first_nan"] is not None
         except Exception:
             self.fail()
             return
@@ -1075,7 +1091,14 @@ class Watcher:
     def _enter_optimizer(self):
         """One level deeper into the optimizer phase; a step checked by modules decides
         where it first enters it whether it failed."""
-        if self.light and not self.decided and not self.optimizer_depth and self.active and not self.busy:
+        if (
+            self.light
+            and not self.decided
+            and not self.optimizer_depth
+            and self.active
+            and not self.busy
+            and (self.calls or not self.later_segment)
+        ):
             self._decide()
         self.optimizer_depth += 1
 
@@ -1120,13 +1143,15 @@ class Watcher:
         before = sc._scale.detach().clone() if sc is not None and sc._scale is not None else None
         self._end_step(before, self._found_inf() if sc is not None else None)
 
-    def _updating(self, f):
-        """`f`, an optimizer's update (its `step`, or the scaler's step of it), in the
-        optimizer phase, counted. A step checked by modules replays its model calls as they
-        ran, which needs the parameters they read unchanged: where such a step calls the
-        model after an update (a GAN's generator part after its discriminator's update),
-        the rest of it is checked op by op (`_call_enter`), and steps after one that
-        updated more than once are checked op by op throughout (`_end_step`)."""
+    def _updating(self, f, scaler_step=False):
+        """`f`, an optimizer's update (its `step`, or the scaler's step of it: `scaler_step`),
+        in the optimizer phase, counted. A step checked by modules replays its model calls as
+        they ran, which needs the parameters they read unchanged: its calls are decided in
+        segments, each ending where an update begins (`_enter_optimizer`), and a segment the
+        scaler skipped an update for, which its checks did not see fail, is replayed as soon
+        as the scaler's step returns (nothing has changed its parameters yet). The next
+        segment begins with the calls after the update (a GAN's generator part after its
+        discriminator's update)."""
         w = self
         inner = self._in_optimizer(f)
 
@@ -1134,6 +1159,8 @@ class Watcher:
             outer = w.active and not w.busy and not w.optimizer_depth
             if outer:
                 w.updates += 1
+                w.inner_stepped = False
+                w.in_update = True
             if a and callable(a[0]):
                 a = (w._outside_optimizer(a[0]),) + a[1:]
             elif callable(k.get("closure")):
@@ -1144,8 +1171,29 @@ class Watcher:
                 if outer:
                     # What follows an update is not its phase (the scaler's step unscaled).
                     w.unscaled = False
+                    w.in_update = False
+                    if w.light and w.active and not w.replayed:
+                        if scaler_step and not w.inner_stepped:
+                            # The scaler found an infinity and skipped the update.
+                            if w.calls or not w.later_segment:
+                                w._replay()
+                            else:
+                                # (two optimizers stepped after one backward: the calls
+                                # ran before the first, which may have changed them)
+                                w.segment_note = True
+                        if w.light:
+                            w._new_segment()
 
         return run
+
+    def _new_segment(self):
+        """After an update in a step checked by modules: the calls that follow are decided
+        and replayed on their own (see `_updating`)."""
+        self.decided = False
+        self.calls = []
+        self.replay_note = None
+        # (a segment with no call of the model has nothing to decide)
+        self.later_segment = True
 
     def _wrap(self):
         w = self
@@ -1161,11 +1209,9 @@ class Watcher:
                     found = w._found_inf()
                     before = sc._scale.detach().clone() if sc._scale is not None else None
                     # Whether a skip the step's checks did not see replays it (read with
-                    # the step: the parameters are as the step's forward had them until
-                    # the next update). After a model call that followed an update, only
-                    # when that one update was skipped: the calls before it ran on these
-                    # parameters.
-                    replay = (w.light or (w.light_cut == "update" and w.updates == 1)) and not w.replayed
+                    # the step: the parameters are as the calls since the last update had
+                    # them).
+                    replay = w.light and not w.replayed and (bool(w.calls) or not w.later_segment)
                 finally:
                     w.busy = False
                 r = w._in_optimizer(orig_update)(*a, **k)
@@ -1198,7 +1244,7 @@ class Watcher:
                 return r
 
             sc.unscale_ = _Wrapped(sc, "unscale_", unscale_)
-            sc.step = _Wrapped(sc, "step", self._updating(sc.step))
+            sc.step = _Wrapped(sc, "step", self._updating(sc.step, scaler_step=True))
         # The wrappers are bound methods, as the optimizer's own are: an LR scheduler made
         # after `watch` wraps `step` through its `__func__`.
         for opt in self.optimizers:
@@ -1226,6 +1272,7 @@ class Watcher:
         key = id(opt)
 
         def step(_opt, *a, **k):
+            w.inner_stepped = True
             r = orig(*a, **k)
             if w.active and w.scaler is None and not w.optimizer_depth:
                 w.stepped.add(key)
@@ -1288,9 +1335,9 @@ class Watcher:
             self.fail()
         finally:
             self.busy = False
-        if self.updates > 1 or self.grad_called:
-            # Steps that update more than once, or differentiate by `torch.autograd.grad`,
-            # are checked op by op (see `_updating`, `on_autograd_grad`).
+        if self.grad_called:
+            # Steps that differentiate by `torch.autograd.grad` are checked op by op (see
+            # `on_autograd_grad`).
             self.light_ok = False
         self.step += 1
         self._begin_step()
@@ -1378,13 +1425,18 @@ class Watcher:
             events.append(
                 "amprobe_torch: the step's origin is not known: "
                 + (
-                    "up to its first optimizer update it was checked only at the model's outputs, and "
-                    "its model calls cannot be replayed once an update has changed parameters"
+                    "up to its optimizer's update it was checked only at the model's outputs, and its model "
+                    "calls inside the update (an optimizer's closure) cannot be replayed as they ran"
                     if self.light_cut == "update"
                     else "up to its call of torch.autograd.grad it was checked only at the model's outputs, "
-                    "and a replay's one backward cannot stand for its several (a gradient penalty)"
+                    "and a replay's one backward cannot stand for its several (a gradient penalty); later "
+                    "steps check every op"
                 )
-                + "; later steps check every op"
+            )
+        if self.segment_note and failing and origins["first_inf"] is None and origins["first_nan"] is None:
+            events.append(
+                "amprobe_torch: the step's origin is not known: the scaler skipped an optimizer's update after "
+                "another's, and the model calls it would replay ran before that other update changed parameters"
             )
         if self.abandoned:
             events.append(
