@@ -828,3 +828,61 @@ def test_two_optimizers_after_one_backward_say_when_a_skip_cannot_be_replayed(tm
     assert b[2]["skipped"] and _origin(b[2]) is None
     assert len(b[2]["events"]) == 1 and "origin is not known" in b[2]["events"][0], b[2]["events"]
     assert b[3]["ops"] is None and not b[3]["skipped"]
+
+
+def train_wgan(steps=3, n_critic=3, plant=None, watch=None, seed=0):
+    """A WGAN without a scaler (bf16): each step the critic steps `n_critic` times, then
+    the generator once; one step of the trace ends when both have stepped. `plant` =
+    (step, critic iteration): that iteration's critic forward overflows."""
+    torch.manual_seed(seed)
+    gen = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    critic = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), Boost(), torch.nn.Linear(32, 1))
+    og = torch.optim.RMSprop(gen.parameters(), lr=1e-4)
+    oc = torch.optim.RMSprop(critic.parameters(), lr=1e-4)
+    if watch is not None:
+        watch({"G": gen, "C": critic}, [oc, og], None)
+    g = torch.Generator().manual_seed(seed + 1)
+    losses = []
+    for s in range(steps):
+        for i in range(n_critic):
+            z = torch.randn(16, 8, generator=g)
+            real = torch.randn(16, 16, generator=g)
+            critic[2].k = 1.0e20 if plant == (s, i) else 1.0
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                lc = critic(gen(z).detach()).float().mean() - critic(real).float().mean()
+            oc.zero_grad(set_to_none=True)
+            lc.backward()
+            oc.step()
+            # (reset after the update, before which a replay runs the forward again)
+            critic[2].k = 1.0
+            losses.append(lc.detach().clone())
+        z = torch.randn(16, 8, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lg = -critic(gen(z)).float().mean()
+        og.zero_grad(set_to_none=True)
+        lg.backward()
+        og.step()
+        losses.append(lg.detach().clone())
+    state = {f"G.{n}": t.detach().clone() for n, t in gen.state_dict().items()}
+    state.update({f"C.{n}": t.detach().clone() for n, t in critic.state_dict().items()})
+    return losses, [], state
+
+
+def test_a_wgans_critic_steps_are_segments_checked_by_modules(tmp_path):
+    # Four updates a step (three of the critic's, the generator's): each segment of calls
+    # is decided before its update, so the steps after the first are checked by modules
+    # (they were checked op by op), and a failure in a second critic iteration is found
+    # where full statistics find it.
+    plant = (2, 1)
+    plain = train_wgan(plant=plant)
+    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
+    train_wgan(plant=plant, watch=watcher(full, sample_every=1))
+    close_all()
+    seen = train_wgan(plant=plant, watch=watcher(fast))
+    close_all()
+    assert_same_bits(plain, seen)
+    a, b = steps_of(full), steps_of(fast)
+    assert len(a) == len(b) == 3
+    assert b[1]["ops"] is None and b[1]["op_count"] < a[1]["op_count"]
+    assert _origin(b[2])[:3] == _origin(a[2])[:3] == ("forward", "mul", "C.2")
+    assert b[2]["events"] == []
