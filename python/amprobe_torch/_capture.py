@@ -1165,14 +1165,18 @@ class Watcher:
                 a = (w._outside_optimizer(a[0]),) + a[1:]
             elif callable(k.get("closure")):
                 k["closure"] = w._outside_optimizer(k["closure"])
+            done = False
             try:
-                return inner(*a, **k)
+                r = inner(*a, **k)
+                done = True
+                return r
             finally:
                 if outer:
                     # What follows an update is not its phase (the scaler's step unscaled).
                     w.unscaled = False
                     w.in_update = False
-                    if w.light and w.active and not w.replayed:
+                    # (not where the update raised: the script's error goes on as it is)
+                    if done and w.light and w.active and not w.replayed:
                         if scaler_step and not w.inner_stepped:
                             # The scaler found an infinity and skipped the update.
                             if w.calls or not w.later_segment:

@@ -886,3 +886,30 @@ def test_a_wgans_critic_steps_are_segments_checked_by_modules(tmp_path):
     assert b[1]["ops"] is None and b[1]["op_count"] < a[1]["op_count"]
     assert _origin(b[2])[:3] == _origin(a[2])[:3] == ("forward", "mul", "C.2")
     assert b[2]["events"] == []
+
+
+def test_an_update_that_raises_is_the_scripts_error_alone(tmp_path, capsys):
+    # The scaler's step raising before the optimizer's (here: no gradient to unscale) went
+    # on to replay the step's calls, as for an update the scaler skipped, while the
+    # script's error propagated.
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    w = amprobe_torch.watch(model, opt, scaler, trace=str(tmp_path / "t.jsonl"))
+    replays = []
+    original = w._replay
+    w._replay = lambda: replays.append(1) or original()
+    x = torch.randn(3, 4)
+    for step in range(3):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        if step == 2:
+            with pytest.raises(AssertionError, match="No inf checks"):
+                scaler.step(opt)
+            break
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    close_all()
+    assert replays == [] and "capture stopped" not in capsys.readouterr().err
