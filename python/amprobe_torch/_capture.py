@@ -20,8 +20,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 try:
     from torch.utils._python_dispatch import _disable_current_modes
 except ImportError:  # pragma: no cover - older torch: the mode sees the step's own figures
-    import contextlib
-
     _disable_current_modes = contextlib.nullcontext
 
 from . import _plan, _stats
@@ -375,6 +373,14 @@ class Watcher:
         # every op must be checked (AMPROBE_CHECK=ops) or the model is sharded (a replay of
         # one rank's forward would wait on collectives the other ranks do not make).
         self.light_ok = check == "modules" and not any(_sharded(m) for m in called)
+        # Host checks of the tensors the training owns across steps (parameters, optimizer
+        # state), by key: (version counter, check) as an op last wrote or read them (see
+        # `_known_check`).
+        self.owned_checks = {}
+        # Storage address -> the keys of the checks above whose values are there.
+        self.owned_storage = {}
+        # Key -> the tensor whose check an op of this step wrote (`_remember`).
+        self.owned_written = {}
         self._begin_step()
         self.names = _Names(model)
         self.call_hooks = []
@@ -442,6 +448,16 @@ class Watcher:
         self.param_dep = set()
         self.maskish = set()
         self.param_keys = {_key(p) for p in self.model.parameters()}
+        self.owned_keys = self.param_keys | {
+            _key(t) for opt in self.optimizers for st in opt.state.values() for t in leaves(st, torch.Tensor)
+        }
+        for k, t in self.owned_written.items():
+            known = self.owned_checks.get(k)
+            if known is not None and known[0] is None:
+                self.owned_checks[k] = (t._version, known[1])
+        self.owned_written = {}
+        self.owned_checks = {k: v for k, v in self.owned_checks.items() if k in self.owned_keys and v[0] is not None}
+        self.owned_storage = {a: ks & self.owned_checks.keys() for a, ks in self.owned_storage.items()}
         self.op_count = 0
         self.losses = []
         # The model's outermost calls in this step, and their count at the last backward:
@@ -903,7 +919,7 @@ class Watcher:
                     unchecked.append((k, t))
                     continue
                 if e is None:
-                    checks.append(_stats.check(t))
+                    checks.append(self._known_check(k, t))
                     e = self.external[k] = len(checks) - 1
                 ext.append(e)
                 if known_finite:
@@ -938,6 +954,37 @@ class Watcher:
             scalars_finite and known_finite,
             index,
         )
+
+    def _known_check(self, k, t):
+        """The check of an input `t` with key `k` that no op of this step made: where the
+        training owns it across steps (a parameter, an optimizer's state) and its version
+        counter has not moved since an op last wrote or read it, that check (a parameter's
+        values after the last update are those the next step reads); else a new one, kept
+        for the next read. Writes that bypass the version counter (`.data`) are seen as the
+        script's own ops (`on_op` forgets their tensors' checks); the model's own ops in a
+        step checked by modules are not seen, and a model whose forward writes its own
+        parameters through `.data` would have the next update's input checked by the
+        version before it."""
+        owned = k in self.owned_keys and _stats.on_host(t)
+        if owned:
+            known = self.owned_checks.get(k)
+            if known is not None and known[0] == t._version:
+                return list(known[1])
+        v = _stats.check(t)
+        if owned:
+            self._remember(k, t, v)
+        return v
+
+    def _remember(self, k, t, v, written=False):
+        """Keeps check `v` of `t` (key `k`) where the training owns it (`_known_check`).
+        `written`: by the op that wrote it, whose version counter moves only once the
+        mode has returned: the counter is read where the next step begins (the writes
+        before then are the ops this step records)."""
+        if k in self.owned_keys:
+            self.owned_checks[k] = (None if written else t._version, v)
+            if written:
+                self.owned_written[k] = t
+            self.owned_storage.setdefault(_stats.local(t).untyped_storage().data_ptr(), set()).add(k)
 
     def on_op(self, func, seen, out, args=(), kwargs=None):
         """After an op ran: its record (the statistics of its first floating output, or of
@@ -1029,6 +1076,15 @@ class Watcher:
                     # rest of the step are recorded in full.
                     self.failing = True
                     vec = self._vector(floats if many else o)
+        if mutable:
+            # What it wrote is its output's check from now on, or unknown (a write into part
+            # of an owned tensor's storage: a slice of a parameter's `.data`).
+            for t in floats:
+                if _stats.on_host(t):
+                    for k in self.owned_storage.pop(_stats.local(t).untyped_storage().data_ptr(), ()):
+                        self.owned_checks.pop(k, None)
+            if vec[0] == "check" and not many and _stats.on_host(o) and type(checks[vec[1]]) is list:
+                self._remember(_key(o), o, checks[vec[1]], written=True)
         idx = len(ops)
         ops.append(
             {

@@ -120,7 +120,7 @@ def train_noisy(dtype, steps=4, boom_step=2, watch=None, seed=0, micro=1):
         scaler.update()
         scales.append(scaler.get_scale())
     state = {n: t.detach().clone() for n, t in model.state_dict().items()}
-    state.update({f"rng": torch.get_rng_state()})
+    state.update({"rng": torch.get_rng_state()})
     return losses, scales, state
 
 

@@ -366,12 +366,18 @@ def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does()
     assert got[-1] == _stats._full_host(tensors[0]).tolist()
 
 
-@pytest.mark.parametrize("device_path", [False, True])
-def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch, device_path):
-    # The device path (multi-tensor norms of every gradient) runs here on the CPU.
+@pytest.mark.parametrize("device_path,bit_count", [(False, True), (False, False), (True, True)])
+def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch, device_path, bit_count):
+    # The device path (multi-tensor norms of every gradient) runs here on the CPU; the host
+    # path counts the values it keeps by their bits, or (where a torch's kernel would write
+    # -0) as floats.
+    from amprobe_torch import _params
     from amprobe_torch._params import begin_param_vectors, param_vector, param_vectors
 
     monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", device_path)
+    assert _params._plain_zeros(torch.float32) and _params._plain_zeros(torch.float64)
+    if not bit_count:
+        monkeypatch.setattr(_params, "_plain_zeros", lambda dtype: False)
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(1000))
@@ -392,6 +398,13 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch
     big.grad = torch.randn(10000) * 1e-3
     big.grad[::5] = 0.0
     big.grad[::13] = 2.0**-27
+    big.grad[1::17] = -0.0
+    big.grad[2::19] = -(2.0**-27)
+    # Zeros, none of them -0: counted by their bits.
+    big_plus = torch.nn.Parameter(torch.randn(10000))
+    big_plus.grad = torch.randn(10000) * 1e-3
+    big_plus.grad[::3] = 0.0
+    big_plus.grad[1::29] = -(2.0**-26)
     big_clean = torch.nn.Parameter(torch.randn(10000))
     big_clean.grad = torch.randn(10000).sign() * (1.0 + torch.rand(10000))
     tiny = torch.nn.Parameter(torch.randn(10000))  # squares vanish in f32: scaled norm
@@ -409,7 +422,7 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch
     at_bound = torch.nn.Parameter(torch.randn(300))
     at_bound.grad = torch.randn(300).sign() * (1.0 + torch.rand(300))
     at_bound.grad[7] = -(2.0**-25)
-    params = [p, clean, bad, none, big, big_clean, tiny, edge, wide, at_bound]
+    params = [p, clean, bad, none, big, big_plus, big_clean, tiny, edge, wide, at_bound]
     for scale in (1.0, 65536.0, 0.5, 3.0):
         fast = param_vectors(params, scale)
         # Begun with the flush counts of every parameter before the read back, as for those
@@ -1250,7 +1263,7 @@ def test_a_step_checked_by_modules_reads_back_once_where_it_decides_and_once_whe
     model = torch.nn.Sequential(emb, torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 100))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
-    w = amprobe_torch.watch(model, opt, scaler, trace=str(tmp_path / "t.jsonl"))
+    amprobe_torch.watch(model, opt, scaler, trace=str(tmp_path / "t.jsonl"))
     x = torch.randint(0, 100, (4, 16))
     y = torch.randint(0, 100, (4, 16))
     per_step = []
@@ -1318,3 +1331,71 @@ def test_several_losses_of_one_forward_are_one_micro_batch(tmp_path):
             if x is not None:
                 assert (x["module"], x["op"], x["phase"], x["micro"]) == (y["module"], y["op"], y["phase"], y["micro"])
         assert a["loss"] == b["loss"]
+
+
+def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_it(tmp_path, monkeypatch):
+    # The values an update wrote are the next step's inputs of the update (and of any op of
+    # the script's that reads the parameter): their check is carried over, not taken again,
+    # until the parameter is written: by an op the step sees (a slice of its `.data`: the
+    # same storage, its own version counter), or by one it does not (inside the model's
+    # forward, which a step checked by modules runs unseen: the version counter moves).
+    from amprobe_torch import _capture
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 64)
+            self.b = torch.nn.Linear(64, 1)
+            self.poison = False
+
+        def forward(self, x):
+            y = self.b(torch.relu(self.a(x)))
+            if self.poison:
+                with torch.no_grad():
+                    self.a.weight[0, 0] = float("nan")  # after its use: the output is finite
+            return y
+
+    torch.manual_seed(0)
+    m = M()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    w = amprobe_torch.watch(m, opt, None, trace=str(tmp_path / "t.jsonl"))
+    checked = []
+    check = _stats.check
+
+    def counting(t):
+        checked.append(t.numel())
+        return check(t)
+
+    monkeypatch.setattr(_stats, "check", counting)
+    weight = m.a.weight
+    k = _capture._key(weight)
+
+    def step(poison=False):
+        m.poison = poison
+        opt.zero_grad()
+        m(torch.randn(8, 64)).pow(2).mean().backward()
+        opt.step()
+
+    try:
+        for _ in range(3):
+            step()
+        assert w.owned_checks[k][0] == weight._version and w.owned_checks[k][1][1:] == [0.0, 0.0, 0.0]
+        checked.clear()
+        step()
+        # The gradients' checks where the step decides, the update's outputs: no input of
+        # the update is a parameter checked again.
+        assert 64 * 64 in checked and checked.count(64 * 64) == 2, checked
+        weight.data[0, 1] = 0.5  # seen: the check is dropped
+        assert k not in w.owned_checks
+        step()
+        assert k in w.owned_checks
+        step(poison=True)  # unseen: the update reads the NaN, and says so
+        step()
+    finally:
+        close_all()
+    steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
+    # The update only passed on the NaN its input held: no origin in the step it was
+    # written, and the parameter after it holds one.
+    poisoned = steps[5]
+    assert poisoned["origins"]["first_nan"] is None
+    assert [p["param_nan_after"] for p in poisoned["params"] if p["name"] == "a.weight"] == [1]
