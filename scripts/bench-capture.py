@@ -84,19 +84,28 @@ def main():
     if unknown or variants[:1] != ["eager"]:
         ap.error(f"--variants: {','.join(VARIANTS)} (eager first), not {a.variants}")
     results = {v: [] for v in variants}
+    # Per round, each variant's median over the eager one's of the same round: a machine
+    # whose speed drifts moves both.
+    ratios = {v: [] for v in variants}
     for rnd in range(a.rounds):
+        medians = {}
         for v in variants:
-            results[v].extend(run(v, rnd))
+            times = run(v, rnd)
+            results[v].extend(times)
+            medians[v] = statistics.median(times)
+        for v in variants:
+            ratios[v].append(medians[v] / medians["eager"])
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({os.cpu_count()} threads visible)"
     print(f"device {name}, torch {torch.__version__}; T5 encoder {size}: d_model {s['d_model']}, "
           f"{s['num_layers']} layers, d_ff {s['d_ff']}, {s['num_heads']} heads, batch {s['batch']}, "
           f"seq {s['seq']}; {dtype} autocast{' + GradScaler' if dtype == torch.float16 else ''}; "
           f"{a.rounds} rounds x {a.steps} timed steps per variant, interleaved")
     eager = statistics.median(results["eager"])
-    print(f"{'variant':<12} {'median ms':>10} {'min ms':>10} {'/ eager':>8}")
+    print(f"{'variant':<12} {'median ms':>10} {'min ms':>10} {'/ eager':>8} {'by round':>9}")
     for v in variants:
         m = statistics.median(results[v])
-        print(f"{v:<12} {m:>10.1f} {min(results[v]):>10.1f} {m / eager:>8.2f}")
+        print(f"{v:<12} {m:>10.1f} {min(results[v]):>10.1f} {m / eager:>8.2f} {statistics.median(ratios[v]):>9.2f}")
+    print("/ eager: the medians' ratio; by round: the median over rounds of each round's ratio")
     print("watch: records of the first step of each run (not timed), the steps after it checked by "
           "modules (a failing step replayed); watch-ops: NaN/Inf counts of every op after it; "
           "watch-full: full statistics of every op every step")
