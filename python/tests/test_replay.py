@@ -138,19 +138,31 @@ def assert_same_bits(plain, seen):
         assert torch.equal(bits(plain[2][n]), bits(seen[2][n])), n
 
 
+def against_full(tmp_path, train_fn, *args, check="modules", name="", make_watcher=None, **kw):
+    """Runs `train_fn(*args, **kw)` three times: plain, watched with full statistics every
+    step, and watched checking `check` (by default by modules); asserts the last trained
+    bit for bit as the plain run did, and returns the steps of the full run's trace and of
+    the checked one's (written to `full{name}.jsonl` and `fast{name}.jsonl` in `tmp_path`).
+    `make_watcher(path, **options)` makes the watch hook (default: `watcher`), and
+    `make_watcher(None)` the plain run's."""
+    make = make_watcher or watcher
+    plain = train_fn(*args, **kw) if make_watcher is None else train_fn(*args, watch=make_watcher(None), **kw)
+    full, fast = tmp_path / f"full{name}.jsonl", tmp_path / f"fast{name}.jsonl"
+    train_fn(*args, watch=make(full, sample_every=1), **kw)
+    close_all()
+    options = {} if check == "modules" else {"check": check}
+    seen = train_fn(*args, watch=make(fast, **options), **kw)
+    close_all()
+    assert_same_bits(plain, seen)
+    return steps_of(full), steps_of(fast)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("micro", [1, 2])
 def test_a_replay_changes_nothing_and_records_what_full_statistics_record(tmp_path, dtype, micro):
     # Dropout draws from the generator and batch norm updates its running statistics: a
     # replay that did not restore them would change the training or its own records.
-    plain = train_noisy(dtype, micro=micro)
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_noisy(dtype, micro=micro, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_noisy(dtype, micro=micro, watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_noisy, dtype, micro=micro)
     assert b[2]["ops"] is not None and b[2]["origins"]["first_inf"] is not None
     assert b[2]["origins"]["first_inf"]["micro"] == micro - 1
     assert_replay_records_full_statistics(a[2], b[2])
@@ -172,14 +184,7 @@ def test_a_replay_keeps_a_frozen_batch_norm_in_eval_mode(tmp_path):
 
         return w
 
-    plain = train_noisy(torch.float16, watch=freeze())
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_noisy(torch.float16, watch=freeze(full, sample_every=1))
-    close_all()
-    seen = train_noisy(torch.float16, watch=freeze(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_noisy, torch.float16, make_watcher=freeze)
     assert b[2]["ops"] is not None and b[1]["ops"] is None
     assert_replay_records_full_statistics(a[2], b[2])
 
@@ -401,14 +406,7 @@ def train_split(dtype, steps=4, boom_step=2, watch=None, seed=0):
 def test_a_call_that_reads_another_calls_output_is_replayed_from_what_it_received(tmp_path, dtype):
     # The head's input is the encoder call's output: replayed as it ran, its backward would
     # go back into the first run's graph of the encoder, already freed.
-    plain = train_split(dtype)
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_split(dtype, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_split(dtype, watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_split, dtype)
     assert b[1]["ops"] is None and b[2]["ops"] is not None
     first = b[2]["origins"]["first_inf"]
     assert first is not None
@@ -481,16 +479,9 @@ def test_a_gan_is_two_models_and_two_optimizers_in_one_step(tmp_path, dtype):
     # segment of calls, decided (and replayed, if it failed) before the update changes
     # anything: a step that updates twice is still checked by modules, and finds what full
     # statistics find. (It was checked op by op, and every step after it.)
-    plain = train_gan(dtype, plant=(2, "g-forward"))
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_gan(dtype, plant=(2, "g-forward"), watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_gan(dtype, plant=(2, "g-forward"), watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    header = read(fast)[0]
+    a, b = against_full(tmp_path, train_gan, dtype, plant=(2, "g-forward"))
+    header = read(tmp_path / "fast.jsonl")[0]
     assert (header["model"], header["optimizer"]["kind"]) == ("Sequential + Sequential", "Adam + Adam")
-    a, b = steps_of(full), steps_of(fast)
     assert [s["step"] for s in b] == [0, 1, 2, 3]
     assert [s["ops"] is None for s in b[:3]] == [False, True, False]
     # Checked by modules: the model's own ops only run.
@@ -514,29 +505,12 @@ def test_a_failure_before_a_second_update_is_found_by_replaying_its_segment(tmp_
     # replays before the generator's part runs) are both found where full statistics find
     # them; the step said its origin was not known, and every later step was checked op
     # by op.
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    plant = (1, "g-forward")
-    plain = train_gan(torch.float16, plant=plant, d_every=2)
-    train_gan(torch.float16, plant=plant, d_every=2, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_gan(torch.float16, plant=plant, d_every=2, watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_gan, torch.float16, plant=(1, "g-forward"), d_every=2)
     assert b[1]["op_count"] < a[1]["op_count"]
     # (op indices differ: the part checked by modules counted only the ops it saw)
     assert _origin(b[1])[:3] == _origin(a[1])[:3] == ("forward", "mul", "D.2")
     assert b[3]["op_count"] < a[3]["op_count"]
-    fast = tmp_path / "fast2.jsonl"
-    full = tmp_path / "full2.jsonl"
-    plant = (1, "d-backward")
-    plain = train_gan(torch.float16, plant=plant, d_every=2)
-    train_gan(torch.float16, plant=plant, d_every=2, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_gan(torch.float16, plant=plant, d_every=2, watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_gan, torch.float16, plant=(1, "d-backward"), d_every=2, name="2")
     assert b[1]["skipped"] and b[1]["events"] == []
     assert _origin(b[1])[:3] == _origin(a[1])[:3] == ("backward", "mul", "D.2")
     assert b[2]["op_count"] < a[2]["op_count"]
@@ -606,14 +580,7 @@ def train_sam(dtype, steps=4, boom_step=2, watch=None, seed=0):
 def test_a_forward_and_backward_the_optimizer_asks_for_are_forward_and_backward(tmp_path, check):
     # SAM's step calls a closure that runs the model again: its ops are the forward's
     # and the backward's, not the optimizer's.
-    plain = train_sam(torch.bfloat16)
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_sam(torch.bfloat16, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_sam(torch.bfloat16, watch=watcher(fast, check=check))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_sam, torch.bfloat16, check=check)
     assert [s["micro_batches"] for s in b] == [2, 2, 2, 2]
     ops = a[0]["ops"]
     phases = [r["phase"] for r in ops if r["module"].startswith("encoder")]
@@ -673,14 +640,7 @@ def test_a_gradient_penalty_is_checked_op_by_op_and_found_where_full_statistics_
     # Two backwards and a double backward a step: a replay's one backward cannot stand
     # for them (it found no origin of a gradient that overflowed in the first).
     plant = (2, where)
-    plain = train_penalty(plant=plant)
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_penalty(plant=plant, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_penalty(plant=plant, watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_penalty, plant=plant)
     assert [s["op_count"] for s in b] == [s["op_count"] for s in a]
     assert b[2]["skipped"] and b[2]["events"] == []
     for k in ("first_inf", "first_nan"):
@@ -764,14 +724,7 @@ def train_skipping(steps=5, boom_step=2, watch=None, seed=0):
 @pytest.mark.parametrize("check", ["modules", "ops"])
 def test_gradients_zeroed_without_an_update_end_a_skipped_step(tmp_path, check):
     # Before, the skipped batch and the next were one step of two micro-batches.
-    plain = train_skipping()
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_skipping(watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_skipping(watch=watcher(fast, check=check))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_skipping, check=check)
     assert [s["skipped"] for s in b] == [False, False, True, False, False]
     assert [s["micro_batches"] for s in b] == [1] * 5
     assert b[2]["loss"] == "NaN" and b[3]["loss"] != "NaN"
@@ -874,14 +827,7 @@ def test_a_wgans_critic_steps_are_segments_checked_by_modules(tmp_path):
     # (they were checked op by op), and a failure in a second critic iteration is found
     # where full statistics find it.
     plant = (2, 1)
-    plain = train_wgan(plant=plant)
-    full, fast = tmp_path / "full.jsonl", tmp_path / "fast.jsonl"
-    train_wgan(plant=plant, watch=watcher(full, sample_every=1))
-    close_all()
-    seen = train_wgan(plant=plant, watch=watcher(fast))
-    close_all()
-    assert_same_bits(plain, seen)
-    a, b = steps_of(full), steps_of(fast)
+    a, b = against_full(tmp_path, train_wgan, plant=plant)
     assert len(a) == len(b) == 3
     assert b[1]["ops"] is None and b[1]["op_count"] < a[1]["op_count"]
     assert _origin(b[2])[:3] == _origin(a[2])[:3] == ("forward", "mul", "C.2")
