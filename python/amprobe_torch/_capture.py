@@ -372,10 +372,13 @@ class Watcher:
         # Steps that are not kept are checked by modules and replayed when they fail, unless
         # every op must be checked (AMPROBE_CHECK=ops) or the model is sharded (a replay of
         # one rank's forward would wait on collectives the other ranks do not make).
-        self.light_ok = check == "modules" and not any(_sharded(m) for m in called)
+        sharded = any(_sharded(m) for m in called)
+        self.light_ok = check == "modules" and not sharded
         # Host checks of the tensors the training owns across steps (parameters, optimizer
         # state), by key: (version counter, check) as an op last wrote or read them (see
-        # `_known_check`).
+        # `_known_check`). Not for a sharded model: a collective writes its parameters'
+        # gathered values without moving their version counters.
+        self.carry_checks = not sharded
         self.owned_checks = {}
         # Storage address -> the keys of the checks above whose values are there.
         self.owned_storage = {}
@@ -965,7 +968,7 @@ class Watcher:
         step checked by modules are not seen, and a model whose forward writes its own
         parameters through `.data` would have the next update's input checked by the
         version before it."""
-        owned = k in self.owned_keys and _stats.on_host(t)
+        owned = self.carry_checks and k in self.owned_keys and _stats.on_host(t) and not t.is_inference()
         if owned:
             known = self.owned_checks.get(k)
             if known is not None and known[0] == t._version:
@@ -984,7 +987,26 @@ class Watcher:
             self.owned_checks[k] = (None if written else t._version, v)
             if written:
                 self.owned_written[k] = t
-            self.owned_storage.setdefault(_stats.local(t).untyped_storage().data_ptr(), set()).add(k)
+            try:
+                addr = _stats.local(t).untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError, AttributeError):
+                self.owned_checks.pop(k, None)
+                self.owned_written.pop(k, None)
+                return
+            self.owned_storage.setdefault(addr, set()).add(k)
+
+    def _forget_written(self, tensors):
+        """Forgets the carried checks of whatever shares storage with `tensors` (written by
+        an op); all of them where a tensor's storage cannot be read (a wrapper subclass)."""
+        try:
+            addrs = [_stats.local(t).untyped_storage().data_ptr() for t in tensors if _stats.on_host(t)]
+        except (RuntimeError, NotImplementedError, AttributeError):
+            self.owned_checks.clear()
+            self.owned_storage.clear()
+            return
+        for a in addrs:
+            for k in self.owned_storage.pop(a, ()):
+                self.owned_checks.pop(k, None)
 
     def on_op(self, func, seen, out, args=(), kwargs=None):
         """After an op ran: its record (the statistics of its first floating output, or of
@@ -1079,11 +1101,16 @@ class Watcher:
         if mutable:
             # What it wrote is its output's check from now on, or unknown (a write into part
             # of an owned tensor's storage: a slice of a parameter's `.data`).
-            for t in floats:
-                if _stats.on_host(t):
-                    for k in self.owned_storage.pop(_stats.local(t).untyped_storage().data_ptr(), ()):
-                        self.owned_checks.pop(k, None)
-            if vec[0] == "check" and not many and _stats.on_host(o) and type(checks[vec[1]]) is list:
+            if self.owned_storage:
+                self._forget_written(floats)
+            if (
+                self.carry_checks
+                and vec[0] == "check"
+                and not many
+                and _stats.on_host(o)
+                and not o.is_inference()
+                and type(checks[vec[1]]) is list
+            ):
                 self._remember(_key(o), o, checks[vec[1]], written=True)
         idx = len(ops)
         ops.append(

@@ -1333,7 +1333,8 @@ def test_several_losses_of_one_forward_are_one_micro_batch(tmp_path):
         assert a["loss"] == b["loss"]
 
 
-def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_it(tmp_path, monkeypatch, kind):
     # The values an update wrote are the next step's inputs of the update (and of any op of
     # the script's that reads the parameter): their check is carried over, not taken again,
     # until the parameter is written: by an op the step sees (a slice of its `.data`: the
@@ -1357,8 +1358,22 @@ def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_i
 
     torch.manual_seed(0)
     m = M()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    if kind == "sgd":
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    else:
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
     w = amprobe_torch.watch(m, opt, None, trace=str(tmp_path / "t.jsonl"))
+    # Checks taken because none was carried (an optimizer's state is carried as its
+    # parameters are).
+    taken = []
+    remember = w._remember
+
+    def counting_remember(k, t, v, written=False):
+        if not written:
+            taken.append(t.numel())
+        return remember(k, t, v, written)
+
+    w._remember = counting_remember
     checked = []
     check = _stats.check
 
@@ -1381,10 +1396,13 @@ def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_i
             step()
         assert w.owned_checks[k][0] == weight._version and w.owned_checks[k][1][1:] == [0.0, 0.0, 0.0]
         checked.clear()
+        taken.clear()
         step()
-        # The gradients' checks where the step decides, the update's outputs: no input of
-        # the update is a parameter checked again.
-        assert 64 * 64 in checked and checked.count(64 * 64) == 2, checked
+        assert taken == []
+        if kind == "sgd":
+            # The gradients' checks where the step decides, the update's outputs: no input
+            # of the update is a parameter checked again.
+            assert 64 * 64 in checked and checked.count(64 * 64) == 2, checked
         weight.data[0, 1] = 0.5  # seen: the check is dropped
         assert k not in w.owned_checks
         step()
