@@ -393,8 +393,9 @@ class Watcher:
         self.fn_info = {}
         self.scratch = Scratch()
         # Ids of the parameters whose figures needed more than the shortcut last step (see
-        # `begin_param_vectors`).
+        # `begin_param_vectors`), and the scale the next step is expected to have.
         self.counted = {}
+        self.scale_guess = None
         # Autocast's state is read where the model's forward starts: inside the dispatcher,
         # autocast's own kernels hide it.
         for m in called:
@@ -1440,7 +1441,9 @@ class Watcher:
             # (read now: no copy of the scaler's tensors is needed)
             scale_after = sc._scale if sc is not None else None
             growth_tracker = sc._growth_tracker if sc is not None else None
-            params = begin_param_vectors([p for _, p in names], 1.0 if scale_before is None else scale_before, self.counted)
+            params = begin_param_vectors(
+                [p for _, p in names], 1.0 if scale_before is None else scale_before, self.counted, self.scale_guess
+            )
             scalars = [scale_before, scale_after, found, growth_tracker]
             present = [t for t in scalars if t is not None]
             got = _stats.gather(present + list(self.losses) + params.parts + self.full_vecs + self.check_vecs)
@@ -1455,6 +1458,8 @@ class Watcher:
             k += len(params.parts)
             pv = params.finish(read_params, scale_host, self.scratch)
             self.counted = params.counted
+            # The next step's scale, unless the script sets another.
+            self.scale_guess = scale_after_host if sc is not None else None
         return {
             "names": names,
             "params": pv,

@@ -161,13 +161,14 @@ def _extremes(gs, ps):
     return out
 
 
-def _device_rows(gs, ps):
+def _device_rows(gs, ps, need_min):
     """[Σg² (as its root), max |g|, nonzero count, min |g|, max |p|] of f32/f64 gradients `gs`
     (flat) and their parameters `ps` on one device, as a (5, n) float64 tensor there: no
     synchronisation. The root and the maxima by multi-tensor norms (one kernel for all the
     gradients of a dtype); the counts by `count_nonzero` and the minima by a norm of each
     (multi-tensor norms have no kernel for them, and fall back to one per tensor through a
-    float64 copy)."""
+    float64 copy), only where `need_min` says (elsewhere 0: the flush counts were begun,
+    and say what the minimum would)."""
     inf = float("inf")
     f64 = torch.float64
     # In f64: counts exact past 2^24, Σg² neither overflowing nor vanishing.
@@ -175,25 +176,38 @@ def _device_rows(gs, ps):
     amax = torch.stack(list(torch._foreach_norm(gs, inf, dtype=f64)))
     pmax = torch.stack(list(torch._foreach_norm(ps, inf, dtype=f64)))
     nnz = torch.stack([torch.count_nonzero(g) for g in gs]).to(f64)
-    amin = torch.stack([torch.linalg.vector_norm(g, -inf) for g in gs]).to(f64)
-    return torch.stack([l2, amax, nnz, amin, pmax])
+    zero = None
+    mins = []
+    for g, need in zip(gs, need_min):
+        if need:
+            mins.append(torch.linalg.vector_norm(g, -inf).to(f64))
+        else:
+            if zero is None:
+                zero = torch.zeros((), dtype=f64, device=g.device)
+            mins.append(zero)
+    return torch.stack([l2, amax, nnz, torch.stack(mins), pmax])
 
 
-def begin_param_vectors(params, scale, counted=None):
+def begin_param_vectors(params, scale, counted=None, guess=None):
     """The `param_vector` figures of every parameter, begun where their values are, before
     the step's one read back (`PendingParams.parts`), and finished from what it read
     (`PendingParams.finish`). `scale` is the step's loss scale, a float or the scaler's 0-d
     tensor. `counted`: the last step's `PendingParams.counted` (which parameters needed
     their flush counts, which the general path); what they needed is begun now, before the
-    read, so a step like the last needs no second one."""
-    return PendingParams(params, scale, counted or {})
+    read, so a step like the last needs no second one. `guess`: what the scale (a tensor,
+    not read yet) is expected to be (the last step's scale after its update), which lets
+    the flush counts begun take its shortcuts; a wrong guess costs those counts a second
+    read, never a wrong figure."""
+    return PendingParams(params, scale, counted or {}, guess)
 
 
 class PendingParams:
     """The parameters' figures of one step, begun (see `begin_param_vectors`)."""
 
-    def __init__(self, params, scale, counted):
+    def __init__(self, params, scale, counted, guess=None):
         self.given = params
+        # The scale the flush counts are begun with: the step's, where it is a float.
+        self.count_scale = float(scale) if not isinstance(scale, torch.Tensor) else guess
         self.grads = [None if p.grad is None else _stats.local(p.grad) for p in params]
         self.params = [_stats.local(p) for p in params]
         usable = [
@@ -218,13 +232,15 @@ class PendingParams:
         for idx in by_device.values():
             gs = [self.grads[i].detach().reshape(-1) for i in idx]
             ps = [self.params[i].detach().reshape(-1) for i in idx]
+            begun = [counted.get(id(params[i])) == "counts" for i in idx]
             self.rows.append((idx, gs, len(self.parts)))
-            self.parts.append(_device_rows(gs, ps))
-            # The flush counts of those that needed them last step, begun now.
+            self.parts.append(_device_rows(gs, ps, [not b for b in begun]))
+            # The flush counts of those that needed them last step, begun now (each count
+            # a 0-d tensor: the read stacks them all together).
             for j, i in enumerate(idx):
-                if counted.get(id(params[i])) == "counts":
+                if begun[j]:
                     self.counts[i] = len(self.parts)
-                    self.parts.append(_device_counts(gs[j], scale))
+                    self.parts.extend(_device_counts(gs[j], scale if self.count_scale is None else self.count_scale))
         in_rows = {i for idx in by_device.values() for i in idx}
         fast = set(self.fast)
         # The general path: parameters that no shortcut takes, and those that took it last
@@ -259,15 +275,26 @@ class PendingParams:
             for idx, gs, slot in self.rows:
                 flat = read[slot]
                 n = len(idx)
+                # Counts begun with a guess of the scale that was wrong are not these.
+                right = self.count_scale is None or self.count_scale == scale
                 for j, row in enumerate(zip(*(flat[k * n : (k + 1) * n] for k in range(5)))):
                     i = idx[j]
+                    c = None
+                    if i in self.counts and right:
+                        c = (read[self.counts[i]][0], read[self.counts[i] + 1][0])
                     if not _row_finite(row):
                         self.counted[id(self.given[i])] = "general"
+                    elif c is not None:
+                        # (its minimum was not computed: the counts say whether any value
+                        # is small enough to be flushed, and the zeros whether the minimum,
+                        # which counts them, would have asked for the counts)
+                        if row[2] - c[0] > 0 or row[2] - c[1] > 0 or row[2] < gs[j].numel():
+                            self.counted[id(self.given[i])] = "counts"
                     elif not _row_settles(row, scale):
                         self.counted[id(self.given[i])] = "counts"
                     if i in self.early:
                         continue
-                    v = _device_figures(gs[j], row, scale, read[self.counts[i]] if i in self.counts else None)
+                    v = _device_figures(gs[j], row, scale, c)
                     if v is None:
                         later[i] = param_vector(self.given[i], scale)
                     else:
@@ -354,16 +381,23 @@ def _row_finite(row):
 
 def _device_counts(g, scale):
     """How many values of a device gradient `g` (flat, f32 or f64) fp16 would not flush:
-    |g| beyond 2^-25, and |g|·scale (in f32) beyond it, as a 2-vector there. Begun before the
-    read back, so `scale` may be the scaler's 0-d tensor (an f32 value: the product is as
-    with its float). Non-finite values are counted too: a gradient that has any takes the
-    general path."""
+    |g| beyond 2^-25, and |g|·scale (in f32) beyond it, as two 0-d tensors there. `scale`: a
+    float (the step's, or a guess of it that `PendingParams.finish` checks), or where none
+    is known the scaler's 0-d tensor (an f32 value: the product is as with its float). With
+    a float scale of 1 the second count is the first; with a power of two and f32 values,
+    a count beyond 2^-25/scale (exactly the same values): two kernels a count. Non-finite
+    values are counted too: a gradient that has any takes the general path."""
     b = _stats.F16_UNDERFLOW
+    above = torch.nn.functional.softshrink(g, b).count_nonzero()
     if isinstance(scale, torch.Tensor):
         scale = scale.detach().to(g.device)
-    above = torch.nn.functional.softshrink(g, b).count_nonzero()
-    above_scaled = ((g.abs() * scale).float() > b).sum()
-    return torch.stack([above, above_scaled])
+    elif g.dtype == torch.float32:
+        # (f64 values: their product is rounded to f32, which moves some to the bound)
+        if scale == 1.0:
+            return [above, above]
+        if math.frexp(scale)[0] == 0.5 and scale <= 2.0**100:
+            return [above, torch.nn.functional.softshrink(g, b / scale).count_nonzero()]
+    return [above, ((g.abs() * scale).float() > b).sum()]
 
 
 def _device_figures(g, row, scale, counts=None):

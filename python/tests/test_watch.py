@@ -426,11 +426,14 @@ def test_parameter_figures_are_the_same_with_or_without_the_shortcut(monkeypatch
     for scale in (1.0, 65536.0, 0.5, 3.0):
         fast = param_vectors(params, scale)
         # Begun with the flush counts of every parameter before the read back, as for those
-        # that needed them the step before, with the scale as the scaler holds it (unread).
+        # that needed them the step before, with the scale as the scaler holds it (unread),
+        # and no guess of it, the right one, or a wrong one (the script set another).
         begun = []
         for kind in ("counts", "general"):
-            pending = begin_param_vectors(params, torch.tensor(scale), counted={id(q): kind for q in params})
-            begun.append(pending.finish(_stats.gather(pending.parts), scale))
+            for guess in (None, scale, scale * 2.0):
+                counted = {id(q): kind for q in params}
+                pending = begin_param_vectors(params, torch.tensor(scale), counted=counted, guess=guess)
+                begun.append(pending.finish(_stats.gather(pending.parts), scale))
         for q, *figures in zip(params, fast, *begun):
             slow = param_vector(q, scale).tolist()
             for f in figures:
