@@ -194,6 +194,27 @@ def gather_models(model):
     return torch.nn.ModuleDict({k: _unwrapped(m) for k, m in items}), [m for _, m in items]
 
 
+def _state_keys(opt):
+    """The keys of the floating tensors of an optimizer's state (none where it keeps no
+    `state` dict, an optimizer-like wrapper; none of a tensor whose storage cannot be
+    read)."""
+    try:
+        state = opt.state
+    except Exception:
+        return set()
+    if not isinstance(state, dict):
+        return set()
+    keys = set()
+    for st in state.values():
+        for t in leaves(st, torch.Tensor):
+            if _stats.floating(t):
+                try:
+                    keys.add(_key(t))
+                except (RuntimeError, NotImplementedError, AttributeError):
+                    pass
+    return keys
+
+
 def gather_optimizers(optimizer):
     """The optimizers `watch` was given (one, or a list or tuple of them), each once;
     TypeError for anything without `step` and `param_groups`."""
@@ -452,9 +473,7 @@ class Watcher:
         self.param_dep = set()
         self.maskish = set()
         self.param_keys = {_key(p) for p in self.model.parameters()}
-        self.owned_keys = self.param_keys | {
-            _key(t) for opt in self.optimizers for st in opt.state.values() for t in leaves(st, torch.Tensor)
-        }
+        self.owned_keys = self.param_keys.union(*(_state_keys(opt) for opt in self.optimizers))
         for k, t in self.owned_written.items():
             known = self.owned_checks.get(k)
             if known is not None and known[0] is None:

@@ -1420,3 +1420,32 @@ def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_i
     poisoned = steps[5]
     assert poisoned["origins"]["first_nan"] is None
     assert [p["param_nan_after"] for p in poisoned["params"] if p["name"] == "a.weight"] == [1]
+
+
+def test_an_optimizer_like_wrapper_without_a_state_is_watched(tmp_path, capsys):
+    # A wrapper with `step`, `zero_grad` and `param_groups` (as training frameworks wrap an
+    # optimizer) but no `state` of its own: its steps are the steps, nothing is carried
+    # from a state it does not show, and nothing stops the capture.
+    class Wrapper:
+        def __init__(self, inner):
+            self.inner = inner
+            self.param_groups = inner.param_groups
+
+        def step(self, closure=None):
+            return self.inner.step(closure)
+
+        def zero_grad(self, set_to_none=True):
+            self.inner.zero_grad(set_to_none=set_to_none)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = Wrapper(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    amprobe_torch.watch(model, opt, None, trace=str(tmp_path / "t.jsonl"))
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    close_all()
+    steps = [r for r in read(tmp_path / "t.jsonl") if r["type"] == "step"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert "capture stopped" not in capsys.readouterr().err
