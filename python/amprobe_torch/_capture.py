@@ -3,6 +3,7 @@ the module that ran it (forward: the innermost module whose forward is running; 
 the module whose forward made the autograd node running it), reduced on its device, read
 back once per step and written as an amprobe step record."""
 
+import bisect
 import contextlib
 import functools
 import os
@@ -294,7 +295,12 @@ def _keep_grad(call, j, g):
     """A tensor hook: keeps the gradient output `j` of `call` received (summed over
     backwards through it)."""
     had = call.grads.get(j)
-    call.grads[j] = g if had is None else had + g
+    if had is None:
+        call.grads[j] = g
+    else:
+        # (the capture's own sum: no op of the step's)
+        with _disable_current_modes(), torch.no_grad():
+            call.grads[j] = had + g
 
 
 class _Wrapped:
@@ -395,6 +401,8 @@ class Watcher:
         # one rank's forward would wait on collectives the other ranks do not make).
         sharded = any(_sharded(m) for m in called)
         self.light_ok = check == "modules" and not sharded
+        # The module calls running now: each one's index in the step's spans, or -1.
+        self.span_open = []
         # Host checks of the tensors the training owns across steps (parameters, optimizer
         # state), by key: (version counter, check) as an op last wrote or read them (see
         # `_known_check`). Not for a sharded model: a collective writes its parameters'
@@ -497,6 +505,9 @@ class Watcher:
         self.light = self.light_ok and not self.kept
         self.calls = []
         self.call = None
+        # The unseen forwards' module calls (`_span_enter`): where each began and ended in
+        # autograd's sequence numbers, its module's name, the call it ran inside (-1: none).
+        self.span_start, self.span_end, self.span_name, self.span_parent = [], [], [], []
         self.call_outputs = {}
         self.out_flags = []
         self.loss_nodes = set()
@@ -582,6 +593,7 @@ class Watcher:
     def _call_enter(self, module, args, kwargs):
         if self.replaying:
             return
+        self._span_enter(module)
         self.tree_depth += 1
         if self.tree_depth == 1:
             self.call_paused = False
@@ -622,6 +634,7 @@ class Watcher:
     def _call_leave(self, module, args, out):
         if self.replaying:
             return
+        self._span_leave()
         if self.tree_depth:
             self.tree_depth -= 1
         c = self.call
@@ -649,6 +662,46 @@ class Watcher:
             self.busy = False
             if self.tree_depth == 0:
                 self._end_call_pause()
+
+    def _span_enter(self, module):
+        """Where a step checked by modules runs a module's forward unseen: the autograd
+        sequence numbers its call begins at, so that a backward op that comes to be seen (the
+        rest of a step cut by `torch.autograd.grad` or an update's closure) is named by the
+        module whose forward made its node (`_span_module`), as a seen forward names it."""
+        if self.light and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            i = len(self.span_start)
+            self.span_start.append(torch._C._autograd._get_sequence_nr())
+            self.span_end.append(None)
+            self.span_name.append(self.names.names.get(id(module), type(module).__name__))
+            open_spans = [j for j in self.span_open if j >= 0]
+            self.span_parent.append(open_spans[-1] if open_spans else -1)
+            self.span_open.append(i)
+        else:
+            self.span_open.append(-1)
+
+    def _span_leave(self):
+        if self.span_open:
+            i = self.span_open.pop()
+            if i >= 0:
+                self.span_end[i] = torch._C._autograd._get_sequence_nr()
+
+    def _span_module(self, node):
+        """The module whose call made autograd node `node` in this step's unseen forwards
+        (the innermost call whose sequence numbers hold the node's), or None."""
+        if not self.span_start:
+            return None
+        try:
+            seq = node._sequence_nr()
+        except (AttributeError, RuntimeError):
+            return None
+        i = bisect.bisect_right(self.span_start, seq) - 1
+        # Calls nest: a call that began earlier and holds the node holds the later one.
+        while i >= 0:
+            end = self.span_end[i]
+            if end is None or seq < end:
+                return self.span_name[i]
+            i = self.span_parent[i]
+        return None
 
     def _end_call_pause(self):
         """Resumes the mode where an outermost call that paused it ends."""
@@ -1063,6 +1116,8 @@ class Watcher:
             module = self.node_module.get(node) if node is not None else None
             if module is None:
                 module = self.names.of_node(node) if node is not None else None
+                if module is None and node is not None:
+                    module = self._span_module(node)
                 if module is None:
                     module = self.names.current()
         else:
@@ -1224,13 +1279,21 @@ class Watcher:
         """The script calls `torch.autograd.grad` (a gradient penalty: the gradients of a
         loss, with their graph, enter the loss that is backpropagated). A replay runs the
         step's calls and one backward from the gradients their outputs received, which
-        cannot reproduce several backwards and their double backward: the rest of a step
-        checked by modules is checked op by op, and so are the steps after it."""
+        cannot reproduce several backwards and their double backward. So a step checked by
+        modules is decided here, before any backward: the calls so far, if they failed, are
+        replayed now (their forwards: no gradient has reached them yet), and the rest of
+        the step is checked op by op; the next step is checked by modules again. Where the
+        call comes from inside the model's forward or an update (no replay can run the
+        calls there), the rest is checked op by op, and so are the steps after it."""
         self.grad_called = True
         if self.light:
-            self.light = False
             self.light_cut = "grad"
-            self.light_ok = False
+            if self.tree_depth == 0 and not self.optimizer_depth and not self.in_update and not self.decided:
+                self._decide()
+                self.light = False
+            else:
+                self.light = False
+                self.light_ok = False
 
     def _abandon(self):
         """The script zeroes the gradients of a step that ran a backward and made no update
@@ -1442,10 +1505,6 @@ class Watcher:
             self.fail()
         finally:
             self.busy = False
-        if self.grad_called:
-            # Steps that differentiate by `torch.autograd.grad` are checked op by op (see
-            # `on_autograd_grad`).
-            self.light_ok = False
         self.step += 1
         self._begin_step()
 
@@ -1540,8 +1599,8 @@ class Watcher:
                     "calls inside the update (an optimizer's closure) cannot be replayed as they ran"
                     if self.light_cut == "update"
                     else "up to its call of torch.autograd.grad it was checked only at the model's outputs, "
-                    "and a replay's one backward cannot stand for its several (a gradient penalty); later "
-                    "steps check every op"
+                    "and a replay's one backward cannot stand for its several (a gradient penalty)"
+                    + ("; later steps check every op" if not self.light_ok else "")
                 )
             )
         if self.segment_note and failing and origins["first_inf"] is None and origins["first_nan"] is None:

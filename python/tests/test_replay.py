@@ -636,16 +636,28 @@ def train_penalty(steps=4, plant=None, watch=None, seed=0):
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
-def test_a_gradient_penalty_is_checked_op_by_op_and_found_where_full_statistics_find_it(tmp_path, where):
+def test_a_gradient_penalty_step_is_decided_at_its_autograd_grad_and_found_where_full_statistics_find_it(
+    tmp_path, where
+):
     # Two backwards and a double backward a step: a replay's one backward cannot stand
-    # for them (it found no origin of a gradient that overflowed in the first).
+    # for them (it found no origin of a gradient that overflowed in the first). The step is
+    # decided where it calls `autograd.grad`, before any backward, and checked op by op
+    # from there; the next step is checked by modules again (it was checked op by op).
     plant = (2, where)
     a, b = against_full(tmp_path, train_penalty, plant=plant)
-    assert [s["op_count"] for s in b] == [s["op_count"] for s in a]
+    # Checked by modules up to the penalty's `autograd.grad` (the model's forward ops only
+    # ran), op by op from there, in every step.
+    assert b[1]["op_count"] < a[1]["op_count"] and b[3]["op_count"] < a[3]["op_count"]
+    assert b[1]["ops"] is None and b[3]["ops"] is None
     assert b[2]["skipped"] and b[2]["events"] == []
     for k in ("first_inf", "first_nan"):
-        assert _origin(b[2], k) == _origin(a[2], k)
+        assert _origin(b[2], k)[:3] == _origin(a[2], k)[:3]
     assert _origin(b[2])[:3] == (where, "mul", "2")
+    # Its backward ops, seen from the cut on, are those full statistics record, named by
+    # the module whose (unseen) forward made their nodes.
+    full = [(r["op"], r["module"]) for r in a[2]["ops"] if r["phase"] == "backward"]
+    seen = [(r["op"], r["module"]) for r in b[2]["ops"] if r["phase"] == "backward"]
+    assert seen == full[len(full) - len(seen) :] and any(m == "2" for _, m in seen)
 
 
 def train_two_heads(form, steps=4, plant=None, watch=None, seed=0):
