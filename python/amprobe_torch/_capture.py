@@ -39,6 +39,10 @@ def _key(t):
     return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
 
 
+# Autograd's sequence number counter of this thread (the number the next node gets), where
+# this torch has it.
+_SEQUENCE_NR = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
 # An op with this many tensor inputs or more (a multi-tensor op) has its unchecked inputs
 # on a device checked together.
 _BATCHED_INPUTS = 8
@@ -401,8 +405,10 @@ class Watcher:
         # one rank's forward would wait on collectives the other ranks do not make).
         sharded = any(_sharded(m) for m in called)
         self.light_ok = check == "modules" and not sharded
-        # The module calls running now: each one's index in the step's spans, or -1.
+        # The module calls running now: each one's index in the step's spans, or -1; and
+        # the indices of those recorded.
         self.span_open = []
+        self.span_recorded = []
         # Host checks of the tensors the training owns across steps (parameters, optimizer
         # state), by key: (version counter, check) as an op last wrote or read them (see
         # `_known_check`). Not for a sharded model: a collective writes its parameters'
@@ -508,6 +514,9 @@ class Watcher:
         # The unseen forwards' module calls (`_span_enter`): where each began and ended in
         # autograd's sequence numbers, its module's name, the call it ran inside (-1: none).
         self.span_start, self.span_end, self.span_name, self.span_parent = [], [], [], []
+        # (calls running across the step's start are not this step's)
+        self.span_open = [-1] * len(self.span_open)
+        self.span_recorded = []
         self.call_outputs = {}
         self.out_flags = []
         self.loss_nodes = set()
@@ -668,13 +677,18 @@ class Watcher:
         sequence numbers its call begins at, so that a backward op that comes to be seen (the
         rest of a step cut by `torch.autograd.grad` or an update's closure) is named by the
         module whose forward made its node (`_span_module`), as a seen forward names it."""
-        if self.light and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+        if (
+            _SEQUENCE_NR is not None
+            and self.light
+            and torch.is_grad_enabled()
+            and torch._C._current_graph_task_id() == -1
+        ):
             i = len(self.span_start)
-            self.span_start.append(torch._C._autograd._get_sequence_nr())
+            self.span_start.append(_SEQUENCE_NR())
             self.span_end.append(None)
             self.span_name.append(self.names.names.get(id(module), type(module).__name__))
-            open_spans = [j for j in self.span_open if j >= 0]
-            self.span_parent.append(open_spans[-1] if open_spans else -1)
+            self.span_parent.append(self.span_recorded[-1] if self.span_recorded else -1)
+            self.span_recorded.append(i)
             self.span_open.append(i)
         else:
             self.span_open.append(-1)
@@ -683,7 +697,10 @@ class Watcher:
         if self.span_open:
             i = self.span_open.pop()
             if i >= 0:
-                self.span_end[i] = torch._C._autograd._get_sequence_nr()
+                if self.span_recorded:
+                    self.span_recorded.pop()
+                if i < len(self.span_end):
+                    self.span_end[i] = _SEQUENCE_NR()
 
     def _span_module(self, node):
         """The module whose call made autograd node `node` in this step's unseen forwards
