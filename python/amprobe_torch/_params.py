@@ -39,10 +39,10 @@ class Scratch:
     def count_above(self, g, bound):
         """How many values of `g` (finite, f32 or f64) have |g| above `bound` (a non-negative
         float the dtype of `g` holds exactly): those `hardshrink` keeps (it writes a zero
-        in place of the others). Two passes, one written to a reused buffer; the count is of
-        the written values' bits where this torch's kernel writes those zeros as +0 (`_plain_zeros`,
-        checked once per dtype): an integer count is several times faster than a float one,
-        whose speed also falls with the share of zeros."""
+        in place of the others). Two passes, one written to a reused buffer; the count is
+        of the written values' bits where this torch's kernel writes those zeros as +0
+        (`_plain_zeros`, tried once per dtype): an integer count is several times faster
+        than a float one, whose speed also falls with the share of zeros."""
         out = self._buffer(g.dtype, g.numel(), 1)
         torch.hardshrink(g, bound, out=out)
         if _plain_zeros(g.dtype):
