@@ -475,8 +475,6 @@ class Watcher:
         # one (no replay can run them as they ran).
         self.later_segment = False
         self.segment_note = False
-        # Whether the script called `torch.autograd.grad` in this step.
-        self.grad_called = False
         self.ops = []
         self.full_vecs = []
         self.check_vecs = []
@@ -1302,7 +1300,6 @@ class Watcher:
         the step is checked op by op; the next step is checked by modules again. Where the
         call comes from inside the model's forward or an update (no replay can run the
         calls there), the rest is checked op by op, and so are the steps after it."""
-        self.grad_called = True
         if self.light:
             self.light_cut = "grad"
             if self.tree_depth == 0 and not self.optimizer_depth and not self.in_update and not self.decided:
