@@ -9,11 +9,14 @@ ratio to eager.
 
     scripts/bench-capture.py [--device cpu|cuda] [--size mini|base] [--rounds N] [--steps N]
                              [--variants eager,watch,watch-ops,watch-full,anomaly]
+                             [--penalty-every N]
 
 Needs torch and transformers. mini: T5-mini-sized (d_model 384, 4 layers, 8 heads, d_ff
 1536, batch 4, seq 128; CPU default). base: T5-base-sized (d_model 768, 12 layers, 12
 heads, d_ff 3072, batch 8, seq 512; for a GPU). fp16 autocast with a GradScaler on CUDA,
-bf16 autocast on the CPU (CPU autocast's usual dtype).
+bf16 autocast on the CPU (CPU autocast's usual dtype). --penalty-every N times a WGAN-GP
+critic instead (an MLP, 512 features, three hidden layers of 1024, batch 128) whose gradient
+penalty by `torch.autograd.grad` is taken every N steps (1: every step).
 """
 
 import argparse
@@ -29,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import amprobe_torch  # noqa: E402
 from amprobe_torch import _capture  # noqa: E402
-from capture_workload import SIZES, Workload  # noqa: E402
+from capture_workload import SIZES, CriticWorkload, Workload  # noqa: E402
 
 VARIANTS = ("eager", "watch", "watch-ops", "watch-full", "anomaly")
 
@@ -40,11 +43,15 @@ def main():
     ap.add_argument("--size", default=None, choices=tuple(SIZES))
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every variant (default 5)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per variant and round (default 4)")
+    ap.add_argument("--penalty-every", type=int, default=None,
+                    help="time a WGAN-GP critic, its gradient penalty every N steps, instead of the T5 encoder")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, eager first (default {','.join(VARIANTS)})")
     a = ap.parse_args()
     size = a.size or ("base" if a.device == "cuda" else "mini")
-    work = Workload(a.device, size)
+    if a.penalty_every is not None and a.penalty_every < 1:
+        ap.error(f"--penalty-every: a number of steps, at least 1, not {a.penalty_every}")
+    work = Workload(a.device, size) if a.penalty_every is None else CriticWorkload(a.device, a.penalty_every)
     s, dev, dtype, base = work.size, work.device, work.dtype, work.model
     tmp = tempfile.mkdtemp(prefix="amprobe-bench-")
     sync = work.sync
@@ -68,7 +75,10 @@ def main():
             opt.zero_grad(set_to_none=True)
             ctx = torch.autograd.detect_anomaly(check_nan=True) if variant == "anomaly" else _null()
             with ctx:
-                scaler.scale(work.loss(model)).backward()
+                if a.penalty_every is None:
+                    scaler.scale(work.loss(model)).backward()
+                else:
+                    work.backward(model, scaler, step)
             scaler.step(opt)
             scaler.update()
             sync()
@@ -96,9 +106,14 @@ def main():
         for v in variants:
             ratios[v].append(medians[v] / medians["eager"])
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({os.cpu_count()} threads visible)"
-    print(f"device {name}, torch {torch.__version__}; T5 encoder {size}: d_model {s['d_model']}, "
-          f"{s['num_layers']} layers, d_ff {s['d_ff']}, {s['num_heads']} heads, batch {s['batch']}, "
-          f"seq {s['seq']}; {dtype} autocast{' + GradScaler' if dtype == torch.float16 else ''}; "
+    if a.penalty_every is None:
+        what = (f"T5 encoder {size}: d_model {s['d_model']}, {s['num_layers']} layers, d_ff {s['d_ff']}, "
+                f"{s['num_heads']} heads, batch {s['batch']}, seq {s['seq']}")
+    else:
+        what = (f"WGAN-GP critic: MLP {s['features']}-{s['width']}x3-1, batch {s['batch']}, gradient penalty "
+                f"every {a.penalty_every} steps")
+    print(f"device {name}, torch {torch.__version__}; {what}; "
+          f"{dtype} autocast{' + GradScaler' if dtype == torch.float16 else ''}; "
           f"{a.rounds} rounds x {a.steps} timed steps per variant, interleaved")
     eager = statistics.median(results["eager"])
     print(f"{'variant':<12} {'median ms':>10} {'min ms':>10} {'/ eager':>8} {'by round':>9}")

@@ -50,3 +50,43 @@ class Workload:
     def sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+class CriticWorkload:
+    """A WGAN-GP critic step (an MLP critic scoring real and generated batches, its gradient
+    penalty on their interpolates by `torch.autograd.grad` every `penalty_every` steps, as
+    lazily regularised GANs take it), under autocast as `Workload`'s is."""
+
+    def __init__(self, device, penalty_every, width=1024, batch=128, features=512):
+        self.device = torch.device(device)
+        self.penalty_every = penalty_every
+        self.size = dict(width=width, batch=batch, features=features)
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(features, width), torch.nn.ReLU(),
+            torch.nn.Linear(width, width), torch.nn.ReLU(),
+            torch.nn.Linear(width, width), torch.nn.ReLU(),
+            torch.nn.Linear(width, 1),
+        ).to(self.device)
+        self.real = torch.randn(batch, features, device=self.device)
+        self.fake = torch.randn(batch, features, device=self.device)
+        self.dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
+
+    def backward(self, model, scaler, step):
+        """The critic's loss (and, on a penalty step, its gradient penalty) backpropagated."""
+        with torch.autocast(self.device.type, dtype=self.dtype):
+            loss = model(self.fake).float().mean() - model(self.real).float().mean()
+        if step % self.penalty_every == 0:
+            eps = torch.rand(self.real.shape[0], 1, device=self.device)
+            x = (eps * self.real + (1 - eps) * self.fake).requires_grad_(True)
+            with torch.autocast(self.device.type, dtype=self.dtype):
+                out = model(x).float()
+            # (the scaled output's gradients, unscaled: PyTorch's AMP recipe for a penalty)
+            (g,) = torch.autograd.grad(scaler.scale(out.sum()), x, create_graph=True)
+            g = g / scaler.get_scale()
+            loss = loss + 10.0 * ((g.norm(2, dim=1) - 1.0) ** 2).mean()
+        scaler.scale(loss).backward()
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
