@@ -85,6 +85,12 @@ step amprobe_llama 300 gpu-bin/t5_base_gpu --model llama --layers "$llama_layers
 capture_size=base; [ "$quick" = "--quick" ] && capture_size=mini
 step bench_capture 240 python3 scripts/bench-capture.py --device cuda --size "$capture_size" \
     --rounds 3 --steps 3
+# A WGAN-GP critic whose gradient penalty (torch.autograd.grad) comes every 4 steps and
+# every step: such a step is decided at that call and checked op by op after it.
+step bench_capture_gp4 120 python3 scripts/bench-capture.py --device cuda --penalty-every 4 \
+    --rounds 2 --steps 8 --variants eager,watch,watch-ops
+step bench_capture_gp1 120 python3 scripts/bench-capture.py --device cuda --penalty-every 1 \
+    --rounds 2 --steps 4 --variants eager,watch,watch-ops
 
 if [ "$quick" = "--ab" ]; then
     step ab 240 scripts/gpu-ab.sh --rounds 2 --modes fp16,fp32 --probes off
