@@ -199,6 +199,15 @@ def gather_models(model):
     return torch.nn.ModuleDict({k: _unwrapped(m) for k, m in items}), [m for _, m in items]
 
 
+def _storage_address(t):
+    """Where the storage holding `t`'s values begins, or None where it cannot be read (a
+    wrapper subclass)."""
+    try:
+        return _stats.local(t).untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
 def _state_keys(opt):
     """The keys of the floating tensors of an optimizer's state (none where it keeps no
     `state` dict, an optimizer-like wrapper; none of a tensor whose storage cannot be
@@ -484,8 +493,12 @@ class Watcher:
         self.derived = set()
         self.param_dep = set()
         self.maskish = set()
-        self.param_keys = {_key(p) for p in self.model.parameters()}
-        self.owned_keys = self.param_keys.union(*(_state_keys(opt) for opt in self.optimizers))
+        params = list(self.model.parameters())
+        self.param_keys = {_key(p) for p in params}
+        # (the optimizers' state only where checks can be carried: on the host)
+        self.owned_keys = self.param_keys
+        if self.carry_checks and any(_stats.on_host(p) for p in params):
+            self.owned_keys = self.param_keys.union(*(_state_keys(opt) for opt in self.optimizers))
         for k, t in self.owned_written.items():
             known = self.owned_checks.get(k)
             if known is not None and known[0] is None:
@@ -1075,9 +1088,8 @@ class Watcher:
             self.owned_checks[k] = (None if written else t._version, v)
             if written:
                 self.owned_written[k] = t
-            try:
-                addr = _stats.local(t).untyped_storage().data_ptr()
-            except (RuntimeError, NotImplementedError, AttributeError):
+            addr = _storage_address(t)
+            if addr is None:
                 self.owned_checks.pop(k, None)
                 self.owned_written.pop(k, None)
                 return
@@ -1086,9 +1098,8 @@ class Watcher:
     def _forget_written(self, tensors):
         """Forgets the carried checks of whatever shares storage with `tensors` (written by
         an op); all of them where a tensor's storage cannot be read (a wrapper subclass)."""
-        try:
-            addrs = [_stats.local(t).untyped_storage().data_ptr() for t in tensors if _stats.on_host(t)]
-        except (RuntimeError, NotImplementedError, AttributeError):
+        addrs = [_storage_address(t) for t in tensors if _stats.on_host(t)]
+        if None in addrs:
             self.owned_checks.clear()
             self.owned_storage.clear()
             return
