@@ -7,7 +7,8 @@ kernel launches, host-device copies and synchronizations each variant makes
 on a GPU each waits for the device's queue to drain).
 
     scripts/profile-capture.py [--device cpu|cuda] [--size mini|base] [--steps N] [--top N]
-                               [--batch B] [--seq S] [--device-path]
+                               [--batch B] [--seq S] [--device-path] [--check modules|ops]
+                               [--sample-every N]
 
 --device-path runs the companion's device paths on the CPU (every figure gathered where it
 is made and read back with the step, as on a GPU): its read backs and kernels a step are
@@ -44,6 +45,8 @@ def main():
     ap.add_argument("--batch", type=int, default=None, help="batch (default: the size's)")
     ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the size's)")
     ap.add_argument("--check", default="modules", choices=("modules", "ops"))
+    ap.add_argument("--sample-every", type=int, default=0,
+                    help="watch's sample_every (1: full statistics every step; default 0)")
     ap.add_argument("--device-path", action="store_true", help="the device paths on the CPU")
     a = ap.parse_args()
     if a.device_path:
@@ -83,7 +86,8 @@ def main():
         scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
         w = None
         if variant == "watch":
-            w = amprobe_torch.watch(model, opt, scaler, trace=os.path.join(tmp, "t.jsonl"), check=a.check)
+            w = amprobe_torch.watch(model, opt, scaler, trace=os.path.join(tmp, "t.jsonl"), check=a.check,
+                                   sample_every=a.sample_every)
 
         def one():
             opt.zero_grad(set_to_none=True)

@@ -296,7 +296,7 @@ def _full_bits(t):
     hist = torch.zeros(N_BINS, dtype=f64)
     if n == 0:
         out[7] = float("inf")
-        return torch.cat([torch.tensor(out, dtype=f64), hist])
+        return out + hist.tolist()
     ib, mant, emax, bias = _LAYOUT[dt]
     inf_bits, over16, over_bf, under16, under_bf = _bounds(dt)
     bits = x.view(ib)
@@ -385,7 +385,7 @@ def _full_bits(t):
         hist.index_add_(0, sub_idx, torch.ones(sub_idx.numel(), dtype=f64))
     out[1:] = [nan, pos_inf, neg_inf, zeros, subnormal, max_abs, min_abs, sum_sq, f16_over, f16_under, bf16_over,
                bf16_under]
-    return torch.cat([torch.tensor([float(v) for v in out], dtype=f64), hist])
+    return [float(v) for v in out] + hist.tolist()
 
 
 # Scratch buffers of the CPU paths, reused from op to op (a fresh tensor of tens of MB
@@ -445,6 +445,21 @@ def _field_hist(fields, bias, h, dt, mant):
     return hist
 
 
+def _flat(x):
+    """`x`'s elements as a 1-D tensor: a view in memory order where they fill their span of
+    storage without gaps or overlaps (contiguous, transposed or permuted: no figure here
+    depends on the order, and a pass in memory order reads each cache line once), else a
+    contiguous copy."""
+    if x.is_contiguous():
+        return x.view(-1)
+    span = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(x.stride(), x.shape) if sz != 1):
+        if stride != span:
+            return x.reshape(-1)
+        span *= size
+    return x.as_strided((x.numel(),), (1,))
+
+
 def _full_host(t):
     """`full` on the CPU, where a count can decide what to compute next without a device
     synchronisation. fp16 and bf16: one pass clears the sign bits and one bincount counts
@@ -459,8 +474,8 @@ def _full_host(t):
     if x.numel() == 0 or sys.byteorder != "little" or dt == torch.float64 or x.dim() == 0:
         return _full_bits(x)
     if dt == torch.float32:
-        return _full_f32(x)
-    return _full_16(x)
+        return _full_f32(_flat(x))
+    return _full_16(_flat(x))
 
 
 def _full_16(x):
@@ -468,9 +483,9 @@ def _full_16(x):
     n = x.numel()
     _, mant, emax, bias = _LAYOUT[dt]
     inf_bits, over16, over_bf, under16, under_bf = _bounds(dt)
-    ab = _scratch(torch.int16, n).view(x.shape)
+    ab = _scratch(torch.int16, n)
     torch.bitwise_and(x.view(torch.int16), 0x7FFF, out=ab)
-    h = torch.bincount(ab.view(-1), minlength=32768)
+    h = torch.bincount(ab, minlength=32768)
     fields = h[:inf_bits].view(emax, 1 << mant).sum(1).tolist()
     finite = sum(fields)
     special = n - finite
@@ -500,16 +515,16 @@ def _full_16(x):
     hist = _field_hist(fields, bias, h, dt, mant)
     out = [float(n), nan, pos_inf, neg_inf, zeros, fields[0] - zeros, max_abs, min_abs, sum_sq, f16_over, f16_under,
            bf16_over, bf16_under]
-    return torch.tensor([float(v) for v in out] + hist, dtype=torch.float64)
+    return [float(v) for v in out] + [float(c) for c in hist]
 
 
 def _full_f32(x):
     n = x.numel()
     inf_bits, over16, over_bf, under16, under_bf = _bounds(torch.float32)
-    # The magnitudes' bits (read in any layout, written in order), then their top 16 bits,
-    # which are bf16's layout: the same exponent field, 7 of the 23 mantissa bits.
+    # The magnitudes' bits, then their top 16 bits, which are bf16's layout: the same
+    # exponent field, 7 of the 23 mantissa bits.
     ab = _scratch(torch.int32, n)
-    torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab.view(x.shape))
+    torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab)
     top = _scratch(torch.int16, n)
     top.copy_(ab.view(torch.int16)[1::2])
     h = torch.bincount(top, minlength=32768)
@@ -593,13 +608,13 @@ def _full_f32(x):
         sum_sq = float((y * y).sum())
     out = [float(n), nan, pos_inf, neg_inf, zeros, fields[0] - zeros, max_abs, min_abs, sum_sq, f16_over, f16_under,
            bf16_over, bf16_under]
-    return torch.tensor([float(v) for v in out] + hist, dtype=torch.float64)
+    return [float(v) for v in out] + [float(c) for c in hist]
 
 
 def full(t):
-    """The full statistics of a floating tensor (FIELDS, then the exponent histogram), as a
-    float64 vector on its device; values are read from the tensor's own bits (fp16 and bf16
-    widen exactly to f32)."""
+    """The full statistics of a floating tensor (FIELDS, then the exponent histogram): on
+    the CPU a host list, on a device a float64 vector left there until the step's read
+    back; values are read from the tensor's own bits (fp16 and bf16 widen exactly to f32)."""
     t = local(t)
     # Below a few thousand values the calls cost more than the passes they save.
     if on_host(t) and t.numel() >= 4096:
@@ -609,10 +624,16 @@ def full(t):
 
 def full_many(ts):
     """`full` of a list of tensors taken together (a multi-tensor op's outputs): counts and
-    Σx² summed, the largest max |x| and the smallest min |x|; on the first tensor's device,
-    no synchronisation."""
+    Σx² summed, the largest max |x| and the smallest min |x|; a host list when every one
+    is, else on the first tensor's device, no synchronisation."""
     vs = [full(t) for t in ts]
-    dev = vs[0].device
+    if all(isinstance(v, list) for v in vs):
+        out = [sum(col) for col in zip(*vs)]
+        out[6] = max(v[6] for v in vs)
+        out[7] = min(v[7] for v in vs)
+        return out
+    dev = local(ts[0]).device
+    vs = [torch.tensor(v, dtype=torch.float64, device=dev) if isinstance(v, list) else v for v in vs]
     m = torch.stack([v.to(dev) for v in vs])
     out = m.sum(0)
     out[6] = m[:, 6].max()

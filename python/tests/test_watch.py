@@ -363,7 +363,7 @@ def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does()
     assert isinstance(vecs[0], _stats.DeviceCheck) and isinstance(vecs[0][1], torch.Tensor)
     for i, want in enumerate([(7, 3, 2, 1), (2, 0, 0, 0), (4, 0, 1, 1), (0, 0, 0, 0)]):
         assert tuple(got[2 * i]) == want and tuple(got[2 * i + 1]) == want, (i, got[2 * i])
-    assert got[-1] == _stats._full_host(tensors[0]).tolist()
+    assert got[-1] == _stats._full_host(tensors[0])
 
 
 @pytest.mark.parametrize("device_path,bit_count", [(False, True), (False, False), (True, True)])
@@ -644,7 +644,7 @@ def test_the_cpu_statistics_are_the_general_paths():
             if rng.random() < 0.15:
                 x[i] = rng.choice(specials) * rng.choice([1, -1])
         x = x.to(dt)
-        fast, general = _stats._full_host(x).tolist(), _stats._full_device(x).tolist()
+        fast, general = _stats._full_host(x), _stats._full_device(x).tolist()
         for k, (a, b) in enumerate(zip(fast, general)):
             if k == _stats.FIELDS.index("sum_sq"):
                 assert a == pytest.approx(b, rel=1e-6), (dt, n)
@@ -653,7 +653,7 @@ def test_the_cpu_statistics_are_the_general_paths():
 
 
 def _same_full(x, tag):
-    fast, general = _stats._full_host(x).tolist(), _stats._full_device(x).tolist()
+    fast, general = _stats._full_host(x), _stats._full_device(x).tolist()
     for k, (a, b) in enumerate(zip(fast, general)):
         if k == _stats.FIELDS.index("sum_sq"):
             assert a == pytest.approx(b, rel=1e-6), (tag, k)
@@ -699,6 +699,27 @@ def test_the_cpu_statistics_of_every_16_bit_value_and_of_f32_at_every_split():
         elif kind == 4:
             x = torch.relu(torch.randn(100, 50, generator=g)).t()
         _same_full(x, ("f32", i))
+
+
+def test_the_cpu_statistics_read_any_layout():
+    # Dense tensors in any order of their dimensions are read in memory order; others
+    # (gaps, broadcast dimensions, an offset into their storage) are copied first.
+    g = torch.Generator().manual_seed(1)
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        base = (torch.randn(6, 40, 70, generator=g) * 300.0).to(dt)
+        base.view(-1)[::97] = 0.0
+        base.view(-1)[5::389] = float("inf")
+        for tag, x in [
+            ("permuted", base.permute(2, 0, 1)),
+            ("transposed", base.transpose(0, 1)),
+            ("size-1 dims", base.unsqueeze(1).transpose(0, 2)),
+            ("gaps", base[:, :, ::2]),
+            ("offset", base[3:].transpose(1, 2)),
+            ("broadcast", base[0].unsqueeze(0).expand(5, 40, 70)),
+        ]:
+            _same_full(x, (dt, tag))
+            assert _stats._flat(x).numel() == x.numel()
+            assert sorted(_stats._flat(x).tolist()) == sorted(x.reshape(-1).tolist())
 
 
 def test_a_records_exponent_histogram_is_its_occupied_bins():
