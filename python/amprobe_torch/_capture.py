@@ -34,9 +34,10 @@ TOOL_VERSION = "0.1.0"
 
 def _key(t):
     """Identity of a tensor's values within a step: where they are and how they are laid out
-    (the Python objects that reach the dispatcher are not stable)."""
+    (the Python objects that reach the dispatcher are not stable). Plain values only (the
+    shape as a tuple, not a `torch.Size`), so that the garbage collector stops tracking it."""
     t = _stats.local(t)
-    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
+    return (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device)
 
 
 # Autograd's sequence number counter of this thread (the number the next node gets), where
@@ -1219,12 +1220,15 @@ class Watcher:
                 "phase": phase,
                 "op": name,
                 "module": module,
-                "inputs": [(t.dtype, t.shape) for t in ins],
+                # (tuples of plain values, which the garbage collector stops tracking: a
+                # step in full keeps thousands of these until it ends, and tracked ones
+                # bring on collections of the whole heap)
+                "inputs": tuple([(t.dtype, tuple(t.shape)) for t in ins]),
                 # (a list's tensors as one: their element count)
-                "output": (o.dtype, (sum(t.numel() for t in floats),) if many else o.shape),
+                "output": (o.dtype, (sum(t.numel() for t in floats),) if many else tuple(o.shape)),
                 "vec": vec,
-                "preds": preds,
-                "ext": ext,
+                "preds": tuple(preds),
+                "ext": tuple(ext),
                 "eligible": can_make,
                 # -inf written by a mask (a scalar like finfo.min or -inf, a mask built from
                 # one, or a constant the model made) is not an overflow.

@@ -198,8 +198,9 @@ def device_check(x):
 
 def gather(vecs):
     """Host lists of statistics vectors (full vectors, checks, parameters' vectors, and any
-    tensor, as the list of its values): those on the host as they are, the rest read back
-    in one transfer per device (each device synchronises once)."""
+    tensor, as the list of its values): those on the host as they are (lists, or a host's
+    full vectors' tuples), the rest read back in one transfer per device (each device
+    synchronises once)."""
     out = list(vecs)
     parts = {}
     for i, v in enumerate(vecs):
@@ -296,7 +297,7 @@ def _full_bits(t):
     hist = torch.zeros(N_BINS, dtype=f64)
     if n == 0:
         out[7] = float("inf")
-        return out + hist.tolist()
+        return tuple(out + hist.tolist())
     ib, mant, emax, bias = _LAYOUT[dt]
     inf_bits, over16, over_bf, under16, under_bf = _bounds(dt)
     bits = x.view(ib)
@@ -385,7 +386,7 @@ def _full_bits(t):
         hist.index_add_(0, sub_idx, torch.ones(sub_idx.numel(), dtype=f64))
     out[1:] = [nan, pos_inf, neg_inf, zeros, subnormal, max_abs, min_abs, sum_sq, f16_over, f16_under, bf16_over,
                bf16_under]
-    return [float(v) for v in out] + hist.tolist()
+    return tuple([float(v) for v in out] + hist.tolist())
 
 
 # Scratch buffers of the CPU paths, reused from op to op (a fresh tensor of tens of MB
@@ -515,7 +516,7 @@ def _full_16(x):
     hist = _field_hist(fields, bias, h, dt, mant)
     out = [float(n), nan, pos_inf, neg_inf, zeros, fields[0] - zeros, max_abs, min_abs, sum_sq, f16_over, f16_under,
            bf16_over, bf16_under]
-    return [float(v) for v in out] + [float(c) for c in hist]
+    return tuple([float(v) for v in out] + [float(c) for c in hist])
 
 
 def _full_f32(x):
@@ -608,12 +609,12 @@ def _full_f32(x):
         sum_sq = float((y * y).sum())
     out = [float(n), nan, pos_inf, neg_inf, zeros, fields[0] - zeros, max_abs, min_abs, sum_sq, f16_over, f16_under,
            bf16_over, bf16_under]
-    return [float(v) for v in out] + [float(c) for c in hist]
+    return tuple([float(v) for v in out] + [float(c) for c in hist])
 
 
 def full(t):
     """The full statistics of a floating tensor (FIELDS, then the exponent histogram): on
-    the CPU a host list, on a device a float64 vector left there until the step's read
+    the CPU a tuple of floats, on a device a float64 vector left there until the step's read
     back; values are read from the tensor's own bits (fp16 and bf16 widen exactly to f32)."""
     t = local(t)
     # Below a few thousand values the calls cost more than the passes they save.
@@ -624,16 +625,16 @@ def full(t):
 
 def full_many(ts):
     """`full` of a list of tensors taken together (a multi-tensor op's outputs): counts and
-    Σx² summed, the largest max |x| and the smallest min |x|; a host list when every one
-    is, else on the first tensor's device, no synchronisation."""
+    Σx² summed, the largest max |x| and the smallest min |x|; a tuple when every one is,
+    else on the first tensor's device, no synchronisation."""
     vs = [full(t) for t in ts]
-    if all(isinstance(v, list) for v in vs):
+    if all(type(v) is tuple for v in vs):
         out = [sum(col) for col in zip(*vs)]
         out[6] = max(v[6] for v in vs)
         out[7] = min(v[7] for v in vs)
-        return out
+        return tuple(out)
     dev = local(ts[0]).device
-    vs = [torch.tensor(v, dtype=torch.float64, device=dev) if isinstance(v, list) else v for v in vs]
+    vs = [torch.tensor(v, dtype=torch.float64, device=dev) if type(v) is tuple else v for v in vs]
     m = torch.stack([v.to(dev) for v in vs])
     out = m.sum(0)
     out[6] = m[:, 6].max()

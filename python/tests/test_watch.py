@@ -363,7 +363,7 @@ def test_a_device_check_is_read_back_with_the_step_and_counts_as_the_host_does()
     assert isinstance(vecs[0], _stats.DeviceCheck) and isinstance(vecs[0][1], torch.Tensor)
     for i, want in enumerate([(7, 3, 2, 1), (2, 0, 0, 0), (4, 0, 1, 1), (0, 0, 0, 0)]):
         assert tuple(got[2 * i]) == want and tuple(got[2 * i + 1]) == want, (i, got[2 * i])
-    assert got[-1] == _stats._full_host(tensors[0])
+    assert got[-1] == list(_stats._full_host(tensors[0]))
 
 
 @pytest.mark.parametrize("device_path,bit_count", [(False, True), (False, False), (True, True)])
