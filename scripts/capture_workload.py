@@ -10,7 +10,14 @@ SIZES = {
 }
 
 
-class Workload:
+class _OnDevice:
+    def sync(self):
+        """Waits for the device's queued work (a step's time is then its work's)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+class Workload(_OnDevice):
     """The model of size `size` (a key of SIZES; batch and seq may be overridden) on `device`,
     its batch and targets, and the autocast dtype."""
 
@@ -47,12 +54,8 @@ class Workload:
             logits = h @ model.shared.weight.t()
             return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), self.labels.flatten())
 
-    def sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
 
-
-class CriticWorkload:
+class CriticWorkload(_OnDevice):
     """A WGAN-GP critic step (an MLP critic scoring real and generated batches, its gradient
     penalty on their interpolates by `torch.autograd.grad` every `penalty_every` steps, as
     lazily regularised GANs take it), under autocast as `Workload`'s is."""
@@ -86,7 +89,3 @@ class CriticWorkload:
             g = g / scaler.get_scale()
             loss = loss + 10.0 * ((g.norm(2, dim=1) - 1.0) ** 2).mean()
         scaler.scale(loss).backward()
-
-    def sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()

@@ -708,13 +708,25 @@ def _full_device(t):
         (nz & (ad <= BF16_UNDERFLOW)).sum(dtype=f64),
     ]
     # floor(log2 |x|) = e - 1 where frexp gives |x| = m·2^e, m in [0.5, 1). Zeros and
-    # non-finite values go to one more bin, dropped. A histogram over bins of width one
-    # centred on each index (histc: bincount's device version reads its input's extremes
-    # back to size its output, a synchronisation).
+    # non-finite values go to one more bin, dropped.
     _, e = torch.frexp(torch.where(nz, a, 1.0))
-    bins = torch.where(nz, (e - 1).clamp_(EXP_LO, EXP_HI - 1) - EXP_LO, N_BINS).to(f64).add_(0.5)
-    hist = torch.histc(bins, bins=N_BINS + 1, min=0, max=N_BINS + 1)[:N_BINS]
-    return torch.cat([torch.stack(counts), hist])
+    bins = torch.where(nz, (e - 1).clamp_(EXP_LO, EXP_HI - 1) - EXP_LO, N_BINS)
+    return torch.cat([torch.stack(counts), _bin_counts(bins, N_BINS)])
+
+
+def _bin_counts(bins, n):
+    """How many of the integers `bins` (values 0 to n, n not counted) are each of 0 to n - 1,
+    as float64 counts on their device, without a synchronisation (bincount's device
+    version reads its input's largest value back to size its output): a histogram over
+    bins of width one centred on each integer (`torch.histc`), or, where the script has
+    turned on `torch.use_deterministic_algorithms` (under which histc refuses to run on a
+    GPU), a sort and a search of where each integer begins. Both exact: counts are
+    integers, whatever order they are summed in."""
+    if torch.are_deterministic_algorithms_enabled():
+        ordered = torch.sort(bins.reshape(-1)).values
+        starts = torch.searchsorted(ordered, torch.arange(n + 1, dtype=ordered.dtype, device=ordered.device))
+        return starts.diff().to(torch.float64)
+    return torch.histc(bins.to(torch.float64).add_(0.5), bins=n + 1, min=0, max=n + 1)[:n]
 
 
 def from_check(v):

@@ -701,6 +701,46 @@ def test_the_cpu_statistics_of_every_16_bit_value_and_of_f32_at_every_split():
         _same_full(x, ("f32", i))
 
 
+def test_a_devices_statistics_need_no_histc_under_deterministic_algorithms(tmp_path, monkeypatch, capsys):
+    # On a GPU, torch.histc refuses to run once a script turns on
+    # torch.use_deterministic_algorithms(True); the device path's exponent histogram is then
+    # counted by a sort and a search. Here histc is made to refuse as it does there: the
+    # figures are histc's, and a run through the device paths keeps capturing.
+    g = torch.Generator().manual_seed(3)
+    xs = [
+        torch.randn(1000, generator=g) * 1e3,
+        (torch.randn(64, 33, generator=g) * 1e-3).to(torch.float16),
+        torch.tensor([0.0, -0.0, float("inf"), float("nan"), 2.0**-149, 3.4e38, -1e-40, 1.0]),
+        torch.zeros(17, dtype=torch.bfloat16),
+        (torch.randn(5000, generator=g, dtype=torch.float64) * 1e200),
+    ]
+    want = [_stats._full_device(x).tolist() for x in xs]
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("histc_cuda does not have a deterministic implementation")
+
+    plain = train(torch.float16, steps=3, boom_step=1)
+    was = torch.are_deterministic_algorithms_enabled()
+    monkeypatch.setattr(torch, "histc", refuses)
+    monkeypatch.setattr(_stats, "DEVICE_PATH_ON_CPU", True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = [_stats._full_device(x).tolist() for x in xs]
+        seen = train(torch.float16, steps=3, boom_step=1, watch=watcher(tmp_path / "t.jsonl"))
+        close_all()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert got == want
+    assert "capture stopped" not in capsys.readouterr().err
+    assert plain[1] == seen[1]
+    for n in plain[2]:
+        assert torch.equal(plain[2][n], seen[2][n]), n
+    steps = read(tmp_path / "t.jsonl")[1:4]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert sum(sum(r["stats"]["exp_hist"]["counts"]) for r in steps[0]["ops"]) > 0
+    assert steps[1]["skipped"] and steps[1]["origins"]["first_inf"] is not None
+
+
 def test_the_cpu_statistics_read_any_layout():
     # Dense tensors in any order of their dimensions are read in memory order; others
     # (gaps, broadcast dimensions, an offset into their storage) are copied first.
