@@ -390,16 +390,17 @@ def _full_bits(t):
 
 
 # Scratch buffers of the CPU paths, reused from op to op (a fresh tensor of tens of MB
-# costs its page faults on every op): per dtype, the size of the largest tensor seen;
-# 6 bytes an element of it in all.
+# costs its page faults on every op): per dtype (and use), the size of the largest tensor
+# seen; 6 bytes an element of it in all, and 8 MB more (`_full_f32`'s keys below
+# _WIDE_KEYS_BELOW values).
 _SCRATCH = {}
 
 
-def _scratch(dtype, n):
-    buf = _SCRATCH.get(dtype)
+def _scratch(dtype, n, which=0):
+    buf = _SCRATCH.get((dtype, which))
     if buf is None or buf.numel() < n:
         buf = torch.empty(n, dtype=dtype)
-        _SCRATCH[dtype] = buf
+        _SCRATCH[(dtype, which)] = buf
     return buf[:n]
 
 
@@ -519,16 +520,27 @@ def _full_16(x):
     return tuple([float(v) for v in out] + [float(c) for c in hist])
 
 
+_WIDE_KEYS_BELOW = 1 << 21
+
+
 def _full_f32(x):
     n = x.numel()
     inf_bits, over16, over_bf, under16, under_bf = _bounds(torch.float32)
-    # The magnitudes' bits, then their top 16 bits, which are bf16's layout: the same
-    # exponent field, 7 of the 23 mantissa bits.
+    # The magnitudes' bits, and their top 16 bits, which are bf16's layout (the same
+    # exponent field, 7 of the 23 mantissa bits), counted: below a few million values as
+    # the 32-bit magnitudes shifted (a contiguous pass, 3 to 5 times faster here than
+    # taking the upper halves out, which is a strided one), above as the upper halves of
+    # the values with the sign cleared, where bincount's own time over 32-bit keys grows
+    # past what the shift saves.
     ab = _scratch(torch.int32, n)
-    torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab)
     top = _scratch(torch.int16, n)
-    top.copy_(ab.view(torch.int16)[1::2])
-    h = torch.bincount(top, minlength=32768)
+    if n < _WIDE_KEYS_BELOW:
+        torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab)
+        keys = torch.bitwise_right_shift(ab, 16, out=_scratch(torch.int32, n, 1))
+    else:
+        keys = torch.bitwise_and(x.view(torch.int16)[1::2], 0x7FFF, out=top)
+        torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab)
+    h = torch.bincount(keys, minlength=32768)
     tb = inf_bits >> 16
     fields = h[:tb].view(255, 128).sum(1).tolist()
     finite = sum(fields)

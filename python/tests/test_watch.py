@@ -745,6 +745,23 @@ def test_a_devices_statistics_need_no_histc_under_deterministic_algorithms(tmp_p
     assert steps[1]["skipped"] and steps[1]["origins"]["first_inf"] is not None
 
 
+@pytest.mark.parametrize("wide_below", [0, 1 << 40])
+def test_the_f32_statistics_take_either_key_path(monkeypatch, wide_below):
+    # Below _WIDE_KEYS_BELOW values the f32 path counts its shifted 32-bit magnitudes, above
+    # the values' upper halves: each way, the general path's figures, at every threshold.
+    monkeypatch.setattr(_stats, "_WIDE_KEYS_BELOW", wide_below)
+    g = torch.Generator().manual_seed(4)
+    splits = [p for p in _stats._bounds(torch.float32) if p is not None] + [0x7F800000, 0x00800000, 0x10000, 1]
+    near = torch.tensor([q | s for p in splits for q in range(p - 2, p + 3) for s in (0, -(2**31))], dtype=torch.int64)
+    near = near.to(torch.int32).view(torch.float32)
+    for i in range(12):
+        x = torch.randn(3000, generator=g) * 10.0 ** (i * 6 - 36)
+        x[::5] = 0.0
+        x[:near.numel()] = near
+        _same_full(x[torch.randperm(3000, generator=g)], ("f32", wide_below, i))
+    _same_full(torch.relu(torch.randn(70, 60, generator=g)).t(), ("f32", wide_below, "relu"))
+
+
 def test_the_cpu_statistics_read_any_layout():
     # Dense tensors in any order of their dimensions are read in memory order; others
     # (gaps, broadcast dimensions, an offset into their storage) are copied first.
