@@ -448,16 +448,16 @@ def _field_hist(fields, bias, h, dt, mant):
 
 
 def _flat(x):
-    """`x`'s elements as a 1-D tensor: a view in memory order where they fill their span of
+    """`x`'s elements as a 1-D contiguous view in memory order where they fill their span of
     storage without gaps or overlaps (contiguous, transposed or permuted: no figure here
-    depends on the order, and a pass in memory order reads each cache line once), else a
-    contiguous copy."""
+    depends on the order, and a pass in memory order reads each cache line once), else `x`
+    as it is (a strided slice, a broadcast: read through its strides, never copied)."""
     if x.is_contiguous():
         return x.view(-1)
     span = 1
     for stride, size in sorted((st, sz) for st, sz in zip(x.stride(), x.shape) if sz != 1):
         if stride != span:
-            return x.reshape(-1)
+            return x
         span *= size
     return x.as_strided((x.numel(),), (1,))
 
@@ -486,7 +486,7 @@ def _full_16(x):
     _, mant, emax, bias = _LAYOUT[dt]
     inf_bits, over16, over_bf, under16, under_bf = _bounds(dt)
     ab = _scratch(torch.int16, n)
-    torch.bitwise_and(x.view(torch.int16), 0x7FFF, out=ab)
+    torch.bitwise_and(x.view(torch.int16), 0x7FFF, out=ab.view(x.shape))
     h = torch.bincount(ab, minlength=32768)
     fields = h[:inf_bits].view(emax, 1 << mant).sum(1).tolist()
     finite = sum(fields)
@@ -532,14 +532,17 @@ def _full_f32(x):
     # taking the upper halves out, which is a strided one), above as the upper halves of
     # the values with the sign cleared, where bincount's own time over 32-bit keys grows
     # past what the shift saves.
+    # (A tensor whose elements leave gaps in their storage is read through its strides and
+    # its upper halves copied out of the magnitudes' bits.)
     ab = _scratch(torch.int32, n)
+    torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab.view(x.shape))
     top = _scratch(torch.int16, n)
     if n < _WIDE_KEYS_BELOW:
-        torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab)
         keys = torch.bitwise_right_shift(ab, 16, out=_scratch(torch.int32, n, 1))
-    else:
+    elif x.is_contiguous():
         keys = torch.bitwise_and(x.view(torch.int16)[1::2], 0x7FFF, out=top)
-        torch.bitwise_and(x.view(torch.int32), 0x7FFFFFFF, out=ab)
+    else:
+        keys = top.copy_(ab.view(torch.int16)[1::2])
     h = torch.bincount(keys, minlength=32768)
     tb = inf_bits >> 16
     fields = h[:tb].view(255, 128).sum(1).tolist()

@@ -760,11 +760,12 @@ def test_the_f32_statistics_take_either_key_path(monkeypatch, wide_below):
         x[:near.numel()] = near
         _same_full(x[torch.randperm(3000, generator=g)], ("f32", wide_below, i))
     _same_full(torch.relu(torch.randn(70, 60, generator=g)).t(), ("f32", wide_below, "relu"))
+    _same_full(torch.randn(70, 60, generator=g)[:, ::3], ("f32", wide_below, "gaps"))
 
 
 def test_the_cpu_statistics_read_any_layout():
-    # Dense tensors in any order of their dimensions are read in memory order; others
-    # (gaps, broadcast dimensions, an offset into their storage) are copied first.
+    # Dense tensors in any order of their dimensions (an offset into their storage too) are
+    # read in memory order; others (gaps, broadcast dimensions) through their strides.
     g = torch.Generator().manual_seed(1)
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         base = (torch.randn(6, 40, 70, generator=g) * 300.0).to(dt)
@@ -780,7 +781,8 @@ def test_the_cpu_statistics_read_any_layout():
         ]:
             _same_full(x, (dt, tag))
             assert _stats._flat(x).numel() == x.numel()
-            assert sorted(_stats._flat(x).tolist()) == sorted(x.reshape(-1).tolist())
+            assert sorted(_stats._flat(x).reshape(-1).tolist()) == sorted(x.reshape(-1).tolist())
+            assert (_stats._flat(x).dim() == 1) == (tag not in ("gaps", "broadcast")), tag
 
 
 def test_a_records_exponent_histogram_is_its_occupied_bins():
