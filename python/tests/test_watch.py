@@ -145,6 +145,48 @@ def test_statistics_match_a_host_computation():
     assert st["subnormal"] == 1 and st["to_bf16"] == {"overflow": 0, "underflow": 0}
 
 
+def test_no_collection_runs_while_a_record_is_written_and_the_collector_is_left_as_found(tmp_path, monkeypatch):
+    # A step's record is built, written and dropped with the garbage collector paused (a
+    # collection there would only promote what is about to be freed); the script's own
+    # setting is what it finds after each step, on or off.
+    import gc
+
+    from amprobe_torch import _capture
+
+    inside, during = [False], []
+    real = _capture.Watcher._finish
+
+    def finish(self, read):
+        inside[0] = True
+        try:
+            # (enough tracked garbage-free allocations to pass the youngest threshold)
+            keep = [[i] for i in range(3 * gc.get_threshold()[0])]
+            return real(self, read)
+        finally:
+            del keep
+            inside[0] = False
+
+    def seen(phase, info):
+        if phase == "start" and inside[0]:
+            during.append(info["generation"])
+
+    monkeypatch.setattr(_capture.Watcher, "_finish", finish)
+    gc.callbacks.append(seen)
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            try:
+                train(torch.float16, steps=3, boom_step=1, watch=watcher(tmp_path / f"t{enabled}.jsonl"))
+                close_all()
+                assert gc.isenabled() == enabled
+            finally:
+                gc.enable()
+    finally:
+        gc.callbacks.remove(seen)
+    assert during == []
+    assert len(read(tmp_path / "tTrue.jsonl")) == len(read(tmp_path / "tFalse.jsonl")) == 5
+
+
 def test_disabled_does_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("AMPROBE_DISABLE", "1")
     path = tmp_path / "t.jsonl"
