@@ -805,6 +805,32 @@ def test_the_f32_statistics_take_either_key_path(monkeypatch, wide_below):
     _same_full(torch.randn(70, 60, generator=g)[:, ::3], ("f32", wide_below, "gaps"))
 
 
+def test_a_multi_tensor_ops_statistics_join_host_and_device_vectors(monkeypatch):
+    # A multi-tensor op's outputs taken together: host vectors (tuples) joined in Python;
+    # where one took the general path (a small f64 tensor), all of them as float64 vectors.
+    # Either way the figures of every tensor through the general path, joined there.
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(5000, generator=g)
+    b = torch.randn(3000, generator=g) * 1e3
+    b[7] = float("inf")
+    b[9] = 0.0
+    c = (torch.randn(40, generator=g) * 1e-30).to(torch.float64)
+    host, mixed = _stats.full_many([a, b]), _stats.full_many([a, b, c])
+    assert type(host) is tuple and isinstance(mixed, torch.Tensor)
+    got = _stats.gather([host, mixed])
+    monkeypatch.setattr(_stats, "on_host", lambda x: False)
+    want = _stats.gather([_stats.full_many([a, b]), _stats.full_many([a, b, c])])
+    for x, y in zip(got, want):
+        for k, (p, q) in enumerate(zip(x, y)):
+            if k == _stats.FIELDS.index("sum_sq"):
+                assert p == pytest.approx(q, rel=1e-6)
+            else:
+                assert p == q, (k, p, q)
+    figures = dict(zip(_stats.FIELDS, got[1]))
+    assert (figures["numel"], figures["pos_inf"], figures["zeros"]) == (8040, 1, 1)
+    assert figures["min_abs_nonzero"] == float(c.abs().min())
+
+
 def test_the_cpu_statistics_read_any_layout():
     # Dense tensors in any order of their dimensions (an offset into their storage too) are
     # read in memory order; others (gaps, broadcast dimensions) through their strides.
