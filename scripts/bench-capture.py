@@ -75,10 +75,7 @@ def main():
             opt.zero_grad(set_to_none=True)
             ctx = torch.autograd.detect_anomaly(check_nan=True) if variant == "anomaly" else _null()
             with ctx:
-                if a.penalty_every is None:
-                    scaler.scale(work.loss(model)).backward()
-                else:
-                    work.backward(model, scaler, step)
+                work.backward(model, scaler, step)
             scaler.step(opt)
             scaler.update()
             sync()

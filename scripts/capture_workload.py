@@ -54,6 +54,10 @@ class Workload(_OnDevice):
             logits = h @ model.shared.weight.t()
             return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), self.labels.flatten())
 
+    def backward(self, model, scaler, step):
+        """The step's loss with `model`, scaled and backpropagated (the same every step)."""
+        scaler.scale(self.loss(model)).backward()
+
 
 class CriticWorkload(_OnDevice):
     """A WGAN-GP critic step (an MLP critic scoring real and generated batches, its gradient
