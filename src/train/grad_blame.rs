@@ -3,7 +3,8 @@
 //! blamed backward, both carried through each op by the op's formula in f64. Layer 9
 //! (train).
 
-use crate::engine::{blame, observer::Blame, relative_error};
+use crate::engine::blame::{blame, relative_error};
+use crate::engine::observer::Blame;
 use crate::error::Result;
 use crate::models::Param;
 use crate::optim::clip::NormType;
