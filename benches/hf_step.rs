@@ -22,6 +22,7 @@ use amprobe::amp::mode::Precision;
 use amprobe::models::bert::{Bert, BertConfig};
 use amprobe::models::gpt2::{Gpt2, Gpt2Config};
 use amprobe::models::llama::{Llama, LlamaConfig};
+use amprobe::models::pretrained::Pretrained;
 use amprobe::models::t5::synthetic_ids;
 use amprobe::models::t5_seq2seq::T5Seq2Seq;
 use amprobe::models::Model;
@@ -55,22 +56,22 @@ fn trainer(model: &str, precision: Precision, probes: bool) -> Trainer {
     let (m, params): (Box<dyn Model>, _) = match model {
         "gpt2" => {
             let m = Gpt2::new(Gpt2Config::parse(GPT2, here).expect("config"));
-            let p = m.init(0).expect("init");
+            let p = m.seeded(0).expect("init");
             (Box::new(m), p)
         }
         "bert" => {
             let m = Bert::new(BertConfig::parse(BERT, here).expect("config"));
-            let p = m.init(0).expect("init");
+            let p = m.seeded(0).expect("init");
             (Box::new(m), p)
         }
         "t5" => {
             let m = T5Seq2Seq::parse_config(T5, here).expect("config");
-            let p = m.init(0).expect("init");
+            let p = m.seeded(0).expect("init");
             (Box::new(m), p)
         }
         _ => {
             let m = Llama::new(LlamaConfig::parse(LLAMA, here).expect("config"));
-            let p = m.init(0).expect("init");
+            let p = m.seeded(0).expect("init");
             (Box::new(m), p)
         }
     };

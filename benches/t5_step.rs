@@ -30,6 +30,7 @@
 //! round order).
 
 use amprobe::amp::mode::Precision;
+use amprobe::models::pretrained::Pretrained;
 use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
 use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
@@ -65,7 +66,7 @@ impl Probes {
 fn trainer(precision: Precision, probes: Probes) -> Trainer {
     let cfg = T5Config::relu(256, 1024, (4, 64), 4, 512);
     let model = T5Encoder::new(cfg);
-    let params = model.init(0).expect("init");
+    let params = model.seeded(0).expect("init");
     let train = TrainConfig {
         precision,
         probes: probes != Probes::Off,

@@ -98,6 +98,7 @@ fn gathering_statistics_in_the_producing_kernels_saves_a_launch_and_a_read_per_o
         return;
     }
     use amprobe::device::cuda::counters::{measure_traffic, sim_counters};
+    use amprobe::models::pretrained::Pretrained;
     use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
     use amprobe::optim::{OptimizerConfig, SgdConfig};
     use amprobe::train::{Synthetic, TrainConfig};
@@ -105,7 +106,7 @@ fn gathering_statistics_in_the_producing_kernels_saves_a_launch_and_a_read_per_o
     let trainer = |fused: bool| {
         let cfg = T5Config::relu(256, 512, (4, 64), 1, 64);
         let model = T5Encoder::new(cfg);
-        let params = model.init(0).unwrap();
+        let params = model.seeded(0).unwrap();
         let mut train = TrainConfig {
             precision: Precision::Fp16,
             backend: BackendKind::Cuda,

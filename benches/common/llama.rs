@@ -3,6 +3,7 @@
 
 use crate::common::Size;
 use amprobe::amp::mode::Precision;
+use amprobe::models::pretrained::Pretrained;
 use amprobe::train::Trainer;
 
 /// The configuration of [`llama_1b_trainer`]'s model at `layers` layers, `seq` positions
@@ -34,6 +35,6 @@ pub fn llama_1b_trainer(
 ) -> amprobe::Result<Trainer> {
     let cfg = llama_1b_config(size.layers, size.seq, size.vocab)?;
     let model = amprobe::models::llama::Llama::new(cfg);
-    let params = model.init(0)?;
+    let params = model.seeded(0)?;
     crate::common::device_trainer(Box::new(model), params, precision, probes, size)
 }

@@ -3,6 +3,7 @@
 
 use amprobe::amp::mode::Precision;
 use amprobe::backend::BackendKind;
+use amprobe::models::pretrained::Pretrained;
 use amprobe::models::t5::{synthetic_ids, T5Config, T5Encoder};
 use amprobe::optim::{OptimizerConfig, SgdConfig};
 use amprobe::train::{Synthetic, TrainConfig, Trainer};
@@ -22,7 +23,7 @@ pub struct Size {
 pub fn t5_base_trainer(precision: Precision, probes: bool, size: Size) -> amprobe::Result<Trainer> {
     let cfg = T5Config::relu(768, 3072, (12, 64), size.layers, size.vocab);
     let model = T5Encoder::new(cfg);
-    let params = model.init(0)?;
+    let params = model.seeded(0)?;
     device_trainer(Box::new(model), params, precision, probes, size)
 }
 

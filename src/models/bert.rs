@@ -17,12 +17,12 @@
 
 use super::hf_config::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::masks::extended_mask;
+use super::pretrained::Pretrained;
 use super::tokens::{check_ids, check_token_batch, drop_full_mask, forward_ids};
-use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
-use super::{Batch, Model, Output, ParamAccess, ParamStore};
+use super::weights::Checkpoint;
+use super::{Batch, Model, Output, ParamAccess};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use crate::tensor::Tensor;
 use std::path::Path;
 
@@ -237,39 +237,6 @@ impl Bert {
         Bert { cfg, train: true }
     }
 
-    /// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
-    /// `model.safetensors` (or a sharded index) or from one file. Names may lack the
-    /// `bert.` prefix (a bare `BertModel`), and old checkpoints' LayerNorm `gamma` / `beta`
-    /// are read as `weight` / `bias`; the tied decoder (`cls.predictions.decoder.*`), the
-    /// pooler and the next-sentence head are not parameters of the MLM model.
-    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all: Checkpoint = read_checkpoint(weights)?
-            .into_iter()
-            .map(|(k, t)| {
-                let k = match k.strip_suffix(".gamma") {
-                    Some(s) => format!("{s}.weight"),
-                    None => match k.strip_suffix(".beta") {
-                        Some(s) => format!("{s}.bias"),
-                        None => k,
-                    },
-                };
-                if k.starts_with("bert.") || k.starts_with("cls.") {
-                    (k, t)
-                } else {
-                    (format!("bert.{k}"), t)
-                }
-            })
-            .collect();
-        take_params(&mut all, &self.cfg.shapes(), weights)
-    }
-
-    /// Seeded random weights as transformers initialises BERT (normal, std 0.02; biases
-    /// 0; LayerNorm weights 1), for benchmarks.
-    pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        let rng = Rng::derive(seed, &[0x6265_7274]);
-        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
-    }
-
     /// LayerNorm's width and epsilon.
     fn norm(&self) -> (usize, f64) {
         (self.cfg.hidden_size, self.cfg.eps)
@@ -389,13 +356,43 @@ impl Bert {
     }
 }
 
-impl super::Pretrained for Bert {
-    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
-        self.load(weights)
+/// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
+/// `model.safetensors` (or a sharded index) or from one file. Names may lack the
+/// `bert.` prefix (a bare `BertModel`), and old checkpoints' LayerNorm `gamma` / `beta`
+/// are read as `weight` / `bias`; the tied decoder (`cls.predictions.decoder.*`), the
+/// pooler and the next-sentence head are not parameters of the MLM model.
+///
+/// Seeded random weights as transformers initialises BERT (normal, std 0.02; biases
+/// 0; LayerNorm weights 1), for benchmarks.
+impl Pretrained for Bert {
+    const INIT_KEY: u64 = 0x6265_7274;
+    const INIT_STD: f64 = 0.02;
+
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        self.cfg.shapes()
     }
 
-    fn seeded(&self, seed: u64) -> Result<ParamStore> {
-        self.init(seed)
+    fn param_total(&self) -> Option<u64> {
+        self.cfg.param_count()
+    }
+
+    fn canonical_names(&self, all: Checkpoint) -> Checkpoint {
+        all.into_iter()
+            .map(|(k, t)| {
+                let k = match k.strip_suffix(".gamma") {
+                    Some(s) => format!("{s}.weight"),
+                    None => match k.strip_suffix(".beta") {
+                        Some(s) => format!("{s}.bias"),
+                        None => k,
+                    },
+                };
+                if k.starts_with("bert.") || k.starts_with("cls.") {
+                    (k, t)
+                } else {
+                    (format!("bert.{k}"), t)
+                }
+            })
+            .collect()
     }
 
     fn tokens(&self) -> (usize, usize) {

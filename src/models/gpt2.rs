@@ -18,13 +18,13 @@
 
 use super::hf_config::{bool_field, check_size, config_json, prob_field, usize_field};
 use super::masks::causal_mask;
+use super::pretrained::Pretrained;
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
-use super::weights::{init_params, read_checkpoint, take_params, Checkpoint};
-use super::{Batch, Model, Output, ParamAccess, ParamStore};
+use super::weights::Checkpoint;
+use super::{Batch, Model, Output, ParamAccess};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use crate::tensor::Tensor;
 use std::path::Path;
 
@@ -222,32 +222,6 @@ impl Gpt2 {
     /// A model in training mode.
     pub fn new(cfg: Gpt2Config) -> Gpt2 {
         Gpt2 { cfg, train: true }
-    }
-
-    /// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
-    /// `model.safetensors` (or a sharded index) or from one file. Names may carry
-    /// transformers' `transformer.` prefix or not (the original checkpoints have none);
-    /// the causal-mask buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) and a
-    /// saved `lm_head.weight` (tied to `wte`) are not parameters.
-    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all: Checkpoint = read_checkpoint(weights)?
-            .into_iter()
-            .map(|(k, t)| {
-                if k.starts_with("transformer.") || k.starts_with("lm_head.") {
-                    (k, t)
-                } else {
-                    (format!("transformer.{k}"), t)
-                }
-            })
-            .collect();
-        take_params(&mut all, &self.cfg.shapes(), weights)
-    }
-
-    /// Seeded random weights as transformers initialises GPT-2 (normal, std 0.02; biases
-    /// 0; LayerNorm weights 1), for benchmarks.
-    pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        let rng = Rng::derive(seed, &[0x6770_7432]);
-        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
     }
 
     fn dropout(&self, e: &mut Engine, x: &Tensor, p: f64, salt: u64) -> Result<Tensor> {
@@ -465,13 +439,36 @@ pub(crate) fn causal_lm_output(
     })
 }
 
-impl super::Pretrained for Gpt2 {
-    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
-        self.load(weights)
+/// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
+/// `model.safetensors` (or a sharded index) or from one file. Names may carry
+/// transformers' `transformer.` prefix or not (the original checkpoints have none);
+/// the causal-mask buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) and a
+/// saved `lm_head.weight` (tied to `wte`) are not parameters.
+///
+/// Seeded random weights as transformers initialises GPT-2 (normal, std 0.02; biases
+/// 0; LayerNorm weights 1), for benchmarks.
+impl Pretrained for Gpt2 {
+    const INIT_KEY: u64 = 0x6770_7432;
+    const INIT_STD: f64 = 0.02;
+
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        self.cfg.shapes()
     }
 
-    fn seeded(&self, seed: u64) -> Result<ParamStore> {
-        self.init(seed)
+    fn param_total(&self) -> Option<u64> {
+        self.cfg.param_count()
+    }
+
+    fn canonical_names(&self, all: Checkpoint) -> Checkpoint {
+        all.into_iter()
+            .map(|(k, t)| {
+                if k.starts_with("transformer.") || k.starts_with("lm_head.") {
+                    (k, t)
+                } else {
+                    (format!("transformer.{k}"), t)
+                }
+            })
+            .collect()
     }
 
     fn tokens(&self) -> (usize, usize) {

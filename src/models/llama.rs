@@ -14,13 +14,12 @@
 use super::gpt2::{causal_lm_labels, causal_lm_output};
 use super::hf_config::{bool_field, check_size, config_json, usize_field};
 use super::masks::causal_mask;
+use super::pretrained::Pretrained;
 use super::tokens::{check_token_batch, forward_ids, refuse_inputs};
-use super::weights::{init_params, read_checkpoint, take_params};
-use super::{Batch, Model, Output, ParamAccess, ParamStore};
+use super::{Batch, Model, Output, ParamAccess};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use crate::tensor::Tensor;
 use std::path::Path;
 
@@ -272,20 +271,6 @@ impl Llama {
         Llama { cfg }
     }
 
-    /// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
-    /// `model.safetensors` (or a sharded index) or from one file. A saved
-    /// `lm_head.weight` of a tied model, and rotary buffers, are not parameters.
-    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        take_params(&mut read_checkpoint(weights)?, &self.cfg.shapes(), weights)
-    }
-
-    /// Seeded random weights as transformers initialises LLaMA (normal, std 0.02; biases
-    /// 0; RMSNorm weights 1), for benchmarks.
-    pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        let rng = Rng::derive(seed, &[0x6c6c_616d]);
-        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.02)
-    }
-
     /// LlamaRMSNorm: `weight · (x₃₂ · rsqrt(mean(x₃₂²) + eps)).to(x.dtype)`.
     fn rms_norm(
         &self,
@@ -465,13 +450,22 @@ impl Llama {
     }
 }
 
-impl super::Pretrained for Llama {
-    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
-        self.load(weights)
+/// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
+/// `model.safetensors` (or a sharded index) or from one file. A saved
+/// `lm_head.weight` of a tied model, and rotary buffers, are not parameters.
+///
+/// Seeded random weights as transformers initialises LLaMA (normal, std 0.02; biases
+/// 0; RMSNorm weights 1), for benchmarks.
+impl Pretrained for Llama {
+    const INIT_KEY: u64 = 0x6c6c_616d;
+    const INIT_STD: f64 = 0.02;
+
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        self.cfg.shapes()
     }
 
-    fn seeded(&self, seed: u64) -> Result<ParamStore> {
-        self.init(seed)
+    fn param_total(&self) -> Option<u64> {
+        self.cfg.param_count()
     }
 
     fn tokens(&self) -> (usize, usize) {

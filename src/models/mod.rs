@@ -8,6 +8,7 @@ pub mod hf_config;
 pub mod llama;
 pub mod masks;
 pub mod mlp;
+pub mod pretrained;
 pub mod t5;
 pub mod t5_seq2seq;
 pub mod tokens;
@@ -179,16 +180,6 @@ pub struct Output {
     /// The model's final hidden state (the encoder output for T5; the logits for the MLP),
     /// for accuracy comparisons between precisions.
     pub hidden: Tensor,
-}
-
-/// A model read from Hugging Face files (`config.json` and a checkpoint).
-pub trait Pretrained: Model + Sized + 'static {
-    /// Its parameters from a checkpoint (a directory or one safetensors file).
-    fn load_weights(&self, weights: &std::path::Path) -> Result<ParamStore>;
-    /// Seeded parameters, for runs without a checkpoint.
-    fn seeded(&self, seed: u64) -> Result<ParamStore>;
-    /// The vocabulary size, and the sequence length of synthetic batches.
-    fn tokens(&self) -> (usize, usize);
 }
 
 /// A model the step engine can train.

@@ -10,14 +10,14 @@
 
 use super::hf_config::{check_size, config_json, usize_field};
 use super::masks::extended_mask;
+use super::pretrained::Pretrained;
 use super::tokens::{check_token_batch, drop_full_mask, forward_ids, refuse_inputs};
 pub use super::tokens::{inputs_from, load_inputs, synthetic_ids};
-use super::weights::{init_params, read_checkpoint, take_params};
-use super::{Batch, Model, Output, ParamAccess, ParamStore};
+use super::weights::Checkpoint;
+use super::{Batch, Model, Output, ParamAccess};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use crate::tensor::Tensor;
 use serde::Serialize;
 use std::path::Path;
@@ -248,24 +248,6 @@ impl T5Encoder {
             clamp: false,
             train: true,
         }
-    }
-
-    /// Loads the weights (f32, f16 or bf16 tensors; fp32 masters either way) from a
-    /// directory with `model.safetensors` (or a sharded index) or from one file.
-    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all = read_checkpoint(weights)?;
-        if !all.contains_key("shared.weight") {
-            if let Some(t) = all.remove("encoder.embed_tokens.weight") {
-                all.insert("shared.weight".into(), t);
-            }
-        }
-        take_params(&mut all, &self.cfg.shapes(), weights)
-    }
-
-    /// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
-    pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        let rng = Rng::derive(seed, &[0x75]);
-        init_params(&self.cfg.shapes(), self.cfg.param_count(), rng, 0.05)
     }
 
     /// Relative position buckets [q, k] as transformers computes them (the logarithmic
@@ -516,13 +498,29 @@ impl T5Encoder {
     }
 }
 
-impl super::Pretrained for T5Encoder {
-    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
-        self.load(weights)
+/// Loads the weights (f32, f16 or bf16 tensors; fp32 masters either way) from a
+/// directory with `model.safetensors` (or a sharded index) or from one file.
+///
+/// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
+impl Pretrained for T5Encoder {
+    const INIT_KEY: u64 = 0x75;
+    const INIT_STD: f64 = 0.05;
+
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        self.cfg.shapes()
     }
 
-    fn seeded(&self, seed: u64) -> Result<ParamStore> {
-        self.init(seed)
+    fn param_total(&self) -> Option<u64> {
+        self.cfg.param_count()
+    }
+
+    fn canonical_names(&self, mut all: Checkpoint) -> Checkpoint {
+        if !all.contains_key("shared.weight") {
+            if let Some(t) = all.remove("encoder.embed_tokens.weight") {
+                all.insert("shared.weight".into(), t);
+            }
+        }
+        all
     }
 
     fn tokens(&self) -> (usize, usize) {

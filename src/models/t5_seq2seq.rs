@@ -16,14 +16,14 @@
 
 use super::hf_config::{bool_field, config_json};
 use super::masks::{causal_mask, extended_mask};
+use super::pretrained::Pretrained;
 use super::t5::{lm_output, Attention, T5Config, T5Encoder};
 use super::tokens::{check_ids, drop_full_mask, forward_ids};
-use super::weights::{init_params, read_checkpoint, take_params};
-use super::{Batch, Model, Output, ParamAccess, ParamStore};
+use super::weights::Checkpoint;
+use super::{Batch, Model, Output, ParamAccess};
 use crate::dtype::DType;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use crate::tensor::Tensor;
 use std::path::Path;
 
@@ -205,27 +205,6 @@ impl T5Seq2Seq {
         v
     }
 
-    /// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
-    /// `model.safetensors` (or a sharded index) or from one file; the embedding may be
-    /// saved as `shared.weight` or as either stack's `embed_tokens.weight`.
-    pub fn load(&self, weights: &Path) -> Result<ParamStore> {
-        let mut all = read_checkpoint(weights)?;
-        for alias in ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"] {
-            if !all.contains_key("shared.weight") {
-                if let Some(t) = all.remove(alias) {
-                    all.insert("shared.weight".into(), t);
-                }
-            }
-        }
-        take_params(&mut all, &self.shapes(), weights)
-    }
-
-    /// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
-    pub fn init(&self, seed: u64) -> Result<ParamStore> {
-        let rng = Rng::derive(seed, &[0x7535_7332]);
-        init_params(&self.shapes(), self.param_count(), rng, 0.05)
-    }
-
     /// The decoder's last hidden state for decoder inputs [batch, target] over the encoder
     /// output `enc` [batch, seq, d_model] and the encoder's attention mask.
     pub fn decode(
@@ -325,13 +304,32 @@ pub fn shift_right(labels: &Tensor, start: i64, pad: i64) -> Result<Tensor> {
     Tensor::from_i64(out, &shape)
 }
 
-impl super::Pretrained for T5Seq2Seq {
-    fn load_weights(&self, weights: &Path) -> Result<ParamStore> {
-        self.load(weights)
+/// Loads the weights (f32, f16 or bf16; fp32 masters) from a directory with
+/// `model.safetensors` (or a sharded index) or from one file; the embedding may be
+/// saved as `shared.weight` or as either stack's `embed_tokens.weight`.
+///
+/// Seeded random weights (normal, std 0.05; norms at 1), for benchmarks.
+impl Pretrained for T5Seq2Seq {
+    const INIT_KEY: u64 = 0x7535_7332;
+    const INIT_STD: f64 = 0.05;
+
+    fn param_shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        self.shapes()
     }
 
-    fn seeded(&self, seed: u64) -> Result<ParamStore> {
-        self.init(seed)
+    fn param_total(&self) -> Option<u64> {
+        self.param_count()
+    }
+
+    fn canonical_names(&self, mut all: Checkpoint) -> Checkpoint {
+        for alias in ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"] {
+            if !all.contains_key("shared.weight") {
+                if let Some(t) = all.remove(alias) {
+                    all.insert("shared.weight".into(), t);
+                }
+            }
+        }
+        all
     }
 
     fn tokens(&self) -> (usize, usize) {
