@@ -56,6 +56,9 @@ pub mod cuda;
 pub mod sgd;
 mod update;
 
+#[cfg(test)]
+pub(crate) mod harness;
+
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -95,23 +98,6 @@ pub fn build_optimizer(cfg: &OptimizerConfig) -> Result<Box<dyn Optimizer>> {
         OptimizerConfig::Adam(c) => Box::new(Adam::new(c.clone())?),
         OptimizerConfig::AdamW(c) => Box::new(Adam::new(AdamConfig::from(c.clone()))?),
     })
-}
-
-/// Values for holding an element loop's FMA copy to its plain copy: ordinary magnitudes,
-/// with now and then one near fp16's limits.
-#[cfg(test)]
-pub(crate) fn kernel_test_data(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let k = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 7;
-            let v = ((k % 4001) as f32 - 2000.0) / 977.0;
-            match k % 53 {
-                0 => v * 3e4,
-                1 => v * 1e-6,
-                _ => v,
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::dtype::{round_bf16, round_f16, DType};
-use crate::optim::kernel_test_data;
+use crate::optim::harness::{
+    kernel_test_data, resized_step, run_against_reference, step_f32, RefRun, Reference,
+};
 use crate::optim::update::{run_kernel, Kernel};
 use crate::optim::StatePrecision;
 
@@ -76,7 +78,9 @@ impl RefAdam {
             vmax: vec![0.0; n],
         }
     }
+}
 
+impl Reference for RefAdam {
     fn step(&mut self, p: &mut [f64], grad: &[f64]) {
         let c = &self.c;
         let (b1, b2) = c.betas;
@@ -108,30 +112,17 @@ fn grads(step: usize, n: usize) -> Vec<f32> {
 }
 
 fn run(c: &AdamConfig, steps: usize, n: usize) -> (Vec<f32>, Vec<f64>) {
-    let mut p: Vec<f32> = (0..n).map(|j| 0.8 + 0.17 * j as f32).collect();
-    let mut r: Vec<f64> = p.iter().map(|&x| f64::from(x)).collect();
-    let mut opt = Adam::new(c.clone()).unwrap();
-    let mut reference = RefAdam::new(c.clone(), n);
-    for s in 0..steps {
-        let g = grads(s, n);
-        let g64: Vec<f64> = g.iter().map(|&x| f64::from(x)).collect();
-        opt.step(&mut [ParamSlot {
-            name: "w",
-            data: &mut p,
-            grad: Some(&g),
-            dtype: DType::F32,
-        }])
-        .unwrap();
-        reference.step(&mut r, &g64);
-        for (j, (&a, &b)) in p.iter().zip(&r).enumerate() {
-            assert!(
-                (f64::from(a) - b).abs() <= 1e-6 * b.abs(),
-                "{c:?} step {s} elem {j}: f32 {a} vs f64 {b}"
-            );
-        }
-    }
-    assert_eq!(opt.step_count("w"), Some(steps as f32));
-    (p, r)
+    run_against_reference(
+        &mut Adam::new(c.clone()).unwrap(),
+        &mut RefAdam::new(c.clone(), n),
+        RefRun {
+            what: format!("{c:?}"),
+            p0: (0..n).map(|j| 0.8 + 0.17 * j as f32).collect(),
+            steps,
+            grads: &|s| grads(s, n),
+            tol: |b| 1e-6 * b.abs(),
+        },
+    )
 }
 
 #[test]
@@ -145,13 +136,7 @@ fn hand_computed_first_step() {
     .unwrap();
     let mut p = [1.0f32, 1.0, 1.0];
     let g = [2.0f32, -0.5, 0.0];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&g),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &g).unwrap();
     assert!((p[0] - 0.9).abs() < 1e-6, "{}", p[0]);
     assert!((p[1] - 1.1).abs() < 1e-6, "{}", p[1]);
     assert_eq!(p[2], 1.0, "zero gradient, zero moment: no update");
@@ -175,25 +160,13 @@ fn update_matches_pytorch_op_order_bit_for_bit() {
     let mut opt = Adam::new(c).unwrap();
     let (g1, g2) = (0.3f32, -0.7f32);
     let mut p = [1.25f32];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[g1]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[g1]).unwrap();
     let (p1, m1, v1) = (
         p[0],
         opt.state_buffer("w", "exp_avg").unwrap()[0],
         opt.state_buffer("w", "exp_avg_sq").unwrap()[0],
     );
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[g2]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[g2]).unwrap();
 
     let x = f64::from;
     let g = (x(p1) * x(0.1f32) + x(g2)) as f32; // fma(p, wd, g)
@@ -283,13 +256,7 @@ fn replays_pytorch_op_sequence_bit_for_bit() {
             let g: Vec<f32> = (0..n)
                 .map(|j| ((j * 53 + t * 19) % 97) as f32 * 0.0371 - 1.7 + 1e-3 * t as f32)
                 .collect();
-            opt.step(&mut [ParamSlot {
-                name: "w",
-                data: &mut p,
-                grad: Some(&g),
-                dtype: DType::F32,
-            }])
-            .unwrap();
+            step_f32(&mut opt, "w", &mut p, &g).unwrap();
 
             let mut g = g.clone();
             if wd != 0.0 {
@@ -408,13 +375,7 @@ fn amsgrad_matches_f64_reference_and_differs_from_adam() {
     .unwrap();
     let mut p = vec![0.0f32; 2];
     for g in [[3.0f32, 1.0], [0.0, 2.0]] {
-        opt.step(&mut [ParamSlot {
-            name: "w",
-            data: &mut p,
-            grad: Some(&g),
-            dtype: DType::F32,
-        }])
-        .unwrap();
+        step_f32(&mut opt, "w", &mut p, &g).unwrap();
     }
     let v = opt.state_buffer("w", "exp_avg_sq").unwrap();
     let vmax = opt.state_buffer("w", "max_exp_avg_sq").unwrap();
@@ -433,13 +394,7 @@ fn adamw_decays_before_the_moment_update() {
     .unwrap();
     assert_eq!(opt.name(), "adamw");
     let mut p = [2.0f32, -4.0];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[0.0, 0.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[0.0, 0.0]).unwrap();
     assert_eq!(p, [1.9, -3.8f32]);
     // Adam's coupled decay feeds the decay into the moments instead.
     let mut opt = Adam::new(AdamConfig {
@@ -449,13 +404,7 @@ fn adamw_decays_before_the_moment_update() {
     })
     .unwrap();
     let mut q = [2.0f32, -4.0];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut q,
-        grad: Some(&[0.0, 0.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut q, &[0.0, 0.0]).unwrap();
     assert!(
         (q[0] - 1.9).abs() < 1e-6 && (q[1] + 3.9).abs() < 1e-6,
         "{q:?}"
@@ -485,13 +434,7 @@ fn low_precision_params_are_rounded_once() {
                 dtype,
             }])
             .unwrap();
-            full.step(&mut [ParamSlot {
-                name: "w",
-                data: &mut f,
-                grad: Some(&g),
-                dtype: DType::F32,
-            }])
-            .unwrap();
+            step_f32(&mut full, "w", &mut f, &g).unwrap();
             let expect: Vec<f32> = f.iter().map(|&x| round(x)).collect();
             assert_eq!(h, expect, "{dtype} step {s}");
             assert!(f != expect, "{dtype} step {s}: rounding must be visible");
@@ -573,13 +516,7 @@ fn state_is_kept_per_name() {
         if b_grad.is_none() {
             assert_eq!(b, frozen);
         }
-        solo.step(&mut [ParamSlot {
-            name: "a",
-            data: &mut a2,
-            grad: Some(&ga),
-            dtype: DType::F32,
-        }])
-        .unwrap();
+        step_f32(&mut solo, "a", &mut a2, &ga).unwrap();
     }
     assert_eq!(a, a2);
     assert_eq!(joint.step_count("a"), Some(5.0));
@@ -589,24 +526,7 @@ fn state_is_kept_per_name() {
 #[test]
 fn resized_parameter_is_an_error() {
     let mut opt = Adam::new(AdamConfig::default()).unwrap();
-    let mut p = vec![1.0f32; 2];
-    opt.step(&mut [ParamSlot {
-        name: "enc.w",
-        data: &mut p,
-        grad: Some(&[1.0; 2]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
-    let mut q = vec![1.0f32; 5];
-    let err = opt
-        .step(&mut [ParamSlot {
-            name: "enc.w",
-            data: &mut q,
-            grad: Some(&[1.0; 5]),
-            dtype: DType::F32,
-        }])
-        .unwrap_err()
-        .to_string();
+    let (err, _) = resized_step(&mut opt, "enc.w", 2, 5);
     assert!(
         err.contains("enc.w") && err.contains("state has 2"),
         "{err}"
@@ -622,13 +542,7 @@ fn nan_gradient_poisons_only_its_elements() {
     })
     .unwrap();
     let mut p = [1.0f32, 1.0];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[f32::NAN, 1.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[f32::NAN, 1.0]).unwrap();
     assert!(p[0].is_nan());
     assert!((p[1] - 0.999).abs() < 1e-6);
     assert!(opt.state_buffer("w", "max_exp_avg_sq").unwrap()[0].is_nan());

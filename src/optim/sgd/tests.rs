@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::dtype::{round_f16, DType};
-use crate::optim::kernel_test_data;
+use crate::optim::harness::{
+    kernel_test_data, resized_step, run_against_reference, step_f32, RefRun, Reference,
+};
 use crate::optim::update::{run_kernel, Kernel};
 
 #[test]
@@ -55,7 +57,7 @@ struct RefSgd {
     buf: Option<Vec<f64>>,
 }
 
-impl RefSgd {
+impl Reference for RefSgd {
     fn step(&mut self, p: &mut [f64], grad: &[f64]) {
         let c = &self.c;
         let g: Vec<f64> = grad
@@ -94,35 +96,22 @@ fn grads(step: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn run_against_reference(c: SgdConfig, steps: usize) {
+fn run_against_f64(c: SgdConfig, steps: usize) {
     let n = 9;
-    let mut p: Vec<f32> = (0..n).map(|j| 1.5 - 0.3 * j as f32).collect();
-    let mut r: Vec<f64> = p.iter().map(|&x| f64::from(x)).collect();
-    let mut opt = Sgd::new(c.clone()).unwrap();
-    let mut reference = RefSgd {
-        c: c.clone(),
-        buf: None,
-    };
-    for s in 0..steps {
-        let g = grads(s, n);
-        let g64: Vec<f64> = g.iter().map(|&x| f64::from(x)).collect();
-        let mut slots = [ParamSlot {
-            name: "w",
-            data: &mut p,
-            grad: Some(&g),
-            dtype: DType::F32,
-        }];
-        opt.step(&mut slots).unwrap();
-        reference.step(&mut r, &g64);
-        for (j, (&a, &b)) in p.iter().zip(&r).enumerate() {
-            let tol = 1e-6 * b.abs().max(1.0);
-            assert!(
-                (f64::from(a) - b).abs() <= tol,
-                "{c:?} step {s} elem {j}: f32 {a} vs f64 {b}"
-            );
-        }
-    }
-    assert_eq!(opt.step_count("w"), Some(steps as f32));
+    run_against_reference(
+        &mut Sgd::new(c.clone()).unwrap(),
+        &mut RefSgd {
+            c: c.clone(),
+            buf: None,
+        },
+        RefRun {
+            what: format!("{c:?}"),
+            p0: (0..n).map(|j| 1.5 - 0.3 * j as f32).collect(),
+            steps,
+            grads: &|s| grads(s, n),
+            tol: |b| 1e-6 * b.abs().max(1.0),
+        },
+    );
 }
 
 #[test]
@@ -146,13 +135,7 @@ fn plain_step_is_one_fused_multiply_add() {
     .unwrap();
     let mut p = [p0];
     let gs = [g];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&gs),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &gs).unwrap();
     assert_eq!(p[0].to_bits(), fused.to_bits());
     assert!((f64::from(p[0]) - (1.0 - 0.1 * f64::from(g))).abs() < 1e-7);
     assert_eq!(opt.state_buffer("w", "momentum_buffer"), None);
@@ -191,13 +174,7 @@ fn replays_pytorch_op_sequence_bit_for_bit() {
         let mut buf: Option<Vec<f32>> = None;
         for t in 0..6 {
             let g = grads(t, n);
-            opt.step(&mut [ParamSlot {
-                name: "w",
-                data: &mut p,
-                grad: Some(&g),
-                dtype: DType::F32,
-            }])
-            .unwrap();
+            step_f32(&mut opt, "w", &mut p, &g).unwrap();
 
             let mut g: Vec<f32> = if maximize {
                 g.iter().map(|x| -x).collect()
@@ -254,25 +231,13 @@ fn hand_computed_momentum_steps() {
     };
     let mut opt = Sgd::new(c).unwrap();
     let mut p = [1.0f32];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[2.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[2.0]).unwrap();
     assert_eq!(p[0], 0.0);
     assert_eq!(
         opt.state_buffer("w", "momentum_buffer"),
         Some(&[2.0f32][..])
     );
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[4.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[4.0]).unwrap();
     assert_eq!(
         opt.state_buffer("w", "momentum_buffer"),
         Some(&[3.0f32][..])
@@ -292,13 +257,7 @@ fn first_momentum_buffer_is_the_gradient() {
     let mut opt = Sgd::new(c).unwrap();
     let g = grads(3, 5);
     let mut p = vec![0.25f32; 5];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&g),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &g).unwrap();
     assert_eq!(opt.state_buffer("w", "momentum_buffer"), Some(&g[..]));
 }
 
@@ -308,8 +267,8 @@ fn matches_f64_reference() {
         lr: 0.05,
         ..SgdConfig::default()
     };
-    run_against_reference(base.clone(), 12);
-    run_against_reference(
+    run_against_f64(base.clone(), 12);
+    run_against_f64(
         SgdConfig {
             momentum: 0.9,
             dampening: 0.1,
@@ -317,7 +276,7 @@ fn matches_f64_reference() {
         },
         12,
     );
-    run_against_reference(
+    run_against_f64(
         SgdConfig {
             momentum: 0.9,
             nesterov: true,
@@ -325,14 +284,14 @@ fn matches_f64_reference() {
         },
         12,
     );
-    run_against_reference(
+    run_against_f64(
         SgdConfig {
             weight_decay: 0.01,
             ..base.clone()
         },
         12,
     );
-    run_against_reference(
+    run_against_f64(
         SgdConfig {
             weight_decay: 0.1,
             momentum: 0.8,
@@ -341,7 +300,7 @@ fn matches_f64_reference() {
         },
         12,
     );
-    run_against_reference(
+    run_against_f64(
         SgdConfig {
             maximize: true,
             momentum: 0.5,
@@ -349,7 +308,7 @@ fn matches_f64_reference() {
         },
         12,
     );
-    run_against_reference(
+    run_against_f64(
         SgdConfig {
             maximize: true,
             weight_decay: 0.05,
@@ -380,20 +339,8 @@ fn maximize_equals_descending_on_the_negated_gradient() {
     for s in 0..5 {
         let g = grads(s, 6);
         let neg: Vec<f32> = g.iter().map(|x| -x).collect();
-        up.step(&mut [ParamSlot {
-            name: "w",
-            data: &mut a,
-            grad: Some(&g),
-            dtype: DType::F32,
-        }])
-        .unwrap();
-        down.step(&mut [ParamSlot {
-            name: "w",
-            data: &mut b,
-            grad: Some(&neg),
-            dtype: DType::F32,
-        }])
-        .unwrap();
+        step_f32(&mut up, "w", &mut a, &g).unwrap();
+        step_f32(&mut down, "w", &mut b, &neg).unwrap();
     }
     assert_eq!(a, b);
     let start: Vec<f32> = (0..6).map(|j| j as f32 * 0.7 - 2.0).collect();
@@ -422,13 +369,7 @@ fn f16_params_are_rounded_once_to_f16() {
             dtype: DType::F16,
         }])
         .unwrap();
-        full.step(&mut [ParamSlot {
-            name: "w",
-            data: &mut f,
-            grad: Some(&g),
-            dtype: DType::F32,
-        }])
-        .unwrap();
+        step_f32(&mut full, "w", &mut f, &g).unwrap();
         let expect: Vec<f32> = f.iter().map(|&x| round_f16(x)).collect();
         assert_eq!(h, expect, "step {s}");
         assert!(
@@ -497,23 +438,9 @@ fn state_follows_names_and_missing_grads_are_skipped() {
         if gb_opt.is_none() {
             assert_eq!(b, before_b, "parameter without gradient must not move");
         }
-        only_a
-            .step(&mut [ParamSlot {
-                name: "a",
-                data: &mut a2,
-                grad: Some(&ga),
-                dtype: DType::F32,
-            }])
-            .unwrap();
+        step_f32(&mut only_a, "a", &mut a2, &ga).unwrap();
         if let Some(gb) = gb_opt {
-            only_b
-                .step(&mut [ParamSlot {
-                    name: "b",
-                    data: &mut b2,
-                    grad: Some(gb),
-                    dtype: DType::F32,
-                }])
-                .unwrap();
+            step_f32(&mut only_b, "b", &mut b2, gb).unwrap();
         }
     }
     assert_eq!(a, a2);
@@ -530,24 +457,7 @@ fn resized_parameter_is_an_error() {
         ..SgdConfig::default()
     })
     .unwrap();
-    let mut p = vec![1.0f32; 3];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[1.0; 3]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
-    let mut q = vec![1.0f32; 4];
-    let err = opt
-        .step(&mut [ParamSlot {
-            name: "w",
-            data: &mut q,
-            grad: Some(&[1.0; 4]),
-            dtype: DType::F32,
-        }])
-        .unwrap_err()
-        .to_string();
+    let (err, q) = resized_step(&mut opt, "w", 3, 4);
     assert!(err.contains("`w`") && err.contains("state has 3"), "{err}");
     assert_eq!(q, vec![1.0; 4]);
 }
@@ -562,21 +472,9 @@ fn set_lr_applies_to_the_next_step() {
     opt.set_lr(0.5);
     assert_eq!(opt.lr(), 0.5);
     let mut p = [1.0f32];
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[1.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[1.0]).unwrap();
     assert_eq!(p[0], 0.5);
     opt.set_lr_f64(0.25);
-    opt.step(&mut [ParamSlot {
-        name: "w",
-        data: &mut p,
-        grad: Some(&[1.0]),
-        dtype: DType::F32,
-    }])
-    .unwrap();
+    step_f32(&mut opt, "w", &mut p, &[1.0]).unwrap();
     assert_eq!(p[0], 0.25);
 }
