@@ -840,16 +840,25 @@ fn reduction_checks(
 
 /// nn: layer norm (with and without affine), embedding (device ids), dropout.
 fn nn_checks(out: &mut Vec<Check>, dev: &Arc<CudaDevice>, rng: &mut Rng, dt: DType) -> Result<()> {
+    layer_norm_checks(out, dev, rng, dt)?;
+    embedding_checks(out, dev, rng, dt)?;
+    dropout_checks(out, dev, rng, dt)
+}
+
+/// Layer norm with and without affine.
+fn layer_norm_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
     use Bound::Exact;
-    let g = |rng: &mut Rng, s: &[usize]| finite_tensor(rng, s, dt);
-    let one = [true];
-    // nn: layer norm (with and without affine), embedding (device ids), dropout.
     let xs = random_tensor(rng, &[6, 16], dt, 4)?;
     let (w, b) = (
         finite_tensor(rng, &[16], dt)?,
         finite_tensor(rng, &[16], dt)?,
     );
-    let gy = g(rng, &[6, 16])?;
+    let gy = finite_tensor(rng, &[6, 16], dt)?;
     engine_parity(
         out,
         dev,
@@ -867,11 +876,22 @@ fn nn_checks(out: &mut Vec<Check>, dev: &Arc<CudaDevice>, rng: &mut Rng, dt: DTy
         "layer_norm plain",
         dt,
         &[xs],
-        &one,
+        &[true],
         Some(&gy),
         Exact,
         &|e, t| e.layer_norm(&t[0], 16, None, None, 1e-5),
-    )?;
+    )
+}
+
+/// Embedding with device ids: few positions, many, a frequent id, padding ids.
+fn embedding_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
+    use Bound::Exact;
+    let g = |rng: &mut Rng, s: &[usize]| finite_tensor(rng, s, dt);
     let w = random_tensor(rng, &[7, 5], dt, 6)?;
     let ids = Tensor::from_i64(vec![3, 0, 6, 3, 3, 1, 6, 2], &[2, 4])?;
     let gy = g(rng, &[2, 4, 5])?;
@@ -951,9 +971,18 @@ fn nn_checks(out: &mut Vec<Check>, dev: &Arc<CudaDevice>, rng: &mut Rng, dt: DTy
         Some(&gy),
         Exact,
         &|e, t| e.embedding_padded(&t[0], &t[1], Some(0)),
-    )?;
+    )
+}
+
+/// Dropout at three probabilities (the CPU's mask).
+fn dropout_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
     let xs = random_tensor(rng, &[8, 33], dt, 10)?;
-    let gy = g(rng, &[8, 33])?;
+    let gy = finite_tensor(rng, &[8, 33], dt)?;
     for p in [0.1, 0.5, 1.0] {
         engine_parity(
             out,
@@ -961,9 +990,9 @@ fn nn_checks(out: &mut Vec<Check>, dev: &Arc<CudaDevice>, rng: &mut Rng, dt: DTy
             &format!("dropout p={p}"),
             dt,
             std::slice::from_ref(&xs),
-            &one,
+            &[true],
             Some(&gy),
-            Exact,
+            Bound::Exact,
             &move |e, t| e.scope("enc.block.0", |e| e.dropout(&t[0], p, true, 2)),
         )?;
     }
@@ -1024,24 +1053,41 @@ fn loss_checks(
     rng: &mut Rng,
     dt: DType,
 ) -> Result<()> {
-    use crate::amp::policy::{DeviceType, PolicyTable};
-    use crate::engine::Autocast;
-    use Bound::{Bitwise, Transcendental};
-    const IGNORE: Option<i64> = Some(-100);
     let x = spread_tensor(rng, &[2, 3, 5], dt, 3)?;
     let labels = Tensor::from_i64(vec![4, -100, 0, 2, 2, -100], &[2, 3])?;
     let g = finite_tensor(rng, &[], dt)?;
     let g32 = finite_tensor(rng, &[], DType::F32)?;
-    let xl = [x.clone(), labels.clone()];
+    cross_entropy_checks(out, dev, dt, &[x, labels], &g, &g32)?;
+    nll_checks(out, dev, rng, dt, &g)?;
+    empty_and_mse_checks(out, dev, rng, dt, &g)
+}
+
+/// The `ignore_index` every loss check uses.
+const IGNORE: Option<i64> = Some(-100);
+
+/// Cross-entropy of logits and labels `xl`: fused (device labels, host labels) and under
+/// either device's autocast; `g` the loss gradient, `g32` an fp32 one.
+fn cross_entropy_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    dt: DType,
+    xl: &[Tensor; 2],
+    g: &Tensor,
+    g32: &Tensor,
+) -> Result<()> {
+    use crate::amp::policy::{DeviceType, PolicyTable};
+    use crate::engine::Autocast;
+    use Bound::Transcendental;
+    let [x, labels] = xl;
     let want = [true, false];
     engine_parity(
         out,
         dev,
         "cross_entropy fused, ignore_index",
         dt,
-        &xl,
+        xl,
         &want,
-        Some(&g),
+        Some(g),
         Transcendental,
         &|e, t| e.cross_entropy(&t[0], &t[1], IGNORE),
     )?;
@@ -1051,20 +1097,20 @@ fn loss_checks(
         dev,
         "cross_entropy fused, host labels",
         dt,
-        std::slice::from_ref(&x),
+        std::slice::from_ref(x),
         &[true],
-        Some(&g),
+        Some(g),
         Transcendental,
         &move |e, t| e.cross_entropy(&t[0], &host_labels, IGNORE),
     )?;
     let low = if dt == DType::F32 { DType::F16 } else { dt };
-    for (device, g) in [(DeviceType::Cuda, &g32), (DeviceType::Cpu, &g32)] {
+    for (device, g) in [(DeviceType::Cuda, g32), (DeviceType::Cpu, g32)] {
         engine_parity(
             out,
             dev,
             &format!("cross_entropy under {device:?} autocast ({low})"),
             dt,
-            &xl,
+            xl,
             &want,
             Some(g),
             Transcendental,
@@ -1077,6 +1123,19 @@ fn loss_checks(
             },
         )?;
     }
+    Ok(())
+}
+
+/// NLL: ignored rows, rows in several device chunks, one row at +0, every row ignored.
+fn nll_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+    g: &Tensor,
+) -> Result<()> {
+    use Bound::Bitwise;
+    let want = [true, false];
     let lp = spread_tensor(rng, &[6, 5], dt, 4)?;
     let rows = Tensor::from_i64(vec![3, -100, 0, 4, -100, 1], &[6])?;
     engine_parity(
@@ -1086,7 +1145,7 @@ fn loss_checks(
         dt,
         &[lp.clone(), rows],
         &want,
-        Some(&g),
+        Some(g),
         Bitwise,
         &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
     )?;
@@ -1102,7 +1161,7 @@ fn loss_checks(
         dt,
         &[many, Tensor::from_i64(labels, &[70])?],
         &want,
-        Some(&g),
+        Some(g),
         Bitwise,
         &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
     )?;
@@ -1115,7 +1174,7 @@ fn loss_checks(
         dt,
         &[zero, Tensor::from_i64(vec![0], &[1])?],
         &want,
-        Some(&g),
+        Some(g),
         Bitwise,
         &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
     )?;
@@ -1127,10 +1186,22 @@ fn loss_checks(
         dt,
         &[lp, all_ignored],
         &want,
-        Some(&g),
+        Some(g),
         Bitwise,
         &|e, t| e.nll_loss(&t[0], &t[1], IGNORE),
-    )?;
+    )
+}
+
+/// Cross-entropy of no rows, and mean squared error.
+fn empty_and_mse_checks(
+    out: &mut Vec<Check>,
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    dt: DType,
+    g: &Tensor,
+) -> Result<()> {
+    use Bound::Bitwise;
+    let want = [true, false];
     engine_parity(
         out,
         dev,
@@ -1141,7 +1212,7 @@ fn loss_checks(
             Tensor::from_i64(vec![], &[0])?,
         ],
         &want,
-        Some(&g),
+        Some(g),
         Bitwise,
         &|e, t| e.cross_entropy(&t[0], &t[1], IGNORE),
     )?;
@@ -1155,7 +1226,7 @@ fn loss_checks(
         dt,
         &[a, b],
         &[true, true],
-        Some(&g),
+        Some(g),
         Bitwise,
         &|e, t| e.mse_loss(&t[0], &t[1]),
     )?;

@@ -5,7 +5,7 @@
 
 use super::facts::fmt_num;
 use super::lockfile::{
-    figures, keys, sixteen_bit_max, Lock, OpEnvelope, OpFigures, OpKey, UnmatchedOps,
+    figures, keys, sixteen_bit_max, Lock, OpEnvelope, OpFigures, OpKey, Tolerances, UnmatchedOps,
 };
 use crate::dtype::DType;
 use crate::error::Result;
@@ -219,120 +219,7 @@ impl DriftCheck {
     fn check_op(&mut self, i: usize, step: u64, f: &OpFigures) {
         let e: &OpEnvelope = &self.lock.envelopes.ops[i];
         let t = &self.lock.tolerances;
-        let mut found: Vec<(DriftKind, f64, String)> = Vec::new();
-        if f.dtype != e.dtype {
-            found.push((
-                DriftKind::DType,
-                1.0,
-                format!("output dtype {} (the lock's {})", f.dtype, e.dtype),
-            ));
-        }
-        if t.new_nonfinite && e.nonfinite == 0 && f.nonfinite > 0 {
-            found.push((
-                DriftKind::NonFinite,
-                f.nonfinite as f64,
-                format!("{} NaN/Inf value(s), where the lock has none", f.nonfinite),
-            ));
-        }
-        if f.max_abs > e.max_abs * t.max_abs_factor {
-            let r = if e.max_abs == 0.0 {
-                f64::INFINITY
-            } else {
-                f.max_abs / e.max_abs
-            };
-            found.push((
-                DriftKind::MaxAbs,
-                r,
-                format!(
-                    "max |x| {} (the lock's {}: ×{}, the lock allows ×{})",
-                    fmt_num(f.max_abs),
-                    fmt_num(e.max_abs),
-                    fmt_ratio(r),
-                    fmt_num(t.max_abs_factor)
-                ),
-            ));
-        }
-        if let (Some(eh), Some(fh)) = (e.headroom_binades, f.headroom_binades) {
-            if fh < t.headroom_binades && eh >= t.headroom_binades {
-                found.push((
-                    DriftKind::Headroom,
-                    eh - fh,
-                    format!(
-                        "headroom to the 16-bit max {fh:.2} binades (the lock's {}; the margin is {})",
-                        fmt_binades(eh),
-                        fmt_num(t.headroom_binades)
-                    ),
-                ));
-            }
-        }
-        if t.new_flush && e.flushed == 0 && f.flushed > 0 && f.flush_share > t.new_flush_share {
-            found.push((
-                DriftKind::Flush,
-                f.flushed as f64,
-                format!(
-                    "{} value(s) flushed to zero by rounding ({} of the nonzero results), where the lock has none",
-                    f.flushed,
-                    pct(f.flush_share)
-                ),
-            ));
-        } else if f.flush_share > e.flush_share + t.flush_share_delta {
-            found.push((
-                DriftKind::FlushShare,
-                f.flush_share - e.flush_share,
-                format!(
-                    "{} of the nonzero results flushed to zero (the lock's at most {}, allowed +{})",
-                    pct(f.flush_share),
-                    pct(e.flush_share),
-                    pct(t.flush_share_delta)
-                ),
-            ));
-        }
-        for (kind, what, v, range, d) in [
-            (
-                DriftKind::ZeroShare,
-                "zeros",
-                f.zero_share,
-                e.zero_share,
-                t.zero_share_delta,
-            ),
-            (
-                DriftKind::SubnormalShare,
-                "subnormal values",
-                f.subnormal_share,
-                e.subnormal_share,
-                t.subnormal_share_delta,
-            ),
-        ] {
-            let by = (range[0] - v).max(v - range[1]);
-            if by > d {
-                found.push((
-                    kind,
-                    by,
-                    format!(
-                        "{} {what} (the lock's {}–{}, allowed ±{})",
-                        pct(v),
-                        pct(range[0]),
-                        pct(range[1]),
-                        pct(d)
-                    ),
-                ));
-            }
-        }
-        if let (Some(le), Some(fe)) = (e.exp, f.exp) {
-            let drop = f64::from(le[0]) - f64::from(fe[0]);
-            if drop > t.min_exp_drop {
-                found.push((
-                    DriftKind::MinExp,
-                    drop,
-                    format!(
-                        "smallest binade 2^{} (the lock's 2^{}: {drop} binades lower, allowed {})",
-                        fe[0],
-                        le[0],
-                        fmt_num(t.min_exp_drop)
-                    ),
-                ));
-            }
-        }
+        let found = OP_RULES.iter().filter_map(|rule| rule(e, f, t));
         let key = e.key();
         for (kind, how_bad, what) in found {
             let slot = self.worst.entry((i, kind));
@@ -479,6 +366,164 @@ impl DriftCheck {
             details,
         )
     }
+}
+
+/// One way an op can leave its envelope: what, by how much (the worst step is kept), and
+/// the figures as a phrase.
+type OpFinding = (DriftKind, f64, String);
+
+/// An op's rule: its figures against the lock's envelope under the lock's tolerances.
+type OpRule = fn(&OpEnvelope, &OpFigures, &Tolerances) -> Option<OpFinding>;
+
+/// The op rules, in the order their findings are listed.
+const OP_RULES: [OpRule; 8] = [
+    dtype_rule,
+    nonfinite_rule,
+    max_abs_rule,
+    headroom_rule,
+    flush_rule,
+    zero_share_rule,
+    subnormal_share_rule,
+    min_exp_rule,
+];
+
+fn dtype_rule(e: &OpEnvelope, f: &OpFigures, _: &Tolerances) -> Option<OpFinding> {
+    (f.dtype != e.dtype).then(|| {
+        (
+            DriftKind::DType,
+            1.0,
+            format!("output dtype {} (the lock's {})", f.dtype, e.dtype),
+        )
+    })
+}
+
+fn nonfinite_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    (t.new_nonfinite && e.nonfinite == 0 && f.nonfinite > 0).then(|| {
+        (
+            DriftKind::NonFinite,
+            f.nonfinite as f64,
+            format!("{} NaN/Inf value(s), where the lock has none", f.nonfinite),
+        )
+    })
+}
+
+fn max_abs_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    (f.max_abs > e.max_abs * t.max_abs_factor).then(|| {
+        let r = if e.max_abs == 0.0 {
+            f64::INFINITY
+        } else {
+            f.max_abs / e.max_abs
+        };
+        (
+            DriftKind::MaxAbs,
+            r,
+            format!(
+                "max |x| {} (the lock's {}: ×{}, the lock allows ×{})",
+                fmt_num(f.max_abs),
+                fmt_num(e.max_abs),
+                fmt_ratio(r),
+                fmt_num(t.max_abs_factor)
+            ),
+        )
+    })
+}
+
+fn headroom_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    let (eh, fh) = (e.headroom_binades?, f.headroom_binades?);
+    (fh < t.headroom_binades && eh >= t.headroom_binades).then(|| {
+        (
+            DriftKind::Headroom,
+            eh - fh,
+            format!(
+                "headroom to the 16-bit max {fh:.2} binades (the lock's {}; the margin is {})",
+                fmt_binades(eh),
+                fmt_num(t.headroom_binades)
+            ),
+        )
+    })
+}
+
+/// A first flush (where the lock has none), else a flushed share grown past the tolerance.
+fn flush_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    if t.new_flush && e.flushed == 0 && f.flushed > 0 && f.flush_share > t.new_flush_share {
+        Some((
+            DriftKind::Flush,
+            f.flushed as f64,
+            format!(
+                "{} value(s) flushed to zero by rounding ({} of the nonzero results), where the lock has none",
+                f.flushed,
+                pct(f.flush_share)
+            ),
+        ))
+    } else if f.flush_share > e.flush_share + t.flush_share_delta {
+        Some((
+            DriftKind::FlushShare,
+            f.flush_share - e.flush_share,
+            format!(
+                "{} of the nonzero results flushed to zero (the lock's at most {}, allowed +{})",
+                pct(f.flush_share),
+                pct(e.flush_share),
+                pct(t.flush_share_delta)
+            ),
+        ))
+    } else {
+        None
+    }
+}
+
+fn zero_share_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    share_rule(
+        DriftKind::ZeroShare,
+        "zeros",
+        f.zero_share,
+        e.zero_share,
+        t.zero_share_delta,
+    )
+}
+
+fn subnormal_share_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    share_rule(
+        DriftKind::SubnormalShare,
+        "subnormal values",
+        f.subnormal_share,
+        e.subnormal_share,
+        t.subnormal_share_delta,
+    )
+}
+
+/// A share `v` further than `d` outside the lock's `range`.
+fn share_rule(kind: DriftKind, what: &str, v: f64, range: [f64; 2], d: f64) -> Option<OpFinding> {
+    let by = (range[0] - v).max(v - range[1]);
+    (by > d).then(|| {
+        (
+            kind,
+            by,
+            format!(
+                "{} {what} (the lock's {}–{}, allowed ±{})",
+                pct(v),
+                pct(range[0]),
+                pct(range[1]),
+                pct(d)
+            ),
+        )
+    })
+}
+
+fn min_exp_rule(e: &OpEnvelope, f: &OpFigures, t: &Tolerances) -> Option<OpFinding> {
+    let (le, fe) = (e.exp?, f.exp?);
+    let drop = f64::from(le[0]) - f64::from(fe[0]);
+    (drop > t.min_exp_drop).then(|| {
+        (
+            DriftKind::MinExp,
+            drop,
+            format!(
+                "smallest binade 2^{} (the lock's 2^{}: {drop} binades lower, allowed {})",
+                fe[0],
+                le[0],
+                fmt_num(t.min_exp_drop)
+            ),
+        )
+    })
 }
 
 /// The findings as lines, a run of ops the lock lacks (or the run lacks) in one module and

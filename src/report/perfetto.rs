@@ -16,6 +16,7 @@ use super::trace_file::TraceFile;
 use crate::error::{Error, Result};
 use crate::trace::record::{OpRecord, OpRef, StepRecord};
 use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 const PID: u64 = 1;
@@ -129,84 +130,10 @@ pub fn to_trace_events(tf: &TraceFile) -> Value {
             0
         };
         let dur = wall.max(n_ops).max(1);
-        let mut step_args = json!({
-            "step": s.step,
-            "loss": s.loss.map_or(Value::Null, num),
-            "scale_before": num(s.scale_before),
-            "scale_after": num(s.scale_after),
-            "skipped": s.skipped,
-            "found_inf": s.found_inf,
-            "grad_norm": s.grad_norm.map_or(Value::Null, num),
-            "op_count": s.op_count,
-            "op_records": n_ops > 0,
-            "wall_ms": num(s.wall_ms),
-        });
-        if !s.events.is_empty() {
-            step_args["events"] = json!(s.events);
-        }
-        ev.push(
-            json!({"ph": "X", "name": format!("step {}", s.step), "cat": "step",
-                       "pid": PID, "tid": TID, "ts": us(t0), "dur": us(dur), "args": step_args}),
-        );
-        let mut op_ts = std::collections::BTreeMap::new();
-        if let Some(ops) = &s.ops {
-            let d = dur / n_ops.max(1);
-            let mut i = 0usize;
-            while i < ops.len() {
-                let (micro, phase) = (ops[i].micro, ops[i].phase);
-                let mut j = i;
-                while j < ops.len() && ops[j].micro == micro && ops[j].phase == phase {
-                    j += 1;
-                }
-                let start = t0 + i as u64 * d;
-                ev.push(
-                    json!({"ph": "X", "name": format!("{} (micro-batch {micro})", phase.name()),
-                               "cat": "phase", "pid": PID, "tid": TID, "ts": us(start),
-                               "dur": us((j - i) as u64 * d), "args": {"ops": j - i}}),
-                );
-                for (k, o) in ops[i..j].iter().enumerate() {
-                    let ts = start + k as u64 * d;
-                    op_ts.insert((o.micro, o.index), ts);
-                    ev.push(json!({"ph": "X",
-                                   "name": format!("{} @ {}", o.op, module_name(&o.module)),
-                                   "cat": o.phase.name(), "pid": PID, "tid": TID,
-                                   "ts": us(ts), "dur": us(d), "args": op_args(s, o)}));
-                }
-                i = j;
-            }
-        }
-        counters.push(
-            json!({"ph": "C", "name": "loss scale", "pid": PID, "ts": us(t0),
-                             "args": {"scale": num(s.scale_before)}}),
-        );
-        if let Some(l) = s.loss.filter(|l| l.is_finite()) {
-            counters.push(json!({"ph": "C", "name": "loss", "pid": PID, "ts": us(t0),
-                                 "args": {"loss": l}}));
-        }
-        for (kind, o) in [("Inf", &s.origins.first_inf), ("NaN", &s.origins.first_nan)] {
-            if let Some(o) = o {
-                let ts = op_ts.get(&(o.micro, o.op_index)).copied().unwrap_or(t0);
-                instants.push(
-                    json!({"ph": "i", "s": "t", "pid": PID, "tid": TID, "ts": us(ts),
-                    "name": format!("first {kind}: {} @ {}", o.op, module_name(&o.module)),
-                    "cat": "origin", "args": origin_args(kind, o)}),
-                );
-            }
-        }
-        if let Some(cause) = facts::skip_cause(s, tf.skip_causes.get(&s.step).map(String::as_str)) {
-            instants.push(
-                json!({"ph": "i", "s": "t", "pid": PID, "tid": TID, "ts": us(t0),
-                "name": format!("step {} skipped", s.step), "cat": "skip",
-                "args": {"cause": cause, "scale_before": num(s.scale_before),
-                         "scale_after": num(s.scale_after)}}),
-            );
-        }
-        for e in &s.events {
-            instants.push(
-                json!({"ph": "i", "s": "t", "pid": PID, "tid": TID, "ts": us(t0),
-                "name": e, "cat": "event", "args": {"step": s.step}}),
-            );
-        }
+        ev.push(step_event(s, n_ops, t0, dur));
+        let op_ts = op_events(&mut ev, s, n_ops, t0, dur);
+        step_counters(&mut counters, s, t0);
+        step_instants(&mut instants, tf, s, t0, &op_ts);
         t0 += dur;
     }
     if let Some(last) = t.steps.last() {
@@ -222,6 +149,118 @@ pub fn to_trace_events(tf: &TraceFile) -> Value {
     });
     ev.extend(counters);
     ev.extend(instants);
+    json!({"traceEvents": ev, "displayTimeUnit": "ms", "otherData": other_data(tf)})
+}
+
+/// Step `s` as one slice from `t0`, `dur` long, its figures as arguments.
+fn step_event(s: &StepRecord, n_ops: u64, t0: u64, dur: u64) -> Value {
+    let mut step_args = json!({
+        "step": s.step,
+        "loss": s.loss.map_or(Value::Null, num),
+        "scale_before": num(s.scale_before),
+        "scale_after": num(s.scale_after),
+        "skipped": s.skipped,
+        "found_inf": s.found_inf,
+        "grad_norm": s.grad_norm.map_or(Value::Null, num),
+        "op_count": s.op_count,
+        "op_records": n_ops > 0,
+        "wall_ms": num(s.wall_ms),
+    });
+    if !s.events.is_empty() {
+        step_args["events"] = json!(s.events);
+    }
+    json!({"ph": "X", "name": format!("step {}", s.step), "cat": "step",
+           "pid": PID, "tid": TID, "ts": us(t0), "dur": us(dur), "args": step_args})
+}
+
+/// A slice per run of ops of one micro-batch and phase, and one per op inside it, each op
+/// an even share of the step; returns each op's start by (micro-batch, index).
+fn op_events(
+    ev: &mut Vec<Value>,
+    s: &StepRecord,
+    n_ops: u64,
+    t0: u64,
+    dur: u64,
+) -> BTreeMap<(u32, u64), u64> {
+    let mut op_ts = BTreeMap::new();
+    let Some(ops) = &s.ops else { return op_ts };
+    let d = dur / n_ops.max(1);
+    let mut i = 0usize;
+    while i < ops.len() {
+        let (micro, phase) = (ops[i].micro, ops[i].phase);
+        let mut j = i;
+        while j < ops.len() && ops[j].micro == micro && ops[j].phase == phase {
+            j += 1;
+        }
+        let start = t0 + i as u64 * d;
+        ev.push(
+            json!({"ph": "X", "name": format!("{} (micro-batch {micro})", phase.name()),
+                       "cat": "phase", "pid": PID, "tid": TID, "ts": us(start),
+                       "dur": us((j - i) as u64 * d), "args": {"ops": j - i}}),
+        );
+        for (k, o) in ops[i..j].iter().enumerate() {
+            let ts = start + k as u64 * d;
+            op_ts.insert((o.micro, o.index), ts);
+            ev.push(json!({"ph": "X",
+                           "name": format!("{} @ {}", o.op, module_name(&o.module)),
+                           "cat": o.phase.name(), "pid": PID, "tid": TID,
+                           "ts": us(ts), "dur": us(d), "args": op_args(s, o)}));
+        }
+        i = j;
+    }
+    op_ts
+}
+
+/// The loss scale and (finite) loss of step `s` at its start.
+fn step_counters(counters: &mut Vec<Value>, s: &StepRecord, t0: u64) {
+    counters.push(
+        json!({"ph": "C", "name": "loss scale", "pid": PID, "ts": us(t0),
+                         "args": {"scale": num(s.scale_before)}}),
+    );
+    if let Some(l) = s.loss.filter(|l| l.is_finite()) {
+        counters.push(json!({"ph": "C", "name": "loss", "pid": PID, "ts": us(t0),
+                             "args": {"loss": l}}));
+    }
+}
+
+/// Step `s`'s first Inf and NaN at their ops (`op_ts`), its skip and its events.
+fn step_instants(
+    instants: &mut Vec<Value>,
+    tf: &TraceFile,
+    s: &StepRecord,
+    t0: u64,
+    op_ts: &BTreeMap<(u32, u64), u64>,
+) {
+    for (kind, o) in [("Inf", &s.origins.first_inf), ("NaN", &s.origins.first_nan)] {
+        if let Some(o) = o {
+            let ts = op_ts.get(&(o.micro, o.op_index)).copied().unwrap_or(t0);
+            instants.push(
+                json!({"ph": "i", "s": "t", "pid": PID, "tid": TID, "ts": us(ts),
+                "name": format!("first {kind}: {} @ {}", o.op, module_name(&o.module)),
+                "cat": "origin", "args": origin_args(kind, o)}),
+            );
+        }
+    }
+    if let Some(cause) = facts::skip_cause(s, tf.skip_causes.get(&s.step).map(String::as_str)) {
+        instants.push(
+            json!({"ph": "i", "s": "t", "pid": PID, "tid": TID, "ts": us(t0),
+            "name": format!("step {} skipped", s.step), "cat": "skip",
+            "args": {"cause": cause, "scale_before": num(s.scale_before),
+                     "scale_after": num(s.scale_after)}}),
+        );
+    }
+    for e in &s.events {
+        instants.push(
+            json!({"ph": "i", "s": "t", "pid": PID, "tid": TID, "ts": us(t0),
+            "name": e, "cat": "event", "args": {"step": s.step}}),
+        );
+    }
+}
+
+/// The document's `otherData`: the tool, the run, and how op times were made.
+fn other_data(tf: &TraceFile) -> Value {
+    let t = &tf.trace;
+    let h = &t.header;
     let mut other = json!({
         "tool": format!("{} {}", h.tool, h.tool_version),
         "model": h.model,
@@ -234,7 +273,7 @@ pub fn to_trace_events(tf: &TraceFile) -> Value {
     if let Some(c) = &t.truncated {
         other["truncated"] = json!({"line": c.line, "bytes": c.bytes});
     }
-    json!({"traceEvents": ev, "displayTimeUnit": "ms", "otherData": other})
+    other
 }
 
 /// Writes the trace-event JSON of `tf` to `out`.

@@ -9,6 +9,7 @@ use super::doc::{Block, Doc};
 use super::facts::{self, fmt_num, fmt_pct, Facts, HeadroomHit, HEADROOM_WARN};
 use super::trace_file::TraceFile;
 use crate::error::{Error, Result};
+use crate::trace::io::Trace;
 use crate::trace::record::{Header, StepRecord};
 use std::path::{Path, PathBuf};
 
@@ -70,7 +71,37 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
     let dir = &opts.out_dir;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let facts = Facts::new(trace, &tf.skip_causes);
-    let op_step = match opts.step {
+    let op_step = op_step(tf, opts.step, &facts)?;
+    let h = &trace.header;
+    // Chart titles carry the model's short name (its first word) so they fit the image;
+    // summary.md gives the whole description.
+    let short = h.model.split_whitespace().next().unwrap_or("");
+    let run = format!("{short} {}", h.precision);
+    let mut charts = step_charts(trace, dir, &run, &facts)?;
+    if let Some(s) = op_step {
+        charts.extend(op_charts(trace, dir, &run, s)?);
+    }
+    charts.extend(blame_chart(trace, dir)?);
+    let doc = build_doc(tf, &facts, op_step, &charts, &opts.gate);
+    let summary_md = dir.join("summary.md");
+    std::fs::write(&summary_md, doc.to_markdown()).map_err(|e| Error::io(&summary_md, e))?;
+    let index_html = dir.join("index.html");
+    let html = doc.to_html(dir)?;
+    std::fs::write(&index_html, html).map_err(|e| Error::io(&index_html, e))?;
+    Ok(ReportOutput {
+        summary_md,
+        index_html,
+        charts: charts.into_iter().map(|c| c.0).collect(),
+        op_step,
+        facts,
+    })
+}
+
+/// The step whose ops the report shows: `--step`, which must have op records, or the
+/// default one.
+fn op_step(tf: &TraceFile, step: Option<u64>, facts: &Facts) -> Result<Option<u64>> {
+    let trace = &tf.trace;
+    match step {
         Some(s) => {
             if !trace.steps.iter().any(|r| r.step == s && r.ops.is_some()) {
                 return Err(Error::Invalid(format!(
@@ -80,15 +111,18 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
                     list_steps(&facts.steps_with_ops)
                 )));
             }
-            Some(s)
+            Ok(Some(s))
         }
-        None => facts::default_step(&trace.steps),
-    };
-    let h = &trace.header;
-    // Chart titles carry the model's short name (its first word) so they fit the image;
-    // summary.md gives the whole description.
-    let short = h.model.split_whitespace().next().unwrap_or("");
-    let run = format!("{short} {}", h.precision);
+        None => Ok(facts::default_step(&trace.steps)),
+    }
+}
+
+/// A rendered chart and its caption.
+type Chart = (Rendered, String);
+
+/// The per-step charts: loss scale, loss, and the gradient heatmap where there are
+/// parameter records.
+fn step_charts(trace: &Trace, dir: &Path, run: &str, facts: &Facts) -> Result<Vec<Chart>> {
     let mut charts = Vec::new();
     let causes: Vec<(u64, String)> = facts
         .skipped
@@ -129,79 +163,74 @@ pub fn write_report(tf: &TraceFile, opts: &ReportOptions) -> Result<ReportOutput
                 .to_string(),
         ));
     }
-    if let Some(s) = op_step {
-        if let Some(c) = OpMaxChart::for_step(trace, s) {
-            charts.push((
-                render(&c, dir, "ops")?,
-                format!("Largest |output| of every op in step {s}, against fp16 and bf16 limits"),
-            ));
-        }
-        let with_ops: Vec<_> = trace
-            .steps
-            .iter()
-            .filter(|s| s.ops.is_some())
-            .cloned()
-            .collect();
-        let n = with_ops.len();
+    Ok(charts)
+}
+
+/// The op charts of step `s`, and the exponent histograms of every step with op records.
+fn op_charts(trace: &Trace, dir: &Path, run: &str, s: u64) -> Result<Vec<Chart>> {
+    let mut charts = Vec::new();
+    if let Some(c) = OpMaxChart::for_step(trace, s) {
         charts.push((
-            render(
-                &ExpHistChart::from_steps(
-                    &format!(
-                        "Exponents of activation gradients ({run}, {n} step(s) with op records)"
-                    ),
-                    "activation gradients as stored (scaled by the loss scale)",
-                    &with_ops,
-                    facts::is_activation_grad,
-                    true,
-                ),
-                dir,
-                "hist_act_grads",
-            )?,
-            "Exponent histogram of activation gradients, fp16 ranges shaded".to_string(),
-        ));
-        charts.push((
-            render(
-                &ExpHistChart::from_steps(
-                    &format!("Exponents of activations ({run}, {n} step(s) with op records)"),
-                    "activations (forward op outputs)",
-                    &with_ops,
-                    facts::is_activation,
-                    false,
-                ),
-                dir,
-                "hist_activations",
-            )?,
-            "Exponent histogram of activations, fp16 ranges shaded".to_string(),
+            render(&c, dir, "ops")?,
+            format!("Largest |output| of every op in step {s}, against fp16 and bf16 limits"),
         ));
     }
+    let with_ops: Vec<_> = trace
+        .steps
+        .iter()
+        .filter(|s| s.ops.is_some())
+        .cloned()
+        .collect();
+    let n = with_ops.len();
+    charts.push((
+        render(
+            &ExpHistChart::from_steps(
+                &format!("Exponents of activation gradients ({run}, {n} step(s) with op records)"),
+                "activation gradients as stored (scaled by the loss scale)",
+                &with_ops,
+                facts::is_activation_grad,
+                true,
+            ),
+            dir,
+            "hist_act_grads",
+        )?,
+        "Exponent histogram of activation gradients, fp16 ranges shaded".to_string(),
+    ));
+    charts.push((
+        render(
+            &ExpHistChart::from_steps(
+                &format!("Exponents of activations ({run}, {n} step(s) with op records)"),
+                "activations (forward op outputs)",
+                &with_ops,
+                facts::is_activation,
+                false,
+            ),
+            dir,
+            "hist_activations",
+        )?,
+        "Exponent histogram of activations, fp16 ranges shaded".to_string(),
+    ));
+    Ok(charts)
+}
+
+/// The blame chart of the first step with blame records, if any.
+fn blame_chart(trace: &Trace, dir: &Path) -> Result<Option<Chart>> {
     let blamed = trace
         .steps
         .iter()
         .find(|s| s.ops.iter().flatten().any(|o| o.blame.is_some()))
         .map(|s| s.step);
-    if let Some(c) = blamed.and_then(|s| BlameChart::for_step(trace, s)) {
-        charts.push((
-            render(&c, dir, "blame")?,
-            format!(
-                "Relative error of every op of step {} against f64: introduced by the op, and \
-                 in all",
-                blamed.unwrap_or(0)
-            ),
-        ));
-    }
-    let doc = build_doc(tf, &facts, op_step, &charts, &opts.gate);
-    let summary_md = dir.join("summary.md");
-    std::fs::write(&summary_md, doc.to_markdown()).map_err(|e| Error::io(&summary_md, e))?;
-    let index_html = dir.join("index.html");
-    let html = doc.to_html(dir)?;
-    std::fs::write(&index_html, html).map_err(|e| Error::io(&index_html, e))?;
-    Ok(ReportOutput {
-        summary_md,
-        index_html,
-        charts: charts.into_iter().map(|c| c.0).collect(),
-        op_step,
-        facts,
-    })
+    let Some(c) = blamed.and_then(|s| BlameChart::for_step(trace, s)) else {
+        return Ok(None);
+    };
+    Ok(Some((
+        render(&c, dir, "blame")?,
+        format!(
+            "Relative error of every op of step {} against f64: introduced by the op, and \
+             in all",
+            blamed.unwrap_or(0)
+        ),
+    )))
 }
 
 /// Step numbers as ranges: `0–4, 7, 9–10 (8 steps)`.

@@ -205,23 +205,218 @@ impl CompareView<'_> {
     }
 }
 
+/// Widths of the op and module columns for a panel `w` wide.
+fn column_widths(w: usize) -> (usize, usize) {
+    // mark #A ph op module │ dt max nf │ dt max nf
+    let fixed = 2 + 5 + 3 + 4 + 9 + 5 + 4 + 9 + 5 + 12;
+    let rest = w.saturating_sub(fixed);
+    let op_w = (rest / 2).clamp(6, 22);
+    (op_w, rest.saturating_sub(op_w).max(4))
+}
+
+fn header_text(op_w: usize, mod_w: usize) -> String {
+    format!(
+        "  {} {} {} {} │{} {} {} │{} {} {}",
+        rpad("#A", 5),
+        pad("ph", 3),
+        pad("op", op_w),
+        pad("module", mod_w),
+        pad("A dt", 4),
+        rpad("max|x|", 9),
+        rpad("nonf", 5),
+        pad("B dt", 4),
+        rpad("max|x|", 9),
+        rpad("nonf", 5)
+    )
+}
+
+/// One side's dtype, largest magnitude and non-finite count, or blanks for a missing op.
+fn side_cells(o: Option<&OpRecord>) -> String {
+    match o {
+        Some(o) => format!(
+            "{} {} {}",
+            pad(format::dtype(o.output.dtype), 4),
+            rpad(&num(o.stats.max_abs), 9),
+            rpad(&op_nonfinite(o).to_string(), 5)
+        ),
+        None => format!("{} {} {}", pad("", 4), rpad("—", 9), rpad("", 5)),
+    }
+}
+
+/// The two steps compared, with their ops.
+struct Sides<'m> {
+    sa: &'m StepRecord,
+    oa: &'m [OpRecord],
+    sb: &'m StepRecord,
+    ob: &'m [OpRecord],
+}
+
+/// How many aligned rows differ, or are on one side only.
+#[derive(Default)]
+struct Tally {
+    differing: usize,
+    only_a: usize,
+    only_b: usize,
+}
+
+impl Tally {
+    /// Why row `(xa, xb)` is marked, counted.
+    fn reason(
+        &mut self,
+        sides: &Sides<'_>,
+        xa: Option<&OpRecord>,
+        xb: Option<&OpRecord>,
+    ) -> Option<String> {
+        match (xa, xb) {
+            (Some(x), Some(y)) => {
+                let d = difference(x, sides.sa, y, sides.sb);
+                self.differing += d.is_some() as usize;
+                d
+            }
+            (Some(_), None) => {
+                self.only_a += 1;
+                Some("only in A".to_string())
+            }
+            (None, Some(_)) => {
+                self.only_b += 1;
+                Some("only in B".to_string())
+            }
+            (None, None) => None,
+        }
+    }
+
+    fn footer(&self, sel_reason: Option<String>) -> String {
+        let Tally {
+            differing,
+            only_a,
+            only_b,
+        } = self;
+        match sel_reason {
+            Some(r) => format!(
+                " ≠ {differing} differ (n/N) · < {only_a} only in A · > {only_b} only in B · ▸ {r}"
+            ),
+            None => {
+                format!(" ≠ {differing} differ (n/N) · < {only_a} only in A · > {only_b} only in B")
+            }
+        }
+    }
+}
+
+impl CompareView<'_> {
+    fn render_no_second_trace(&self, area: Rect, buf: &mut Buffer) {
+        let th = self.ctx.theme;
+        Paragraph::new(vec![
+            Line::raw(" Compare needs a second trace:"),
+            Line::styled(
+                "   amprobe tui --trace A.jsonl --compare B.jsonl",
+                th.accent(),
+            ),
+            Line::styled(
+                "   amprobe tui CONFIG [run flags] --compare B.jsonl",
+                th.accent(),
+            ),
+        ])
+        .render(area, buf);
+    }
+
+    /// The first visible row for a body `h` rows high, kept so the selection shows.
+    fn scroll_to(&self, sel: usize, h: usize) -> usize {
+        let st = self.state;
+        st.page.set(h);
+        let mut off = st.offset.get();
+        if sel < off {
+            off = sel;
+        } else if h > 0 && sel >= off + h {
+            off = sel + 1 - h;
+        }
+        st.offset.set(off);
+        off
+    }
+
+    /// Row `r`'s line: ops `xa`/`xb` (at least one present), marked by `reason`.
+    fn row_line(
+        &self,
+        r: usize,
+        sel: usize,
+        (xa, xb): (Option<&OpRecord>, Option<&OpRecord>),
+        any: &OpRecord,
+        reason: &Option<String>,
+        (op_w, mod_w): (usize, usize),
+    ) -> Line<'static> {
+        let th = self.ctx.theme;
+        let mark = match (xa, xb) {
+            (Some(_), None) => "<",
+            (None, Some(_)) => ">",
+            _ if reason.is_some() => "≠",
+            _ => " ",
+        };
+        let text = format!(
+            "{} {} {} {} │{} │{}",
+            rpad(&xa.map_or("".into(), |o| format!("#{}", o.index)), 5),
+            pad(format::phase(any.phase), 3),
+            pad(&clip(&any.op, op_w), op_w),
+            pad(
+                &format::short_path(format::module(&any.module), mod_w),
+                mod_w
+            ),
+            side_cells(xa),
+            side_cells(xb)
+        );
+        let nonfinite =
+            xa.is_some_and(|o| op_nonfinite(o) > 0) || xb.is_some_and(|o| op_nonfinite(o) > 0);
+        let style = if reason.is_none() {
+            th.normal()
+        } else if nonfinite {
+            th.bad()
+        } else {
+            th.warn()
+        };
+        let mut line = Line::from(vec![
+            Span::raw(if r == sel { "▸" } else { " " }),
+            Span::styled(mark, style),
+            Span::styled(text, style),
+        ]);
+        if r == sel {
+            line = line.patch_style(th.selected());
+        }
+        line
+    }
+
+    /// The aligned rows into `body`, and the tally under them into `foot`.
+    fn render_rows(&self, sides: &Sides<'_>, body: Rect, foot: Rect, w: usize, buf: &mut Buffer) {
+        let th = self.ctx.theme;
+        let st = self.state;
+        let widths = column_widths(w);
+        let h = (body.height as usize).saturating_sub(1);
+        let sel = st.selected.min(st.rows.len().saturating_sub(1));
+        let off = self.scroll_to(sel, h);
+        let mut lines = vec![Line::styled(header_text(widths.0, widths.1), th.header())];
+        let mut tally = Tally::default();
+        let mut sel_reason = None;
+        for (r, p) in st.rows.iter().enumerate() {
+            let (xa, xb) = (p.a.map(|i| &sides.oa[i]), p.b.map(|j| &sides.ob[j]));
+            let reason = tally.reason(sides, xa, xb);
+            if r == sel {
+                sel_reason = reason.clone();
+            }
+            if r < off || r >= off + h {
+                continue;
+            }
+            let Some(any) = xa.or(xb) else { continue };
+            lines.push(self.row_line(r, sel, (xa, xb), any, &reason, widths));
+        }
+        Paragraph::new(lines).render(body, buf);
+        let foot_text = tally.footer(sel_reason);
+        Paragraph::new(Line::styled(clip(&foot_text, w), th.dim())).render(foot, buf);
+    }
+}
+
 impl Widget for CompareView<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
         let th = self.ctx.theme;
         let a = self.ctx.model;
         let Some(b) = self.other else {
-            Paragraph::new(vec![
-                Line::raw(" Compare needs a second trace:"),
-                Line::styled(
-                    "   amprobe tui --trace A.jsonl --compare B.jsonl",
-                    th.accent(),
-                ),
-                Line::styled(
-                    "   amprobe tui CONFIG [run flags] --compare B.jsonl",
-                    th.accent(),
-                ),
-            ])
-            .render(area, buf);
+            self.render_no_second_trace(area, buf);
             return;
         };
         let w = area.width as usize;
@@ -244,119 +439,7 @@ impl Widget for CompareView<'_> {
             .render(body, buf);
             return;
         };
-        let st = self.state;
-        // mark #A ph op module │ dt max nf │ dt max nf
-        let fixed = 2 + 5 + 3 + 4 + 9 + 5 + 4 + 9 + 5 + 12;
-        let rest = w.saturating_sub(fixed);
-        let op_w = (rest / 2).clamp(6, 22);
-        let mod_w = rest.saturating_sub(op_w).max(4);
-        let header = format!(
-            "  {} {} {} {} │{} {} {} │{} {} {}",
-            rpad("#A", 5),
-            pad("ph", 3),
-            pad("op", op_w),
-            pad("module", mod_w),
-            pad("A dt", 4),
-            rpad("max|x|", 9),
-            rpad("nonf", 5),
-            pad("B dt", 4),
-            rpad("max|x|", 9),
-            rpad("nonf", 5)
-        );
-        let h = (body.height as usize).saturating_sub(1);
-        st.page.set(h);
-        let sel = st.selected.min(st.rows.len().saturating_sub(1));
-        let mut off = st.offset.get();
-        if sel < off {
-            off = sel;
-        } else if h > 0 && sel >= off + h {
-            off = sel + 1 - h;
-        }
-        st.offset.set(off);
-        let side = |o: Option<&OpRecord>| match o {
-            Some(o) => format!(
-                "{} {} {}",
-                pad(format::dtype(o.output.dtype), 4),
-                rpad(&num(o.stats.max_abs), 9),
-                rpad(&op_nonfinite(o).to_string(), 5)
-            ),
-            None => format!("{} {} {}", pad("", 4), rpad("—", 9), rpad("", 5)),
-        };
-        let mut lines = vec![Line::styled(header, th.header())];
-        let (mut differing, mut only_a, mut only_b) = (0, 0, 0);
-        let mut sel_reason = None;
-        for (r, p) in st.rows.iter().enumerate() {
-            let (xa, xb) = (p.a.map(|i| &oa[i]), p.b.map(|j| &ob[j]));
-            let reason = match (xa, xb) {
-                (Some(x), Some(y)) => {
-                    let d = difference(x, sa, y, sb);
-                    differing += d.is_some() as usize;
-                    d
-                }
-                (Some(_), None) => {
-                    only_a += 1;
-                    Some("only in A".to_string())
-                }
-                (None, Some(_)) => {
-                    only_b += 1;
-                    Some("only in B".to_string())
-                }
-                (None, None) => None,
-            };
-            if r == sel {
-                sel_reason = reason.clone();
-            }
-            if r < off || r >= off + h {
-                continue;
-            }
-            let Some(any) = xa.or(xb) else { continue };
-            let mark = match (xa, xb) {
-                (Some(_), None) => "<",
-                (None, Some(_)) => ">",
-                _ if reason.is_some() => "≠",
-                _ => " ",
-            };
-            let text = format!(
-                "{} {} {} {} │{} │{}",
-                rpad(&xa.map_or("".into(), |o| format!("#{}", o.index)), 5),
-                pad(format::phase(any.phase), 3),
-                pad(&clip(&any.op, op_w), op_w),
-                pad(
-                    &format::short_path(format::module(&any.module), mod_w),
-                    mod_w
-                ),
-                side(xa),
-                side(xb)
-            );
-            let nonfinite =
-                xa.is_some_and(|o| op_nonfinite(o) > 0) || xb.is_some_and(|o| op_nonfinite(o) > 0);
-            let style = if reason.is_none() {
-                th.normal()
-            } else if nonfinite {
-                th.bad()
-            } else {
-                th.warn()
-            };
-            let mut line = Line::from(vec![
-                Span::raw(if r == sel { "▸" } else { " " }),
-                Span::styled(mark, style),
-                Span::styled(text, style),
-            ]);
-            if r == sel {
-                line = line.patch_style(th.selected());
-            }
-            lines.push(line);
-        }
-        Paragraph::new(lines).render(body, buf);
-        let foot_text = match sel_reason {
-            Some(r) => format!(
-                " ≠ {differing} differ (n/N) · < {only_a} only in A · > {only_b} only in B · ▸ {r}"
-            ),
-            None => {
-                format!(" ≠ {differing} differ (n/N) · < {only_a} only in A · > {only_b} only in B")
-            }
-        };
-        Paragraph::new(Line::styled(clip(&foot_text, w), th.dim())).render(foot, buf);
+        self.render_rows(&Sides { sa, oa, sb, ob }, body, foot, w, buf);
     }
 }
 

@@ -224,6 +224,56 @@ pub fn binary_grad(
     binary_grad_of(op, [side(a), side(b)], g, wrt_b, sink)
 }
 
+/// The kernel's gradient term of `a op b` for operand `b` (`wrt_b`) or `a`.
+fn grad_term(op: Binary, wrt_b: bool) -> i32 {
+    match (op, wrt_b) {
+        (Binary::Add | Binary::Sub, false) | (Binary::Add, true) => 0,
+        (Binary::Sub, true) => 1,
+        (Binary::Mul, false) => 2,
+        (Binary::Div, false) => 3,
+        (Binary::Mul, true) => 4,
+        (Binary::Div, true) => 5,
+    }
+}
+
+/// The geometry of summing a gradient of shape `full` down to `target` (one of the
+/// operand shapes `[a, b]`), collapsed, and how many elements each output sums.
+fn grad_geometry(
+    name: &str,
+    [a_shape, b_shape]: [&[usize]; 2],
+    full: &[usize],
+    target: &[usize],
+) -> Result<(GradGeometry, u64)> {
+    let shape = pad_shape(full)?;
+    let tshape = pad_shape(target)?;
+    let mut reduced = [0u32; MAX_DIMS];
+    let mut n_reduced = 1u64;
+    for d in 0..MAX_DIMS {
+        if tshape[d] == 1 && shape[d] > 1 {
+            reduced[d] = 1;
+            n_reduced *= shape[d];
+        } else if tshape[d] != shape[d] {
+            return Err(Error::shape(
+                name,
+                format!("cannot sum a gradient of {full:?} down to {target:?}"),
+            ));
+        }
+    }
+    let mut geo = GradGeometry {
+        shape,
+        sa: pad_strides(&crate::ops::bstrides(a_shape, full)),
+        sb: pad_strides(&crate::ops::bstrides(b_shape, full)),
+        sg: pad_strides(&crate::tensor::strides(full)),
+        reduced,
+    };
+    collapse(
+        &mut geo.shape,
+        &mut [&mut geo.sa, &mut geo.sb, &mut geo.sg],
+        Some(&mut geo.reduced),
+    );
+    Ok((geo, n_reduced))
+}
+
 /// [`binary_grad`] from operands of which only the values the term reads are kept: the
 /// multiply's and divide's terms read the operands their formulas name, an add's and a
 /// subtraction's none. `g` is passed to the kernel in place of an operand it does not
@@ -236,14 +286,7 @@ pub fn binary_grad_of<'a>(
     sink: Out,
 ) -> Result<Tensor> {
     let name = op.name();
-    let term = match (op, wrt_b) {
-        (Binary::Add | Binary::Sub, false) | (Binary::Add, true) => 0,
-        (Binary::Sub, true) => 1,
-        (Binary::Mul, false) => 2,
-        (Binary::Div, false) => 3,
-        (Binary::Mul, true) => 4,
-        (Binary::Div, true) => 5,
-    };
+    let term = grad_term(op, wrt_b);
     let (reads_a, reads_b) = op.grad_reads([!wrt_b, wrt_b]);
     let value = |s: Side<'a>, reads: bool, which: &str| -> Result<&'a Tensor> {
         match s.values {
@@ -261,33 +304,7 @@ pub fn binary_grad_of<'a>(
     let full = g.shape().to_vec();
     let (a_shape, b_shape) = (sa.shape, sb.shape);
     let target = if wrt_b { b_shape } else { a_shape };
-    let shape = pad_shape(&full)?;
-    let tshape = pad_shape(target)?;
-    let mut reduced = [0u32; MAX_DIMS];
-    let mut n_reduced = 1u64;
-    for d in 0..MAX_DIMS {
-        if tshape[d] == 1 && shape[d] > 1 {
-            reduced[d] = 1;
-            n_reduced *= shape[d];
-        } else if tshape[d] != shape[d] {
-            return Err(Error::shape(
-                name,
-                format!("cannot sum a gradient of {full:?} down to {target:?}"),
-            ));
-        }
-    }
-    let mut geo = GradGeometry {
-        shape,
-        sa: pad_strides(&crate::ops::bstrides(a_shape, &full)),
-        sb: pad_strides(&crate::ops::bstrides(b_shape, &full)),
-        sg: pad_strides(&crate::tensor::strides(&full)),
-        reduced,
-    };
-    collapse(
-        &mut geo.shape,
-        &mut [&mut geo.sa, &mut geo.sb, &mut geo.sg],
-        Some(&mut geo.reduced),
-    );
+    let (geo, n_reduced) = grad_geometry(name, [a_shape, b_shape], &full, target)?;
     let out = output(&dev, target, dt)?;
     let ((ap, _), (bp, _), (gp, _), (op_, k)) = (
         arg(a, name)?,

@@ -250,7 +250,7 @@ pub(super) fn step_label(v: f64) -> String {
 }
 
 /// A chart with linear f64 axes, as [`op_index_axes`] builds it.
-pub(super) type PlainChart<'a, DB> = ChartContext<
+pub type PlainChart<'a, DB> = ChartContext<
     'a,
     DB,
     Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,

@@ -14,8 +14,8 @@ pub mod raster;
 mod step;
 
 pub use canvas::{
-    ensure_fonts, shorten, Chart, DrawResult, Legend, Rendered, Symbol, C_BACKWARD, C_BF16,
-    C_FORWARD, C_GREY, C_GRID_BOLD, C_GRID_LIGHT, C_INF, C_NAN, C_OPTIMIZER, FONT, PALETTE,
+    ensure_fonts, shorten, Chart, DrawResult, Legend, PlainChart, Rendered, Symbol, C_BACKWARD,
+    C_BF16, C_FORWARD, C_GREY, C_GRID_BOLD, C_GRID_LIGHT, C_INF, C_NAN, C_OPTIMIZER, FONT, PALETTE,
 };
 
 use crate::error::{Error, Result};

@@ -42,25 +42,92 @@ pub fn write_compare(traces: &[TraceFile], opts: &CompareOptions) -> Result<Comp
     let dir = &opts.out_dir;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let model = &traces[0].trace.header.model;
-    let mut charts = Vec::new();
-    let series = |f: &dyn Fn(&StepRecord) -> Option<f64>, staircase: bool| -> Vec<StepSeries> {
-        traces
-            .iter()
-            .zip(&cmp.runs)
-            .enumerate()
-            .map(|(i, (t, info))| StepSeries {
-                label: info.label.clone(),
-                color: PALETTE[i % PALETTE.len()],
-                points: t
-                    .trace
-                    .steps
-                    .iter()
-                    .filter_map(|s| f(s).map(|v| (s.step, v)))
-                    .collect(),
-                staircase,
+    let mut charts = vec![
+        loss_overlay(traces, &cmp, model, dir)?,
+        scale_overlay(traces, &cmp, model, dir)?,
+    ];
+    charts.extend(op_diff_chart(&cmp, dir)?);
+    let doc = build_doc(traces, &cmp, &charts);
+    let summary_md = dir.join("summary.md");
+    std::fs::write(&summary_md, doc.to_markdown()).map_err(|e| Error::io(&summary_md, e))?;
+    let index_html = dir.join("index.html");
+    let html = doc.to_html(dir)?;
+    std::fs::write(&index_html, html).map_err(|e| Error::io(&index_html, e))?;
+    Ok(CompareOutput {
+        comparison: cmp,
+        summary_md,
+        index_html,
+        charts: charts.into_iter().map(|c| c.0).collect(),
+    })
+}
+
+/// A rendered chart and its caption.
+type Chart = (Rendered, String);
+
+/// One series per run of what `f` reads from each step.
+fn run_series(
+    traces: &[TraceFile],
+    cmp: &Comparison,
+    f: &dyn Fn(&StepRecord) -> Option<f64>,
+    staircase: bool,
+) -> Vec<StepSeries> {
+    traces
+        .iter()
+        .zip(&cmp.runs)
+        .enumerate()
+        .map(|(i, (t, info))| StepSeries {
+            label: info.label.clone(),
+            color: PALETTE[i % PALETTE.len()],
+            points: t
+                .trace
+                .steps
+                .iter()
+                .filter_map(|s| f(s).map(|v| (s.step, v)))
+                .collect(),
+            staircase,
+        })
+        .collect()
+}
+
+/// The loss of every run, steps with a non-finite loss marked.
+fn loss_overlay(traces: &[TraceFile], cmp: &Comparison, model: &str, dir: &Path) -> Result<Chart> {
+    let marks = traces
+        .iter()
+        .zip(&cmp.runs)
+        .enumerate()
+        .filter_map(|(i, (t, info))| {
+            let bad: Vec<(u64, f64)> = t
+                .trace
+                .steps
+                .iter()
+                .filter(|s| s.loss.is_some_and(|l| !l.is_finite()))
+                .map(|s| (s.step, f64::NAN))
+                .collect();
+            (!bad.is_empty()).then(|| MarkGroup {
+                label: format!("{}: loss is Inf or NaN (drawn at the top edge)", info.label),
+                symbol: Symbol::Cross(PALETTE[i % PALETTE.len()]),
+                points: bad,
             })
-            .collect()
-    };
+        })
+        .collect();
+    Ok((
+        render(
+            &StepChart {
+                title: format!("Loss per step ({model})"),
+                y_desc: "loss".into(),
+                log2: false,
+                series: run_series(traces, cmp, &|s| s.loss, false),
+                marks,
+            },
+            dir,
+            "loss_overlay",
+        )?,
+        "Loss per step, every run".to_string(),
+    ))
+}
+
+/// The loss scale of every run, skipped steps marked.
+fn scale_overlay(traces: &[TraceFile], cmp: &Comparison, model: &str, dir: &Path) -> Result<Chart> {
     let skips: Vec<MarkGroup> = traces
         .iter()
         .zip(&cmp.runs)
@@ -78,94 +145,53 @@ pub fn write_compare(traces: &[TraceFile], opts: &CompareOptions) -> Result<Comp
                 .collect(),
         })
         .collect();
-    charts.push((
-        render(
-            &StepChart {
-                title: format!("Loss per step ({model})"),
-                y_desc: "loss".into(),
-                log2: false,
-                series: series(&|s| s.loss, false),
-                marks: traces
-                    .iter()
-                    .zip(&cmp.runs)
-                    .enumerate()
-                    .filter_map(|(i, (t, info))| {
-                        let bad: Vec<(u64, f64)> = t
-                            .trace
-                            .steps
-                            .iter()
-                            .filter(|s| s.loss.is_some_and(|l| !l.is_finite()))
-                            .map(|s| (s.step, f64::NAN))
-                            .collect();
-                        (!bad.is_empty()).then(|| MarkGroup {
-                            label: format!(
-                                "{}: loss is Inf or NaN (drawn at the top edge)",
-                                info.label
-                            ),
-                            symbol: Symbol::Cross(PALETTE[i % PALETTE.len()]),
-                            points: bad,
-                        })
-                    })
-                    .collect(),
-            },
-            dir,
-            "loss_overlay",
-        )?,
-        "Loss per step, every run".to_string(),
-    ));
-    charts.push((
+    Ok((
         render(
             &StepChart {
                 title: format!("Loss scale per step ({model})"),
                 y_desc: "loss scale (log2 axis)".into(),
                 log2: true,
-                series: series(&|s| Some(s.scale_before), true),
+                series: run_series(traces, cmp, &|s| Some(s.scale_before), true),
                 marks: skips,
             },
             dir,
             "scale_overlay",
         )?,
         "Loss scale per step, every run; skipped steps marked".to_string(),
-    ));
-    let ref_label = &cmp.runs[cmp.reference].label;
-    if cmp.diffs.iter().any(|d| !d.ops.is_empty()) {
-        charts.push((
-            render(
-                &DiffChart {
-                    title: format!("Per-op difference from {ref_label}"),
-                    runs: cmp
-                        .diffs
-                        .iter()
-                        .map(|d| (cmp.runs[d.run].label.clone(), d.ops.clone()))
-                        .collect(),
-                    threshold: cmp.threshold,
-                },
-                dir,
-                "op_diff",
-            )?,
-            format!(
-                "Relative difference of each aligned op's max |x| or L2 norm from the \
-                 reference{}",
-                cmp.diffs
-                    .iter()
-                    .filter_map(|d| partial_steps(&cmp, d)
-                        .map(|s| format!("; {}: {s}", cmp.runs[d.run].label)))
-                    .collect::<String>()
-            ),
-        ));
+    ))
+}
+
+/// Each run's per-op differences from the reference, where any run has aligned ops.
+fn op_diff_chart(cmp: &Comparison, dir: &Path) -> Result<Option<Chart>> {
+    if !cmp.diffs.iter().any(|d| !d.ops.is_empty()) {
+        return Ok(None);
     }
-    let doc = build_doc(traces, &cmp, &charts);
-    let summary_md = dir.join("summary.md");
-    std::fs::write(&summary_md, doc.to_markdown()).map_err(|e| Error::io(&summary_md, e))?;
-    let index_html = dir.join("index.html");
-    let html = doc.to_html(dir)?;
-    std::fs::write(&index_html, html).map_err(|e| Error::io(&index_html, e))?;
-    Ok(CompareOutput {
-        comparison: cmp,
-        summary_md,
-        index_html,
-        charts: charts.into_iter().map(|c| c.0).collect(),
-    })
+    let ref_label = &cmp.runs[cmp.reference].label;
+    Ok(Some((
+        render(
+            &DiffChart {
+                title: format!("Per-op difference from {ref_label}"),
+                runs: cmp
+                    .diffs
+                    .iter()
+                    .map(|d| (cmp.runs[d.run].label.clone(), d.ops.clone()))
+                    .collect(),
+                threshold: cmp.threshold,
+            },
+            dir,
+            "op_diff",
+        )?,
+        format!(
+            "Relative difference of each aligned op's max |x| or L2 norm from the \
+             reference{}",
+            cmp.diffs
+                .iter()
+                .filter_map(
+                    |d| partial_steps(cmp, d).map(|s| format!("; {}: {s}", cmp.runs[d.run].label))
+                )
+                .collect::<String>()
+        ),
+    )))
 }
 
 /// A relative difference for a table: a percentage, or `Inf/NaN` when the run's output
