@@ -13,6 +13,21 @@
 //! which picks by [`on_device`]. A backend that lacks a kernel does not compile. A host
 //! kernel handed device storage (which the seam never does) refuses it with an error naming
 //! the op ([`fdata`]).
+//!
+//! Which family holds an op (each an `Engine` method in the family's `mod.rs`):
+//!
+//! | folder | ops |
+//! |---|---|
+//! | `cast/` | `to_dtype` (autocast's and promotion's casts) |
+//! | `elementwise/` | `unary`, `binary`, `add`, `sub`, `mul`, `div`, `neg`, `relu`, `gelu`, `silu`, `tanh`, `sigmoid`, `exp`, `log`, `pow`, `sqrt`, `rsqrt`, `clamp`, `clamp_on_inf`, `mul_scalar`, `add_scalar` (the formulas in `functions.rs`) |
+//! | `linalg/` | `linear`, `addmm`, `matmul`, `bmm` |
+//! | `reduce/` | `sum`, `mean`, `max`, `softmax`, `log_softmax` |
+//! | `nn/` | `layer_norm`, `embedding`, `embedding_padded`, `dropout` |
+//! | `loss/` | `nll_loss`, `cross_entropy`, `mse_loss` |
+//! | `select/` | `where_`, `masked_fill` |
+//! | `shape/` | `reshape`, `view`, `unsqueeze`, `squeeze`, `transpose`, `permute`, `slice`, `cat` |
+//!
+//! Gradient accumulation (`accumulate_grad`) is the engine's, not an op family's.
 
 pub mod cast;
 pub mod cuda;
