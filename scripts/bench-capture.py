@@ -31,7 +31,6 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import amprobe_torch  # noqa: E402
-from amprobe_torch import _capture  # noqa: E402
 from capture_workload import SIZES, CriticWorkload, Workload  # noqa: E402
 
 VARIANTS = ("eager", "watch", "watch-ops", "watch-full", "anomaly")
@@ -83,7 +82,6 @@ def main():
                 times.append((time.perf_counter() - t0) * 1000.0)
         if w is not None:
             w.close()
-            _capture._WATCHERS.remove(w)
         return times
 
     variants = [v for v in a.variants.split(",") if v]

@@ -33,7 +33,6 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import amprobe_torch  # noqa: E402
-from amprobe_torch import _capture  # noqa: E402
 from capture_workload import SIZES, Workload  # noqa: E402
 
 def main():
@@ -139,7 +138,6 @@ def main():
             print(f"   {k:<40} {counts[k] / a.steps:>8.1f} calls  {cpu_us[k] / a.steps / 1000:>8.2f} ms self cpu")
         if w is not None:
             w.close()
-            _capture._WATCHERS.remove(w)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,29 @@ of these set, watching changes nothing.
     AMPROBE_INIT_SCALE    the GradScaler's initial loss scale
 """
 
+from __future__ import annotations
+
 import atexit
+import contextlib
 import os
+from typing import Any, Iterator, Optional
 
-from . import _capture, _plan
+from . import _attach, _capture, _plan, _registry, _step_record
+from ._patches import Patches
 
-__all__ = ["watch"]
-__version__ = _capture.TOOL_VERSION
+__all__ = ["watch", "watching"]
+__version__ = _step_record.TOOL_VERSION
 
 
-def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check=None):
+def watch(
+    model: Any,
+    optimizer: Any,
+    scaler: Optional[Any] = None,
+    *,
+    trace: Optional[str] = None,
+    sample_every: Optional[int] = None,
+    check: Optional[str] = None,
+) -> Optional[_capture.Watcher]:
     """Captures the training of `model` by `optimizer` (and `scaler`, a GradScaler, when the
     script uses one) from now on. Several models trained together (a GAN's generator and
     discriminator) are given as a dict of them, named by its keys in the trace (or a list,
@@ -40,28 +53,55 @@ def watch(model, optimizer, scaler=None, *, trace=None, sample_every=None, check
     every optimizer given has stepped. Called again with what it already watches (in an
     epoch loop), it returns the open watcher; a model already watched with other optimizers
     or another scaler, or a trace path an open watcher writes, raises ValueError. Returns
-    the watcher (its `close()` ends the trace; it is also called at exit), or None when
+    the watcher (its `close()` ends the trace and undoes every hook and replaced function;
+    it is also called at exit), or None when
     AMPROBE_DISABLE=1. A plan in the environment (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES,
     AMPROBE_INIT_SCALE) is applied first; a value it cannot apply raises ValueError."""
     if os.environ.get("AMPROBE_DISABLE") == "1":
         return None
-    root, called = _capture.gather_models(model)
-    optimizers = _capture.gather_optimizers(optimizer)
-    path = trace or _capture.trace_path()
+    root, called = _attach.gather_models(model)
+    optimizers = _attach.gather_optimizers(optimizer)
+    path = trace or _attach.trace_path()
     # (before the plan: a second watch of the same training must not apply it twice)
-    already = _capture.open_watcher(called, optimizers, scaler, path)
+    already = _attach.open_watcher(called, optimizers, scaler, path)
     if already is not None:
         return already
     plan = _plan.from_env()
+    patches = Patches()
     if plan is not None:
-        _plan.apply(plan, root, scaler, called)
+        _plan.apply(plan, root, scaler, called, patches)
     if sample_every is None:
         sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
     if check is None:
         check = os.environ.get("AMPROBE_CHECK") or "modules"
     if check not in ("modules", "ops"):
         raise ValueError(f"AMPROBE_CHECK (or check=): expected `modules` or `ops`, not {check!r}")
-    w = _capture.Watcher(root, called, optimizers, scaler, path, sample_every, check)
-    _capture._WATCHERS.append(w)
+    w = _capture.Watcher(root, called, optimizers, scaler, path, sample_every, check, patches)
+    _registry.WATCHERS.append(w)
     atexit.register(w.close)
     return w
+
+
+@contextlib.contextmanager
+def watching(
+    model: Any,
+    optimizer: Any,
+    scaler: Optional[Any] = None,
+    **options: Any,
+) -> Iterator[Optional[_capture.Watcher]]:
+    """`watch` for the block it encloses: the watcher (or None when AMPROBE_DISABLE=1) is
+    closed where the block ends, however it ends, and the process is then as if `watch`
+    had never run. Where `watch` finds the same training watched already (an open watcher
+    it returns), that watcher stays open.
+
+        with amprobe_torch.watching(model, optimizer, scaler):
+            train()
+    """
+    before = [id(x) for x in _registry.WATCHERS]
+    w = watch(model, optimizer, scaler, **options)
+    try:
+        yield w
+    finally:
+        # (a watcher that was open before the block is the script's to close)
+        if w is not None and id(w) not in before:
+            w.close()

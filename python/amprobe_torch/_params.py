@@ -3,7 +3,10 @@ zeros and the values fp16 flushes unscaled and scaled, non-finite count, and the
 |p| after the update), computed on the parameter's own device and read back with the
 step."""
 
+from __future__ import annotations
+
 import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -15,10 +18,10 @@ class Scratch:
     gradient seen (so a step allocates no gradient-sized temporaries: the statistics' memory
     is two f32 or f64 buffers of the largest parameter's size)."""
 
-    def __init__(self):
-        self.buffers = {}
+    def __init__(self) -> None:
+        self.buffers: Dict[Tuple[torch.dtype, int], torch.Tensor] = {}
 
-    def _buffer(self, dtype, n, which=0):
+    def _buffer(self, dtype: torch.dtype, n: int, which: int = 0) -> torch.Tensor:
         """The first `n` elements of buffer `which` of `dtype`, grown when too small."""
         buf = self.buffers.get((dtype, which))
         if buf is None or buf.numel() < n:
@@ -26,17 +29,17 @@ class Scratch:
             self.buffers[(dtype, which)] = buf
         return buf[:n]
 
-    def abs_of(self, x):
+    def abs_of(self, x: torch.Tensor) -> torch.Tensor:
         return torch.abs(x, out=self._buffer(x.dtype, x.numel()))
 
-    def scaled(self, x, k):
+    def scaled(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """x·2^k in a reused buffer (two factors: 2^k itself may not be an f32)."""
         out = self._buffer(x.dtype, x.numel())
         half = k // 2
         torch.mul(x, 2.0**half, out=out)
         return out.mul_(2.0 ** (k - half))
 
-    def count_above(self, g, bound):
+    def count_above(self, g: torch.Tensor, bound: float) -> int:
         """How many values of `g` (finite, f32 or f64) have |g| above `bound` (a non-negative
         float the dtype of `g` holds exactly): those `hardshrink` keeps (it writes a zero
         in place of the others). Two passes, one written to a reused buffer; the count is
@@ -49,7 +52,7 @@ class Scratch:
             return int(torch.count_nonzero(out.view(_INT_OF[g.dtype])))
         return int(torch.count_nonzero(out))
 
-    def count_nonzero(self, g):
+    def count_nonzero(self, g: torch.Tensor) -> int:
         """How many values of `g` (finite, f32 or f64) are not zero: a count of their bits
         when none is -0 (whose bits are the dtype's smallest integer, so the integers'
         minimum says), no pass written; else `count_above(g, 0)`."""
@@ -58,7 +61,7 @@ class Scratch:
             return int(torch.count_nonzero(bits))
         return self.count_above(g, 0.0)
 
-    def count_le(self, a, bound):
+    def count_le(self, a: torch.Tensor, bound: float) -> int:
         """How many values of `a` (finite, not negative) are at most `bound` (taken in the
         dtype of `a`, as a comparison takes it): those whose a - bound is not positive.
         Exact (a rounded difference keeps its sign and is zero only when the two are equal)
@@ -71,7 +74,7 @@ _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 _PLAIN_ZEROS = {}
 
 
-def _plain_zeros(dtype):
+def _plain_zeros(dtype: torch.dtype) -> bool:
     """Whether `hardshrink` here writes every value it drops as +0 (never -0, whose bits are
     not zero), tried once per dtype on values that reach both its vectorised and its scalar
     loops: small negatives, -0, and both bounds."""
@@ -85,7 +88,7 @@ def _plain_zeros(dtype):
     return ok
 
 
-def param_vector(p, scale):
+def param_vector(p: torch.Tensor, scale: Union[float, torch.Tensor]) -> torch.Tensor:
     """The ParamRecord figures of parameter `p` (its gradient unscaled, `scale` the step's
     loss scale, a float or a 0-d tensor) as a float64 vector on its device (read back with
     the step): [has a
@@ -139,7 +142,7 @@ def param_vector(p, scale):
 _FOREACH_MAX = 4096
 
 
-def _extremes(gs, ps):
+def _extremes(gs: Sequence[torch.Tensor], ps: Sequence[torch.Tensor]) -> List[List[Optional[float]]]:
     """[Σg² in f32, max |g|, nonzero count, min |g| (None: not read), max |p|] of each
     gradient and parameter, read back to the host."""
     inf = float("inf")
@@ -161,7 +164,7 @@ def _extremes(gs, ps):
     return out
 
 
-def _device_rows(gs, ps, need_min):
+def _device_rows(gs: Sequence[torch.Tensor], ps: Sequence[torch.Tensor], need_min: Sequence[bool]) -> torch.Tensor:
     """[Σg² (as its root), max |g|, nonzero count, min |g|, max |p|] of f32/f64 gradients `gs`
     (flat) and their parameters `ps` on one device, as a (5, n) float64 tensor there: no
     synchronisation. The root and the maxima by multi-tensor norms (one kernel for all the
@@ -188,7 +191,12 @@ def _device_rows(gs, ps, need_min):
     return torch.stack([l2, amax, nnz, torch.stack(mins), pmax])
 
 
-def begin_param_vectors(params, scale, counted=None, guess=None):
+def begin_param_vectors(
+    params: Sequence[torch.Tensor],
+    scale: Union[float, torch.Tensor],
+    counted: Optional[Dict[int, str]] = None,
+    guess: Optional[float] = None,
+) -> PendingParams:
     """The `param_vector` figures of every parameter, begun where their values are, before
     the step's one read back (`PendingParams.parts`), and finished from what it read
     (`PendingParams.finish`). `scale` is the step's loss scale, a float or the scaler's 0-d
@@ -204,7 +212,13 @@ def begin_param_vectors(params, scale, counted=None, guess=None):
 class PendingParams:
     """The parameters' figures of one step, begun (see `begin_param_vectors`)."""
 
-    def __init__(self, params, scale, counted, guess=None):
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        scale: Union[float, torch.Tensor],
+        counted: Dict[int, str],
+        guess: Optional[float] = None,
+    ) -> None:
         self.given = params
         # The scale the flush counts are begun with: the step's, where it is a float.
         self.count_scale = float(scale) if not isinstance(scale, torch.Tensor) else guess
@@ -259,7 +273,7 @@ class PendingParams:
         # where the flush counts were needed, "general" where the general path was.
         self.counted = {}
 
-    def finish(self, read, scale, scratch=None):
+    def finish(self, read: Sequence[Any], scale: float, scratch: Optional[Scratch] = None) -> List[List[Any]]:
         """Every parameter's figures as a host list, from `read` (the host values of `parts`,
         as `_stats.gather` gives them) and `scale` (the loss scale, a float); what the read
         did not settle is computed and read now (a second read back). Afterwards `counted`
@@ -313,7 +327,7 @@ class PendingParams:
                 out[i] = v
         return out
 
-    def _host(self, out, scale, scratch):
+    def _host(self, out: List[Any], scale: float, scratch: Scratch) -> None:
         """The figures of f32/f64 gradients on the CPU (few reductions, no temporaries of
         their size: for small ones multi-tensor norms of them all at once), the flush counts
         only where the smallest |g| may be small enough to be flushed."""
@@ -359,7 +373,7 @@ class PendingParams:
                             float(nonzero), 0.0, pmax, 0.0]
 
 
-def _row_settles(row, scale):
+def _row_settles(row: Sequence[float], scale: float) -> bool:
     """Whether a device gradient's row of `_device_rows` gives all its figures: they are
     finite, and its smallest |g| shows that nothing is small enough to be flushed."""
     l2, amax, nnz, amin, pmax = row
@@ -368,7 +382,7 @@ def _row_settles(row, scale):
     return not (nnz and amin <= _stats.F16_UNDERFLOW * max(1.0, 2.0 / scale))
 
 
-def _row_finite(row):
+def _row_finite(row: Sequence[float]) -> bool:
     """Whether a row's figures are finite and its Σg² trustworthy: a GPU's multi-tensor norm
     sums the squares in f32, where they vanish below |g| = 2^-60 or so and overflow above
     2^60 (the host path rescales such a gradient; the device's takes the general path, in
@@ -379,7 +393,7 @@ def _row_finite(row):
     return amax == 0.0 or 2.0**-60 <= amax <= 2.0**60
 
 
-def _device_counts(g, scale):
+def _device_counts(g: torch.Tensor, scale: Union[float, torch.Tensor]) -> List[torch.Tensor]:
     """How many values of a device gradient `g` (flat, f32 or f64) fp16 would not flush:
     |g| beyond 2^-25, and |g|·scale (in f32) beyond it, as two 0-d tensors there. `scale`: a
     float (the step's, or a guess of it that `PendingParams.finish` checks), or where none
@@ -400,7 +414,9 @@ def _device_counts(g, scale):
     return [above, ((g.abs() * scale).float() > b).sum()]
 
 
-def _device_figures(g, row, scale, counts=None):
+def _device_figures(
+    g: torch.Tensor, row: Sequence[float], scale: float, counts: Optional[Tuple[float, float]] = None
+) -> Optional[List[Any]]:
     """A device gradient's figures from its row of `_device_rows` (read back), and its
     `_device_counts` where they were begun before the read (read back with it); where the
     row shows values small enough to be flushed and no counts were begun, the counts are
@@ -429,7 +445,9 @@ def _device_figures(g, row, scale, counts=None):
     return v
 
 
-def param_vectors(params, scale, scratch=None):
+def param_vectors(
+    params: Sequence[torch.Tensor], scale: Union[float, torch.Tensor], scratch: Optional[Scratch] = None
+) -> List[List[Any]]:
     """`param_vector` of every parameter, as host lists, by the shortcuts of
     `PendingParams` (the figures are the same; Σg² accumulates in f32 by torch's cascade
     summation on the CPU's (relative error far below 1e-6), of g·2^k where squares would

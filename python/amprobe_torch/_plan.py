@@ -25,12 +25,16 @@ A value that cannot be applied (an unknown dtype, a pattern no module matches, a
 without a scaler) is an error raised by `watch` that names the variable.
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import Any, List, Mapping, Optional, Sequence
 
 import torch
 
 from ._hooks import ModuleHook
+from ._patches import Patches
 from ._tree import map_tensors
 
 AUTOCAST = "AMPROBE_AUTOCAST"
@@ -50,16 +54,18 @@ class Plan:
     """What to change: `autocast` ("fp16", "bf16", "fp32" or None), the module patterns to
     keep in fp32, the initial loss scale (or None)."""
 
-    def __init__(self, autocast=None, fp32_modules=(), init_scale=None):
+    def __init__(
+        self, autocast: Optional[str] = None, fp32_modules: Sequence[str] = (), init_scale: Optional[float] = None
+    ) -> None:
         self.autocast = autocast
         self.fp32_modules = list(fp32_modules)
         self.init_scale = init_scale
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Plan(autocast={self.autocast!r}, fp32_modules={self.fp32_modules!r}, init_scale={self.init_scale!r})"
 
 
-def from_env(env=None):
+def from_env(env: Optional[Mapping[str, str]] = None) -> Optional[Plan]:
     """The plan the environment asks for, or None when it asks for nothing. Raises
     ValueError naming the variable whose value is not understood."""
     env = os.environ if env is None else env
@@ -83,7 +89,7 @@ def from_env(env=None):
     return Plan(autocast, modules, scale)
 
 
-def matches(pattern, path):
+def matches(pattern: str, path: str) -> bool:
     """amprobe's module pattern rule: `pattern`'s segments appear in a row in `path`'s
     (`*` matches any one segment)."""
     p = [s for s in pattern.split(".") if s]
@@ -93,11 +99,11 @@ def matches(pattern, path):
     return any(all(a == "*" or a == b for a, b in zip(p, s[i:])) for i in range(len(s) - len(p) + 1))
 
 
-def _device_type(model):
+def _device_type(model: torch.nn.Module) -> str:
     return next((p.device.type for p in model.parameters()), "cpu")
 
 
-def _forced_enter(self):
+def _forced_enter(self: Any) -> Any:
     """autocast's `__enter__` under the plan: the region's dtype or its switch is the
     plan's before autocast's own `__enter__` applies them."""
     forced = _FORCED
@@ -109,7 +115,7 @@ def _forced_enter(self):
     return _ORIG_ENTER(self)
 
 
-def _force_autocast(kind):
+def _force_autocast(kind: str, patches: Patches) -> None:
     global _FORCED, _ORIG_ENTER
     cls = torch.amp.autocast_mode.autocast
     if _ORIG_ENTER is None:
@@ -117,11 +123,17 @@ def _force_autocast(kind):
         # torch.export enters) call this `__enter__`; a decorator enters its instance at
         # each call, so instances made before `watch` are forced too.
         _ORIG_ENTER = cls.__enter__
-        cls.__enter__ = _forced_enter
+        patches.replace(cls, "__enter__", _forced_enter)
+        patches.on_undo(_unforce)
     _FORCED = kind
 
 
-def _autocast_around_forward(model, kind):
+def _unforce() -> None:
+    global _FORCED, _ORIG_ENTER
+    _FORCED = _ORIG_ENTER = None
+
+
+def _autocast_around_forward(model: torch.nn.Module, kind: str, patches: Patches) -> None:
     """Runs the model's forward under autocast(`kind`) when the script entered no autocast
     region of its own around it. The hooks go first, so that whatever reads autocast's
     state when the forward starts (the capture's precision) sees this one."""
@@ -142,15 +154,15 @@ def _autocast_around_forward(model, kind):
         if ctx is not None:
             ctx.__exit__(None, None, None)
 
-    model.register_forward_pre_hook(ModuleHook(enter, follows_copies=True), prepend=True)
-    model.register_forward_hook(ModuleHook(leave, follows_copies=True), always_call=True)
+    patches.hold(model.register_forward_pre_hook(ModuleHook(enter, follows_copies=True), prepend=True))
+    patches.hold(model.register_forward_hook(ModuleHook(leave, follows_copies=True), always_call=True))
 
 
-def _to_fp32(x):
+def _to_fp32(x: Any) -> Any:
     return map_tensors(x, lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)
 
 
-def _run_in_fp32(module, device_type):
+def _run_in_fp32(module: torch.nn.Module, device_type: str, patches: Patches) -> None:
     """Runs `module`'s forward outside autocast on float32 inputs, by hooks (a copy of the
     module, which carries them, runs as it does; a replaced `forward` would run the
     original's)."""
@@ -166,11 +178,13 @@ def _run_in_fp32(module, device_type):
         if stack:
             stack.pop().__exit__(None, None, None)
 
-    module.register_forward_pre_hook(ModuleHook(enter, follows_copies=True), with_kwargs=True, prepend=True)
-    module.register_forward_hook(ModuleHook(leave, follows_copies=True), always_call=True, prepend=True)
+    patches.hold(
+        module.register_forward_pre_hook(ModuleHook(enter, follows_copies=True), with_kwargs=True, prepend=True)
+    )
+    patches.hold(module.register_forward_hook(ModuleHook(leave, follows_copies=True), always_call=True, prepend=True))
 
 
-def _keep_in_fp32(model, patterns):
+def _keep_in_fp32(model: torch.nn.Module, patterns: Sequence[str], patches: Patches) -> List[str]:
     names = [n for n, _ in model.named_modules() if n]
     missing = [p for p in patterns if not any(matches(p, n) for n in names)]
     if missing:
@@ -184,27 +198,37 @@ def _keep_in_fp32(model, patterns):
     for n in kept:
         # A module inside a kept one already runs in fp32.
         if not any(n.startswith(k + ".") for k in kept):
-            _run_in_fp32(model.get_submodule(n), dev)
+            _run_in_fp32(model.get_submodule(n), dev, patches)
     return kept
 
 
-def _enable_scaler(scaler, init_scale):
+def _enable_scaler(scaler: Any, init_scale: Optional[float]) -> None:
     """Turns a disabled GradScaler on with torch's defaults (and `init_scale`)."""
     dev = getattr(scaler, "_device", "cuda")
     fresh = torch.amp.GradScaler(dev, init_scale=init_scale if init_scale is not None else 2.0**16)
     scaler.__dict__.update(fresh.__dict__)
 
 
-def apply(plan, model, scaler, called=None):
+def apply(
+    plan: Plan,
+    model: torch.nn.Module,
+    scaler: Optional[Any],
+    called: Optional[Sequence[torch.nn.Module]] = None,
+    patches: Optional[Patches] = None,
+) -> List[str]:
     """Applies `plan` to the process, `model` and `scaler` (the GradScaler given to
     `watch`, or None); `called` are the modules the script calls when `model` only holds
-    them (several models given to `watch`). Returns the dotted paths of the modules kept
-    in fp32."""
+    them (several models given to `watch`). Its hooks and its replacement of autocast's
+    `__enter__` are made through `patches` (a `_patches.Patches`: the watcher's, undone
+    when it closes); what it sets on the scaler is the training's state and stays.
+    Returns the dotted paths of the modules kept in fp32."""
+    if patches is None:
+        patches = Patches()
     if plan.autocast is not None:
-        _force_autocast(plan.autocast)
+        _force_autocast(plan.autocast, patches)
         if plan.autocast in _DTYPES:
             for m in called or [model]:
-                _autocast_around_forward(m, plan.autocast)
+                _autocast_around_forward(m, plan.autocast, patches)
     if scaler is not None:
         if plan.autocast in ("bf16", "fp32") and scaler.is_enabled():
             scaler._enabled = False
@@ -225,11 +249,11 @@ def apply(plan, model, scaler, called=None):
             scaler._scale.fill_(float(plan.init_scale))
     kept = []
     if plan.fp32_modules:
-        kept = _keep_in_fp32(model, plan.fp32_modules)
+        kept = _keep_in_fp32(model, plan.fp32_modules, patches)
     return kept
 
 
-def is_transformers(model):
+def is_transformers(model: Any) -> bool:
     """Whether `model` is a transformers PreTrainedModel (told without importing
     transformers)."""
     return any(

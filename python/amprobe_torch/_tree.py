@@ -1,10 +1,14 @@
 """The nested lists, tuples and dicts that carry a call's tensors: their leaves, and the
 same structure with each tensor replaced."""
 
+from __future__ import annotations
+
+from typing import Any, Callable, List, Tuple, Type, Union
+
 import torch
 
 
-def leaves(tree, kind):
+def leaves(tree: Any, kind: Union[Type[Any], Tuple[Type[Any], ...]]) -> List[Any]:
     """The leaves of type `kind` in a tree of lists, tuples and dicts, in order."""
     out = []
     stack = [tree]
@@ -19,7 +23,7 @@ def leaves(tree, kind):
     return out
 
 
-def map_tensors(obj, f):
+def map_tensors(obj: Any, f: Callable[[torch.Tensor], Any]) -> Any:
     """`obj` with each tensor `t` in it replaced by `f(t)`, through plain lists and tuples
     and through dicts (rebuilt as plain ones); anything else, a named tuple or a container
     of the script's own class included, as it is."""

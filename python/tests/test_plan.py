@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from amprobe_torch import _plan
+from amprobe_torch._patches import Patches
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "plan_scripts.py")
@@ -161,7 +162,7 @@ def test_a_module_kept_in_fp32_is_kept_so_in_its_copies_on_their_own_weights():
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    _plan._run_in_fp32(model[0], "cpu")
+    _plan._run_in_fp32(model[0], "cpu", Patches())
     twin = copy.deepcopy(model)
     with torch.no_grad():
         twin[0].weight.mul_(2.0)

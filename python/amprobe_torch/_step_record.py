@@ -1,0 +1,153 @@
+"""The trace records the companion writes (docs/trace-schema.md): the header, and a step
+record's op records and parameter records, from what the capture gathered."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from . import _plan, _stats
+from ._trace import SCHEMA_VERSION, jfloat
+
+TOOL_VERSION = "0.1.0"
+
+
+def _meta(m):
+    """A record's tensor description of a (dtype, shape) pair."""
+    return {"dtype": _stats.DTYPE_NAMES[m[0]], "shape": list(m[1])}
+
+
+def _precision(model: torch.nn.Module, autocast_dtype: Optional[torch.dtype]) -> str:
+    """The precision mode the model trains in: autocast's, else the dtype most of the
+    parameters' values are in (a model made 16-bit, `model.half()` or `model.bfloat16()`,
+    trains in it throughout: amprobe's "half" and "bfloat16-pure" modes)."""
+    if autocast_dtype == torch.float16:
+        return "fp16"
+    if autocast_dtype == torch.bfloat16:
+        return "bf16"
+    by_dtype: dict = {}
+    for p in model.parameters():
+        by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+    most = max(by_dtype, key=by_dtype.get) if by_dtype else torch.float32
+    return {torch.float16: "half", torch.bfloat16: "bfloat16-pure"}.get(most, "fp32")
+
+
+def _scaler(sc: Any) -> Optional[dict]:
+    """The header's scaler configuration, or None without an enabled scaler."""
+    if sc is None:
+        return None
+    return {
+        "init_scale": sc._init_scale,
+        "growth_factor": sc._growth_factor,
+        "backoff_factor": sc._backoff_factor,
+        "growth_interval": sc._growth_interval,
+    }
+
+
+def header(
+    model: torch.nn.Module,
+    root: torch.nn.Module,
+    several: bool,
+    autocast_dtype: Optional[torch.dtype],
+    scaler: Any,
+    optimizers: Sequence[Any],
+    sample_every: int,
+) -> dict:
+    """The trace's header: the model (`root`: the one whose names the trace uses; `several`:
+    it holds several models), the precision it trains in, the scaler, the optimizers."""
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    precision = _precision(model, autocast_dtype)
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    header = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "amprobe",
+        "tool_version": TOOL_VERSION,
+        "model": " + ".join(type(m).__name__ for m in root.values())
+        if several
+        else type(root).__name__,
+        "precision": precision,
+        "autocast_dtype": _stats.DTYPE_NAMES.get(autocast_dtype) if autocast_dtype else None,
+        "policy_device": dev.type,
+        "policy": None,
+        "scaler": _scaler(scaler),
+        "optimizer": {"kind": " + ".join(type(o).__name__ for o in optimizers)},
+        "backend": dev.type,
+        "seed": 0,
+        "command_line": list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
+        "config": {},
+        "source": {
+            "kind": "pytorch",
+            "torch": torch.__version__,
+            "rank": rank,
+            "world_size": world,
+            "sample_every": sample_every,
+            "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+            "transformers": _plan.is_transformers(root),
+        },
+    }
+    if device_name is not None:
+        header["device"] = device_name
+    return header
+
+
+def op_records(ops: Sequence, vecs: Sequence) -> List[dict]:
+    """A step's op records from its ops and their read-back statistics vectors."""
+    records = []
+    # (ops that share a vector, a view and its input, share its statistics' record)
+    converted = {}
+    for op, v in zip(ops, vecs):
+        st = converted.get(op.vec)
+        if st is None:
+            st = _stats.from_full(v) if op.vec.kind == "full" else _stats.from_check(v)
+            converted[op.vec] = st
+        masked = st["neg_inf"] if op.masked else 0
+        records.append(
+            {
+                "micro": op.micro,
+                "index": op.index,
+                "phase": op.phase,
+                "op": op.op,
+                "module": op.module,
+                "inputs": [_meta(m) for m in op.inputs],
+                "output": _meta(op.output),
+                "stats": st,
+                "rounding": {"overflow": 0, "underflow": 0},
+                "forward_op": None,
+                "wrt": None,
+                "masked_neg_inf": masked,
+            }
+        )
+    return records
+
+
+def param_records(names: Sequence, pv: Sequence) -> List[dict]:
+    """A step's parameter records from (name, parameter) pairs and their figures."""
+    params = []
+    for (name, p), v in zip(names, pv):
+        has_grad = v[0] > 0
+        finite_nonzero = v[6]
+        # A distributed parameter's figures are of this rank's shard.
+        n = _stats.local(p).numel()
+        params.append(
+            {
+                "name": name,
+                "dtype": _stats.DTYPE_NAMES.get(p.dtype, "float32"),
+                "grad_dtype": _stats.DTYPE_NAMES.get(p.grad.dtype) if has_grad and p.grad is not None else None,
+                "numel": n,
+                "grad_l2": jfloat(v[1] ** 0.5),
+                "max_abs_grad": jfloat(v[2]),
+                "zero_frac": v[3] / n if n else 0.0,
+                "f16_underflow_frac_unscaled": v[4] / finite_nonzero if finite_nonzero else 0.0,
+                "f16_underflow_frac_scaled": v[5] / finite_nonzero if finite_nonzero else 0.0,
+                "nonfinite": int(v[7]),
+                "param_max_abs_after": jfloat(v[8]),
+                "param_nan_after": int(v[9]),
+            }
+        )
+    return params
