@@ -13,7 +13,7 @@ import sys
 import time
 import traceback
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
@@ -34,7 +34,7 @@ from ._names import Names, Spans, own_name
 from ._names import SEQUENCE_NR as _SEQUENCE_NR
 from ._params import Scratch, begin_param_vectors
 from ._patches import Patches
-from ._records import VecRef, describe, in_order
+from ._records import OpInfo, VecRef, describe, in_order
 from ._registry import WATCHERS
 from ._replay import Call, keep_grad
 from ._step_record import header, op_records, param_records
@@ -128,7 +128,7 @@ class Watcher:
 
     # ---- the step's state
 
-    def _begin_step(self):
+    def _begin_step(self) -> None:
         """A new step's state (`StepState`), its kind by whether its records are kept."""
         if self.step == 0 or (self.sample_every > 0 and self.step % self.sample_every == 0):
             kind = StepKind.FULL
@@ -141,7 +141,7 @@ class Watcher:
         self.carried.begin_step(self.st.param_keys, params, self.optimizers)
         self.spans.begin_step()
 
-    def _autocast_state(self, module, args):
+    def _autocast_state(self, module: torch.nn.Module, args: tuple) -> None:
         if self.autocast_dtype is not None or not self.active:
             return
         try:
@@ -163,7 +163,7 @@ class Watcher:
 
     # ---- a step checked by modules
 
-    def _pause(self):
+    def _pause(self) -> bool:
         """Takes the capture's dispatch mode off the stack, so that the ops that follow do
         not reach Python at all; not when another mode is above it (its ops then pass
         through `_Mode` unrecorded). Returns whether it did."""
@@ -173,19 +173,19 @@ class Watcher:
         self.paused = True
         return True
 
-    def _resume(self):
+    def _resume(self) -> None:
         """Puts the dispatch mode back after `_pause`."""
         if self.paused:
             self.paused = False
             self.mode.__enter__()
 
-    def _node_enter(self, grad_outputs):
+    def _node_enter(self, grad_outputs: tuple) -> None:
         # An autograd node of the script's own ops, in a backward the mode is off for: its
         # ops are recorded (the engine restores its thread's modes after each node).
         if self.paused and self.active:
             self.mode.__enter__()
 
-    def _node_leave(self, grad_inputs, grad_outputs):
+    def _node_leave(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
         if self.paused and self.active and _current_dispatch_mode() is self.mode:
             self.mode.__exit__(None, None, None)
 
@@ -204,7 +204,7 @@ class Watcher:
         if paused:
             self._resume()
 
-    def _call_enter(self, module, args, kwargs):
+    def _call_enter(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self.st.replaying:
             return
         self._span_enter(module)
@@ -245,7 +245,7 @@ class Watcher:
             # paused (the engine would then drop the mode when the node ends).
             self.call_paused = self._pause()
 
-    def _call_leave(self, module, args, out):
+    def _call_leave(self, module: torch.nn.Module, args: tuple, out: Any) -> None:
         if self.st.replaying:
             return
         self.spans.leave()
@@ -277,7 +277,7 @@ class Watcher:
             if self.tree_depth == 0:
                 self._end_call_pause()
 
-    def _span_enter(self, module):
+    def _span_enter(self, module: torch.nn.Module) -> None:
         """Records the call's span where a step checked by modules runs it unseen (`Spans`)."""
         recorded = (
             _SEQUENCE_NR is not None
@@ -287,21 +287,21 @@ class Watcher:
         )
         self.spans.enter(self.names.names.get(id(module), type(module).__name__) if recorded else None)
 
-    def _end_call_pause(self):
+    def _end_call_pause(self) -> None:
         """Resumes the mode where an outermost call that paused it ends."""
         if self.call_paused:
             self.call_paused = False
             self._resume()
 
-    def _decide(self):
+    def _decide(self) -> None:
         """Whether a step checked by modules failed so far (`_replay.decide`)."""
         _replay.decide(self)
 
-    def _replay(self):
+    def _replay(self) -> None:
         """Replays the step's model calls under the capture (`_replay.replay`)."""
         _replay.replay(self)
 
-    def _replay_key(self, phase):
+    def _replay_key(self, phase: str) -> tuple:
         """Where a replayed op goes among the step's ops: a forward op where its call
         began, a backward op where its micro-batch's backward ended (after the script's
         own gradient ops, which ran first), in the order the replay ran them."""
@@ -313,7 +313,7 @@ class Watcher:
 
     # ---- op by op
 
-    def _vector(self, t):
+    def _vector(self, t: Union[torch.Tensor, List[torch.Tensor]]) -> VecRef:
         """The statistics of a tensor, or of a list of tensors together, full or checked as
         this step records them."""
         if self.st.kept or self.st.failing:
@@ -322,14 +322,14 @@ class Watcher:
         self.st.check_vecs.append(_stats.check_many(t) if isinstance(t, list) else _stats.check(t))
         return VecRef("check", len(self.st.check_vecs) - 1)
 
-    def _info(self, func):
+    def _info(self, func: Any) -> OpInfo:
         """The op's `OpInfo`, cached."""
         info = self.fn_info.get(func)
         if info is None:
             info = self.fn_info[func] = describe(func, _stats.ALLOCATING)
         return info
 
-    def _name_loss(self, loss):
+    def _name_loss(self, loss: Any) -> None:
         """Names the loss's own autograd node (no op of the forward consumes the loss, so
         the forward did not name it)."""
         gf = getattr(loss, "grad_fn", None)
@@ -342,7 +342,7 @@ class Watcher:
 
     # ---- step boundaries
 
-    def _enter_optimizer(self):
+    def _enter_optimizer(self) -> None:
         """One level deeper into the optimizer phase; a step checked by modules decides
         where it first enters it whether it failed."""
         if (
@@ -375,7 +375,7 @@ class Watcher:
                 self.st.check_every_op()
                 self.light_ok = False
 
-    def _abandon(self):
+    def _abandon(self) -> None:
         """The script zeroes the gradients of a step that ran a backward and made no update
         (it skips a bad batch: `if not finite: optimizer.zero_grad(); continue`, or zeroes
         at the top of the next iteration after a `continue`): the step ends there, skipped.
@@ -389,7 +389,7 @@ class Watcher:
         before = sc._scale.detach().clone() if sc is not None and sc._scale is not None else None
         self._end_step(before, _intercept.found_inf(sc) if sc is not None else None)
 
-    def _new_segment(self):
+    def _new_segment(self) -> None:
         """After an update in a step checked by modules: the calls that follow are decided
         and replayed on their own (see `_updating`)."""
         self.st.decided = False
@@ -416,7 +416,9 @@ class Watcher:
                 self.st.losses.append(total.clone())
         self.st.calls_at_backward = self.st.model_calls
 
-    def _end_step(self, scale_before, found, replay=False):
+    def _end_step(
+        self, scale_before: Optional[torch.Tensor], found: Optional[torch.Tensor], replay: bool = False
+    ) -> None:
         """The step ends: its figures are read back (once), a skip its checks did not see
         replays it where `replay` says it may, and its record is written."""
         read = None
@@ -454,7 +456,7 @@ class Watcher:
             if collecting:
                 gc.enable()
 
-    def _read_step(self, scale_before, found):
+    def _read_step(self, scale_before: Optional[torch.Tensor], found: Optional[torch.Tensor]) -> dict:
         """Everything the step gathered on its devices, read back in one transfer per
         device: the scaler's figures, the losses, the parameters' figures (begun here; a
         second read only where they need counts a step like the last did not), the ops'
@@ -496,7 +498,7 @@ class Watcher:
             "check": got[k + len(self.st.full_vecs) :],
         }
 
-    def _finish(self, read):
+    def _finish(self, read: dict) -> None:
         """Writes the step's record (and, before the first, the header) from what was read
         back."""
         vecs, origins = self._step_origins(read)
@@ -515,7 +517,7 @@ class Watcher:
             self.writer.write("header", self._header())
         self.writer.write("step", self._step_record(read, vecs, origins, failing))
 
-    def _step_origins(self, read):
+    def _step_origins(self, read: dict) -> Tuple[list, dict]:
         """(each op's statistics vector, the step's origins), the ops in their order."""
         # A replay after the read back adds ops: their statistics are read now.
         full = read["full"] + _stats.gather(self.st.full_vecs[len(read["full"]) :])
@@ -530,7 +532,7 @@ class Watcher:
         self.st.ops = [op._replace(micro=last) if op.micro > last else op for op in self.st.ops]
         return vecs, _origins.origins(self.st.ops, vecs, check, self.step)
 
-    def _step_record(self, read, vecs, origins, failing):
+    def _step_record(self, read: dict, vecs: list, origins: dict, failing: bool) -> dict:
         sc = self.scaler
         losses, scale_host = read["losses"], read["scale"]
         loss = scaled = None
@@ -561,7 +563,7 @@ class Watcher:
             "skip_cause": None,
         }
 
-    def _events(self, failing, origins):
+    def _events(self, failing: bool, origins: dict) -> List[str]:
         """The step record's events: what the capture could not do for this step, and a
         skip the script made."""
         events = []
@@ -599,7 +601,7 @@ class Watcher:
             )
         return events
 
-    def _header(self):
+    def _header(self) -> dict:
         return header(self.model, self.names.root, self.several, self.autocast_dtype, self.scaler,
                       self.optimizers, self.sample_every)
 
