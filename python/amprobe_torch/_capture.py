@@ -605,11 +605,6 @@ class Watcher:
         return header(self.model, self.names.root, self.several, self.autocast_dtype, self.scaler,
                       self.optimizers, self.sample_every)
 
-    @property
-    def owned_checks(self) -> dict:
-        """The checks carried across steps, by key (see `CarriedChecks`)."""
-        return self.carried.checks
-
     def close(self) -> None:
         """Ends the capture: writes the end record, stops observing, and removes every hook
         and puts back every function and method it replaced (the process is then as if

@@ -1,5 +1,5 @@
-"""The watchers of this process (open and closed), which the process-wide interceptions
-(`_patches`) tell of backwards, gradient calls and clipping."""
+"""The open watchers of this process (a watcher leaves at its `close`), which the
+process-wide interceptions (`_patches`) tell of backwards, gradient calls and clipping."""
 
 from __future__ import annotations
 

@@ -1184,7 +1184,7 @@ def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_i
     try:
         for _ in range(3):
             step()
-        assert w.owned_checks[k][0] == weight._version and w.owned_checks[k][1][1:] == [0.0, 0.0, 0.0]
+        assert w.carried.checks[k][0] == weight._version and w.carried.checks[k][1][1:] == [0.0, 0.0, 0.0]
         checked.clear()
         taken.clear()
         step()
@@ -1194,9 +1194,9 @@ def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_i
             # of the update is a parameter checked again.
             assert 64 * 64 in checked and checked.count(64 * 64) == 2, checked
         weight.data[0, 1] = 0.5  # seen: the check is dropped
-        assert k not in w.owned_checks
+        assert k not in w.carried.checks
         step()
-        assert k in w.owned_checks
+        assert k in w.carried.checks
         step(poison=True)  # unseen: the update reads the NaN, and says so
         step()
     finally:
