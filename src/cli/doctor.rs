@@ -1,4 +1,5 @@
-//! `amprobe doctor`: what this machine offers the CUDA backend, and a device self-test.
+//! `amprobe doctor`: what this machine offers the CUDA backend, a device self-test, and the
+//! companion a command amprobe runs gets.
 
 use super::out::outln;
 use amprobe::backend::BackendChoice;
@@ -54,6 +55,7 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
             })),
             "auto_backend": format!("{:?}", resolved.kind).to_lowercase(),
             "auto_reason": resolved.reason,
+            "companion": super::companion::describe(),
         });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
@@ -75,6 +77,7 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
             format!("{:?}", resolved.kind).to_lowercase(),
             resolved.reason
         )?;
+        outln!("{}", super::companion::describe())?;
     }
     if !a.selftest {
         return Ok(0);

@@ -4,6 +4,7 @@
 
 mod baseline;
 mod bisect;
+mod companion;
 mod compare;
 mod diagnose_args;
 mod doctor;

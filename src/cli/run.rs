@@ -1,5 +1,6 @@
 //! `amprobe run CONFIG [flags]`: AMP training steps with probes, a trace and a summary.
 
+use super::companion;
 use super::out::{out, outln};
 use amprobe::config::RunConfig;
 use amprobe::report::gate::{self, Gate};
@@ -27,10 +28,11 @@ pub struct RunArgs {
     /// op records unless --sample-every says otherwise.
     #[arg(long, value_name = "RULES")]
     pub(super) fail_on: Option<String>,
-    /// A PyTorch training script to run instead (after `--`), which calls
-    /// `amprobe_torch.watch(...)`: its captured trace is diagnosed as a run of amprobe's
-    /// own (only --trace, --summary-json, --sample-every and the diagnosis and gate flags
-    /// apply).
+    /// A PyTorch training script to run instead (after `--`): the companion amprobe carries
+    /// is put on its Python's path and attaches to the model, optimizers and scaler it
+    /// makes (or to those its own `amprobe_torch.watch(...)` names), and the captured trace
+    /// is diagnosed as a run of amprobe's own (only --trace, --summary-json, --sample-every
+    /// and the diagnosis and gate flags apply).
     #[arg(last = true, value_name = "CMD")]
     pub(super) command: Vec<String>,
 }
@@ -481,10 +483,10 @@ pub(super) struct ScriptRun {
     pub steps: Vec<amprobe::trace::record::StepRecord>,
 }
 
-/// Runs `command` with the companion's trace path set (`AMPROBE_TRACE`, and
-/// `AMPROBE_SAMPLE_EVERY` when given), then reads the trace it wrote. Under torchrun each
-/// rank writes its own trace next to the path (`.rank{N}` before the suffix): they are read
-/// together (`diagnose::ranks`).
+/// Runs `command` with the companion amprobe carries ([`super::companion::prepare`]) and
+/// its trace path set (`AMPROBE_TRACE`, and `AMPROBE_SAMPLE_EVERY` when given), then reads
+/// the trace it wrote. Under torchrun each rank writes its own trace next to the path
+/// (`.rank{N}` before the suffix): they are read together (`diagnose::ranks`).
 pub(super) fn capture_script(
     command: &[String],
     trace: Option<&std::path::Path>,
@@ -508,11 +510,14 @@ pub(super) fn capture_script(
             _ => {}
         }
     }
+    let report = companion::discovery_report(&trace);
+    companion::remove_old_report(&report)?;
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).env("AMPROBE_TRACE", &trace);
     if let Some(n) = sample_every {
         cmd.env("AMPROBE_SAMPLE_EVERY", n.to_string());
     }
+    companion::prepare(&mut cmd, &report)?;
     let status = cmd
         .status()
         .with_context(|| format!("running `{}`", command.join(" ")))?;
@@ -548,12 +553,11 @@ pub(super) fn capture_script(
         })
     } else {
         anyhow::bail!(
-            "`{}` wrote no trace at {} (nor one per rank, {}) ({status}): does it call \
-             amprobe_torch.watch(model, optimizer, scaler) before its training loop, with the \
-             companion installed (pip install ./python)?",
+            "`{}` wrote no trace at {} (nor one per rank, {}) ({status}): {}",
             command.join(" "),
             trace.display(),
-            ranks::rank_path(&trace, 0).display()
+            ranks::rank_path(&trace, 0).display(),
+            companion::why_no_trace(&report)
         );
     }
 }

@@ -1,12 +1,14 @@
 //! A user's PyTorch training script, run by `amprobe tui|compare|fix -- CMD ARGS...`: the
-//! command with the companion's environment (where the trace goes, how often full op
-//! records are kept, and the plan: what the companion changes in the script's process),
-//! and its trace followed as the script writes it, step by step, so that a run is stopped
-//! once the step it was started for is in the file.
+//! command with the companion amprobe carries on its Python's path (src/cli/companion.rs)
+//! and the companion's environment (where the trace goes, how often full op records are
+//! kept, and the plan: what the companion changes in the script's process), and its trace
+//! followed as the script writes it, step by step, so that a run is stopped once the step
+//! it was started for is in the file.
 //!
 //! The script is the user's: every run starts it from scratch. A run this module stops is
 //! [`Ended::Stopped`], never a failure of the script.
 
+use super::companion;
 use amprobe::trace::io::{read_trace, Trace, TraceReader};
 use amprobe::trace::record::{Record, StepRecord};
 use anyhow::{bail, Context};
@@ -128,10 +130,11 @@ impl Script {
         self.command.join(" ")
     }
 
-    /// Removes a trace an earlier run left (it must not pass for this one's) and starts the
-    /// command with the companion's environment: the trace path, the sampling, and exactly
-    /// this plan's variables (the caller's own plan variables and `AMPROBE_DISABLE` are
-    /// not passed on).
+    /// Removes a trace (and a discovery report) an earlier run left (they must not pass for
+    /// this one's) and starts the command with the companion amprobe carries
+    /// ([`companion::prepare`]) and its environment: the trace path, the sampling, and
+    /// exactly this plan's variables (the caller's own plan variables and
+    /// `AMPROBE_DISABLE` are not passed on).
     pub fn start(&self) -> anyhow::Result<Running> {
         match std::fs::remove_file(&self.trace) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -140,6 +143,8 @@ impl Script {
             }
             _ => {}
         }
+        let report = companion::discovery_report(&self.trace);
+        companion::remove_old_report(&report)?;
         let mut cmd = Command::new(&self.command[0]);
         cmd.args(&self.command[1..]).env(TRACE_VAR, &self.trace);
         for var in [DISABLE_VAR, AUTOCAST_VAR, FP32_MODULES_VAR, INIT_SCALE_VAR] {
@@ -151,6 +156,7 @@ impl Script {
         if let Some(n) = self.sample_every {
             cmd.env(SAMPLE_EVERY_VAR, n.to_string());
         }
+        companion::prepare(&mut cmd, &report)?;
         if let Some(log) = &self.log {
             let f = std::fs::File::create(log)
                 .with_context(|| format!("creating the script's log {}", log.display()))?;
@@ -210,11 +216,10 @@ impl Script {
             Ended::Stopped => String::new(),
         };
         format!(
-            "`{}` wrote no trace at {}{how}: does it call amprobe_torch.watch(model, \
-             optimizer, scaler) before its training loop, with the companion installed \
-             (pip install ./python)?{}",
+            "`{}` wrote no trace at {}{how}: {}{}",
             self.label(),
             self.trace.display(),
+            companion::why_no_trace(&companion::discovery_report(&self.trace)),
             self.log_note()
         )
     }
