@@ -270,11 +270,11 @@ pub fn remove_old_report(report: &Path) -> anyhow::Result<()> {
 /// `message` when it wrote one, else that the command's Python did not load it.
 pub fn why_no_trace(report: &Path) -> String {
     let Ok(text) = std::fs::read_to_string(report) else {
-        return "the command's Python did not load the companion amprobe carries, or it could \
-                not start (the command's output then says why): a command that is not Python, \
-                or a Python run with -E, -I or -S (which ignore PYTHONPATH), does not load it; \
-                amprobe_torch.watch(model, optimizer, scaler) in the script, before its \
-                training loop, also works"
+        return "the command's Python did not load the companion amprobe carries, or loaded \
+                it and never imported torch, or could not start it (its output then says why): \
+                a command that is not Python, or a Python run with -E, -I or -S (which ignore \
+                PYTHONPATH), does not load it; amprobe_torch.watch(model, optimizer, scaler) \
+                in the script, before its training loop, also works"
             .to_string();
     };
     let message = serde_json::from_str::<serde_json::Value>(&text)
