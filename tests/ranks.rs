@@ -32,6 +32,8 @@ fn header(rank: u32, world: u32, model: &str) -> Header {
             sample_every: 0,
             run_id: None,
             transformers: None,
+            discovery: None,
+            requested_precision: None,
         }),
         ..Header::new()
     }

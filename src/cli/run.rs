@@ -297,6 +297,9 @@ pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
         Some(d) => outln!("amprobe: {} under {} on {d}", s.model, s.precision)?,
         None => outln!("amprobe: {} under {}", s.model, s.precision)?,
     }
+    for note in &s.capture_notes {
+        outln!("  {note}")?;
+    }
     for st in &s.steps {
         outln!(
             "  step {:>4}  loss {:>12.6}  scale {:>10} -> {:<10} {}",

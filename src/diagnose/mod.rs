@@ -17,6 +17,7 @@
 pub mod accuracy;
 pub mod align;
 pub mod blame;
+pub mod capture;
 pub mod cause;
 pub mod collapse;
 pub mod headroom;

@@ -87,6 +87,11 @@ pub struct RunSummary {
     /// Why a GPU that `--backend auto` found did not run the step, when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_warning: Option<String>,
+    /// What a captured run's trace says of how it was captured: what discovery found, a
+    /// precision the training library was asked for that did not run
+    /// ([`capture::notes`](super::capture::notes)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capture_notes: Vec<String>,
     /// First op whose output held an Inf while its inputs were finite.
     pub first_inf: Option<OpRef>,
     /// First op whose output held a NaN while its inputs had none.
@@ -183,6 +188,7 @@ pub fn summarize(
         backend: who.backend,
         device: who.device,
         backend_warning: who.backend_warning,
+        capture_notes: Vec::new(),
         first_inf,
         first_nan,
         chain,
@@ -240,7 +246,7 @@ pub fn summary_of_trace(
     }
     let params_finite = records.last().is_none_or(StepRecord::params_finite);
     let verdict = verdict(&records, params_finite);
-    Ok(summarize(
+    let mut s = summarize(
         &records,
         RunIdentity {
             model: h.model.clone(),
@@ -252,5 +258,7 @@ pub fn summary_of_trace(
         },
         verdict,
         diag.finish(),
-    ))
+    );
+    s.capture_notes = super::capture::notes(h);
+    Ok(s)
 }

@@ -97,6 +97,44 @@ pub struct Source {
     /// `_keep_in_fp32_modules` list), when the writer told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers: Option<bool>,
+    /// What the companion's discovery found, where it found the training itself (a script
+    /// run by `amprobe run -- CMD` with no amprobe line); absent where `watch` was called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Box<Discovery>>,
+    /// The 16-bit precision the training library was asked for (Accelerate's and the HF
+    /// Trainer's `mixed_precision`, Lightning's `precision`), where one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_precision: Option<RequestedPrecision>,
+}
+
+/// What the companion's discovery found as the script made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Discovery {
+    /// The classes of the models watched (the outermost modules holding the optimizers'
+    /// parameters, their wrappers taken off).
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// The classes of the optimizers.
+    #[serde(default)]
+    pub optimizers: Vec<String>,
+    /// The classes of every GradScaler made (a disabled one marked so).
+    #[serde(default)]
+    pub scalers: Vec<String>,
+    /// The class of the scaler watched, if any.
+    #[serde(default)]
+    pub scaler: Option<String>,
+    /// Where discovery was unsure: what it saw, and the line that settles it.
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+/// A precision a training library was asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestedPrecision {
+    /// `fp16`, `bf16` or `fp8`.
+    pub precision: String,
+    /// Which library, and the setting that asked for it.
+    pub by: String,
 }
 
 fn one() -> u32 {
