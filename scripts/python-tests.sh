@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The PyTorch companion's tests (python/tests, pytest), in a virtual environment with torch,
-# pytest and transformers (the tests train Hugging Face models; the companion itself needs
-# only torch) kept in a cache outside the clone and reused when present:
+# pytest, transformers, Accelerate and Lightning (the tests train Hugging Face models and run
+# scripts under those trainers; the companion itself needs only torch) kept in a cache outside the clone and reused when present:
 # $AMPROBE_TORCH_VENV, else ${XDG_CACHE_HOME:-~/.cache}/amprobe/torch-venv. The first run
 # installs them from PyPI (on Linux, PyTorch's CUDA build: about 5.6 GB and a few minutes;
 # it runs on the CPU). `cargo test` runs this through tests/companion.rs.
@@ -21,5 +21,15 @@ fi
 if ! "$venv/bin/python" -c "import transformers, safetensors, sys; sys.exit(transformers.__version__ != '$transformers')" 2>/dev/null; then
     echo "amprobe: installing transformers $transformers and safetensors into $venv for the companion's tests" >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "transformers==$transformers" safetensors >&2
+fi
+# The training libraries the stack tests (python/tests/test_stacks.py) run scripts under,
+# pinned: Accelerate (and so the HF Trainer), Lightning.
+stacks="accelerate==1.16.0 lightning==2.6.6"
+if ! "$venv/bin/python" -c "
+import sys, importlib.metadata as m
+want = dict(s.split('==') for s in sys.argv[1:])
+sys.exit(any(m.version(k) != v for k, v in want.items()))" $stacks 2>/dev/null; then
+    echo "amprobe: installing $stacks into $venv for the companion's stack tests" >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $stacks >&2
 fi
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests "$@"

@@ -27,13 +27,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from . import _attach, _capture, _plan, _registry, _step_record
-from ._patches import Patches
+from ._version import TOOL_VERSION
+
+if TYPE_CHECKING:  # (torch is imported where watching begins: see _boot)
+    from . import _capture
 
 __all__ = ["watch", "watching"]
-__version__ = _step_record.TOOL_VERSION
+__version__ = TOOL_VERSION
 
 
 def watch(
@@ -59,6 +61,9 @@ def watch(
     AMPROBE_INIT_SCALE) is applied first; a value it cannot apply raises ValueError."""
     if os.environ.get("AMPROBE_DISABLE") == "1":
         return None
+    from . import _attach, _capture, _plan, _registry
+    from ._patches import Patches
+
     root, called = _attach.gather_models(model)
     optimizers = _attach.gather_optimizers(optimizer)
     path = trace or _attach.trace_path()
@@ -97,6 +102,8 @@ def watching(
         with amprobe_torch.watching(model, optimizer, scaler):
             train()
     """
+    from . import _registry
+
     before = [id(x) for x in _registry.WATCHERS]
     w = watch(model, optimizer, scaler, **options)
     try:

@@ -79,6 +79,8 @@ def open_watcher(called: List[torch.nn.Module], optimizers: List[Any], scaler: A
     for w in WATCHERS:
         if w.closed:
             continue
+        if w.discovery is not None and _discovered(w, called):
+            return w
         shared = [m for m in called if any(m is c for c in w.called)]
         if shared:
 
@@ -102,6 +104,22 @@ def open_watcher(called: List[torch.nn.Module], optimizers: List[Any], scaler: A
                 "(watch(..., trace=PATH) or AMPROBE_TRACE)"
             )
     return None
+
+
+def _discovered(w: Any, called: List[torch.nn.Module]) -> bool:
+    """Whether the watcher discovery attached (`_discover`) watches a model given to
+    `watch`, which then returns it: a script run by `amprobe run` that calls `watch` after
+    its training began is watched once, as discovery found it."""
+    watched = {id(m) for m in w.names.root.modules()}
+    if not any(id(unwrapped(m)) in watched or id(m) in watched for m in called):
+        return False
+    if not w.rewatched:
+        w.rewatched = True
+        sys.stderr.write(
+            "amprobe_torch: watch() was called on a training amprobe already watches (found as it began): "
+            "the watcher it attached goes on\n"
+        )
+    return True
 
 
 def trace_path() -> str:

@@ -24,7 +24,7 @@ try:
 except ImportError:  # pragma: no cover - older torch: the mode sees the step's own figures
     _disable_current_modes = contextlib.nullcontext
 
-from . import _intercept, _origins, _patches, _replay, _stats
+from . import _intercept, _origins, _patches, _replay, _stacks, _stats
 from ._attach import sharded as _sharded
 from ._carried import CarriedChecks
 from ._carried import key as _key
@@ -37,7 +37,7 @@ from ._patches import Patches
 from ._records import OpInfo, VecRef, describe, in_order
 from ._registry import WATCHERS
 from ._replay import Call, keep_grad
-from ._step_record import header, op_records, param_records
+from ._step_record import header, matmul_dtype, op_records, param_records
 from ._step_state import StepKind, StepState
 from ._trace import TraceWriter, jfloat
 from ._tree import leaves
@@ -80,7 +80,16 @@ class Watcher:
         self.failed = None
         self.step = 0
         self.writer = None
+        # Autocast's dtype where a module's forward ran under it (read until the header is
+        # written), and the device type whose autocast state is read.
         self.autocast_dtype = None
+        self.device_type = next((p.device.type for p in model.parameters()), "cpu")
+        # What discovery found (`_discover`), for the header; None where `watch` was called.
+        self.discovery = None
+        # The run's verdict so far, by the runner's rule (written in the end record).
+        self.saw_forward_origin = False
+        self.saw_skip = False
+        self.params_finite = True
         self.optimizer_depth = 0
         self.closed = False
         self.started = time.perf_counter()
@@ -117,14 +126,11 @@ class Watcher:
         for m in self.names.root.modules():
             self.patches.hold(m.register_forward_pre_hook(ModuleHook(self._call_enter), with_kwargs=True))
             self.patches.hold(m.register_forward_hook(ModuleHook(self._call_leave), always_call=True))
-        # Autocast's state is read where the model's forward starts: inside the dispatcher,
-        # autocast's own kernels hide it.
-        for m in self.called:
-            self.patches.hold(m.register_forward_pre_hook(ModuleHook(self._autocast_state)))
         self.eager = _patches.acquire()
         self.mode = CaptureMode(self)
         self.mode.__enter__()
         _intercept.install(self)
+        _stacks.adopt_accelerate(self)
 
     # ---- the step's state
 
@@ -141,15 +147,13 @@ class Watcher:
         self.carried.begin_step(self.st.param_keys, params, self.optimizers)
         self.spans.begin_step()
 
-    def _autocast_state(self, module: torch.nn.Module, args: tuple) -> None:
-        if self.autocast_dtype is not None or not self.active:
-            return
-        try:
-            dev = next((p.device.type for p in module.parameters()), "cpu")
-            if torch.is_autocast_enabled(dev):
-                self.autocast_dtype = torch.get_autocast_dtype(dev)
-        except Exception:  # a hook of the user's forward: never kill the training
-            self.fail()
+    def _autocast_state(self) -> None:
+        """Reads autocast's state where a module's forward starts (inside the dispatcher,
+        autocast's own kernels hide it): at every module, as autocast may be entered inside
+        the model's forward (Accelerate's, the HF Trainer's) or the script may call only
+        submodules (a Lightning `training_step`)."""
+        if torch.is_autocast_enabled(self.device_type):
+            self.autocast_dtype = torch.get_autocast_dtype(self.device_type)
 
     def fail(self) -> None:
         """Reports the companion's own error once and stops capturing; training goes on."""
@@ -207,6 +211,11 @@ class Watcher:
     def _call_enter(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self.st.replaying:
             return
+        if self.writer is None and self.autocast_dtype is None and self.active:
+            try:
+                self._autocast_state()
+            except Exception:  # a hook of the user's forward: never kill the training
+                self.fail()
         self._span_enter(module)
         self.tree_depth += 1
         if self.tree_depth == 1:
@@ -472,7 +481,10 @@ class Watcher:
             )
             scalars = [scale_before, scale_after, found, growth_tracker]
             present = [t for t in scalars if t is not None]
-            got = _stats.gather(present + list(self.st.losses) + params.parts + self.st.full_vecs + self.st.check_vecs)
+            norms = [n.detach().reshape(()).to(torch.float64) for n, _ in self.st.clips]
+            got = _stats.gather(
+                present + list(self.st.losses) + norms + params.parts + self.st.full_vecs + self.st.check_vecs
+            )
             host = iter(got[: len(present)])
             scale_host, scale_after_host, found_host, growth = (
                 d if t is None else float(next(host)[0]) for t, d in zip(scalars, (1.0, 1.0, 0.0, 0.0))
@@ -480,6 +492,8 @@ class Watcher:
             k = len(present)
             losses = [v[0] for v in got[k : k + len(self.st.losses)]]
             k += len(self.st.losses)
+            clips = [(v[0], m) for v, (_, m) in zip(got[k : k + len(norms)], self.st.clips)]
+            k += len(norms)
             read_params = got[k : k + len(params.parts)]
             k += len(params.parts)
             pv = params.finish(read_params, scale_host, self.scratch)
@@ -494,6 +508,7 @@ class Watcher:
             "found_inf": found_host > 0,
             "growth": int(growth),
             "losses": losses,
+            "clips": clips,
             "full": got[k : k + len(self.st.full_vecs)],
             "check": got[k + len(self.st.full_vecs) :],
         }
@@ -515,7 +530,32 @@ class Watcher:
         if self.writer is None:
             self.writer = TraceWriter(self.path)
             self.writer.write("header", self._header())
-        self.writer.write("step", self._step_record(read, vecs, origins, failing))
+        record = self._step_record(read, vecs, origins, failing)
+        self._tally(record)
+        self.writer.write("step", record)
+
+    def _tally(self, record: dict) -> None:
+        """Keeps the run's verdict up to date with a step record (the runner's rule:
+        `diagnose::summary::verdict`)."""
+        o = record["origins"]
+        first = o["first_inf"] or o["first_nan"]
+        if first is not None and first.get("phase") == "forward":
+            self.saw_forward_origin = True
+        if record["skipped"]:
+            self.saw_skip = True
+        self.params_finite = all(
+            p["param_nan_after"] == 0 and isinstance(p["param_max_abs_after"], float)
+            and abs(p["param_max_abs_after"]) != float("inf")
+            for p in record["params"]
+        )
+
+    def verdict(self) -> str:
+        """The run's verdict from the steps written so far."""
+        if not self.params_finite:
+            return "diverged"
+        if self.saw_forward_origin:
+            return "forward-nonfinite"
+        return "overflow-skips" if self.saw_skip else "clean"
 
     def _step_origins(self, read: dict) -> Tuple[list, dict]:
         """(each op's statistics vector, the step's origins), the ops in their order."""
@@ -537,8 +577,17 @@ class Watcher:
         losses, scale_host = read["losses"], read["scale"]
         loss = scaled = None
         if losses:
-            scaled = sum(losses) / len(losses)
+            # The objective whose gradient the step applies: its micro-batches' backward
+            # roots summed (a script that divides each by the accumulation count means
+            # their mean, and the HF Trainer logs it).
+            scaled = sum(losses)
             loss = scaled / scale_host if sc is not None else scaled
+        grad_norm = clip_coef = None
+        if read["clips"]:
+            norm, max_norm = read["clips"][-1]
+            grad_norm = norm
+            if max_norm is not None:
+                clip_coef = min(1.0, max_norm / (norm + 1e-6)) if norm == norm else None
         lr = self.optimizers[0].param_groups[0].get("lr", 0.0)
         return {
             "step": self.step,
@@ -550,8 +599,8 @@ class Watcher:
             "found_inf": read["found_inf"],
             "skipped": read["found_inf"] or self.st.abandoned,
             "growth_tracker": read["growth"],
-            "grad_norm": None,
-            "clip_coef": None,
+            "grad_norm": jfloat(grad_norm) if grad_norm is not None else None,
+            "clip_coef": jfloat(clip_coef) if clip_coef is not None else None,
             "lr": jfloat(float(lr)),
             "weight_casts": 0,
             "origins": origins,
@@ -603,7 +652,22 @@ class Watcher:
 
     def _header(self) -> dict:
         return header(self.model, self.names.root, self.several, self.autocast_dtype, self.scaler,
-                      self.optimizers, self.sample_every)
+                      self.optimizers, self.sample_every, ran=matmul_dtype(self.st.ops),
+                      discovery=self.discovery)
+
+    def on_clip(self, norm: Any, max_norm: Any) -> None:
+        """Gradient clipping by norm ran in this step (torch's, as the script, the HF Trainer,
+        Lightning or Accelerate call it): the total norm, and the max_norm it clipped to
+        (None: the norm alone was taken, `get_total_norm`; a clipping with it that
+        follows keeps that norm)."""
+        if isinstance(norm, torch.Tensor) and norm.numel() == 1:
+            try:
+                m = float(max_norm) if max_norm is not None else None
+            except (TypeError, ValueError):
+                m = None
+            if m is None and self.st.clips and self.st.clips[-1][0] is norm:
+                return
+            self.st.clips.append((norm, m))
 
     def close(self) -> None:
         """Ends the capture: writes the end record, stops observing, and removes every hook
@@ -632,7 +696,7 @@ class Watcher:
             WATCHERS.remove(self)
         if self.writer is not None:
             wall = (time.perf_counter() - self.started) * 1000.0
-            self.writer.write("end", {"steps": self.step, "verdict": "", "wall_ms": wall})
+            self.writer.write("end", {"steps": self.step, "verdict": self.verdict(), "wall_ms": wall})
             self.writer.close()
 
 

@@ -45,16 +45,27 @@ def in_optimizer(w: Any, f: Callable) -> Callable:
 
 
 def outside_optimizer(w: Any, closure: Callable) -> Callable:
-    """An optimizer step's closure (SAM's, L-BFGS's), whose forward and backward of the
-    model are those phases, not the optimizer's."""
+    """An optimizer step's closure (SAM's, L-BFGS's, Lightning's `training_step` with its
+    backward), whose forward and backward of the model are those phases, not the
+    optimizer's. A closure the update calls before any op of its own (torch's optimizers
+    evaluate it first: Lightning's automatic optimization runs the whole forward and
+    backward so) is the step's forward and backward as if no update had begun: a step
+    checked by modules decides where it returns, before the update changes anything."""
 
     def run(*a, **k):
-        depth, unscaled = w.optimizer_depth, w.st.unscaled
+        depth, unscaled, updating_ = w.optimizer_depth, w.st.unscaled, w.st.in_update
+        fresh = w.st.in_update and w.st.op_count == w.st.update_start and not w.st.replayed
         w.optimizer_depth, w.st.unscaled = 0, False
+        if fresh:
+            w.st.in_update = False
+            w.st.decided = False
         try:
-            return closure(*a, **k)
+            out = closure(*a, **k)
+            if fresh and w.st.light and not w.st.decided and w.active and not w.busy:
+                w._decide()
+            return out
         finally:
-            w.optimizer_depth, w.st.unscaled = depth, unscaled
+            w.optimizer_depth, w.st.unscaled, w.st.in_update = depth, unscaled, updating_
 
     return run
 
@@ -76,6 +87,7 @@ def updating(w: Any, f: Callable, scaler_step: bool = False) -> Callable:
             w.st.updates += 1
             w.st.inner_stepped = False
             w.st.in_update = True
+            w.st.update_start = w.st.op_count
         if a and callable(a[0]):
             a = (outside_optimizer(w, a[0]),) + a[1:]
         elif callable(k.get("closure")):

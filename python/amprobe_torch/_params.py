@@ -6,6 +6,7 @@ step."""
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -100,7 +101,8 @@ def param_vector(p: torch.Tensor, scale: Union[float, torch.Tensor]) -> torch.Te
     dev = p.device
     f64 = torch.float64
     if g is None:
-        return torch.zeros(10, dtype=f64, device=dev)
+        # (a frozen parameter: its value's figures only, as `frozen_figures` gives them)
+        return torch.tensor(frozen_figures(p), dtype=f64, device=dev)
     g = _stats.local(g).detach()
     # A sparse gradient (an embedding's): its stored values, the rest zeros.
     x = _stats.stored_values(g).reshape(-1)
@@ -189,6 +191,31 @@ def _device_rows(gs: Sequence[torch.Tensor], ps: Sequence[torch.Tensor], need_mi
                 zero = torch.zeros((), dtype=f64, device=g.device)
             mins.append(zero)
     return torch.stack([l2, amax, nnz, torch.stack(mins), pmax])
+
+
+# A frozen parameter's magnitudes by its id: (a weak reference to it, its version counter,
+# max |p|, NaN count). It has no gradient and no update, so they are computed again only
+# when something writes it (its version counter moves).
+_FROZEN: Dict[int, Tuple[Any, int, float, int]] = {}
+
+
+def frozen_figures(p: torch.Tensor) -> List[Any]:
+    """The figures of a parameter without a gradient (a LoRA model's base weights): no
+    gradient's, and its value's largest magnitude (NaNs aside) and NaN count."""
+    t = _stats.local(p).detach()
+    known = _FROZEN.get(id(p))
+    if known is None or known[0]() is not p or known[1] != t._version:
+        amax, nans = 0.0, 0
+        if t.numel() and t.dtype.is_floating_point:
+            nans = int(torch.isnan(t).sum())
+            kept = t if nans == 0 else torch.where(torch.isnan(t), 0.0, t)
+            amax = float(kept.abs().max())
+        elif t.numel():
+            amax = float(t.abs().max())
+        known = _FROZEN[id(p)] = (weakref.ref(p), t._version, amax, nans)
+    v: List[Any] = [0.0] * 10
+    v[8], v[9] = known[2], known[3]
+    return v
 
 
 def begin_param_vectors(
@@ -281,7 +308,7 @@ class PendingParams:
         scratch = scratch or Scratch()
         out = [None] * len(self.given)
         for i in self.frozen:
-            out[i] = [0.0] * 10
+            out[i] = frozen_figures(self.given[i])
         for i, slot in self.early.items():
             out[i] = read[slot]
         later = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -254,10 +254,27 @@ def _install_clips(patches: Patches) -> None:
         for name in _CLIP_FUNCTIONS:
             f = getattr(mod, name, None)
             if f is not None:
-                patches.replace(mod, name, _in_optimizer_phase(f))
+                patches.replace(mod, name, _in_optimizer_phase(f, _NORMS.get(name)))
 
 
-def _in_optimizer_phase(f: Callable) -> Callable:
+def _arg(a: tuple, k: dict, i: int, name: str) -> Any:
+    return a[i] if len(a) > i else k.get(name)
+
+
+# What each clipping function says of the gradients' total norm: (the norm, the max_norm
+# it clips to, or None where it does not clip), from its arguments and its result.
+_NORMS: Dict[str, Callable[[tuple, dict, Any], Tuple[Any, Any]]] = {
+    "clip_grad_norm_": lambda a, k, out: (out, _arg(a, k, 1, "max_norm")),
+    "clip_grad_norm": lambda a, k, out: (out, _arg(a, k, 1, "max_norm")),
+    "get_total_norm": lambda a, k, out: (out, None),
+    "clip_grads_with_norm_": lambda a, k, out: (_arg(a, k, 2, "total_norm"), _arg(a, k, 1, "max_norm")),
+}
+
+
+def _in_optimizer_phase(f: Callable, norm: Optional[Callable[[tuple, dict, Any], Tuple[Any, Any]]] = None) -> Callable:
+    """`f` in the watchers' optimizer phase; `norm`: what it says of the gradients' total
+    norm, which each watcher records (`Watcher.on_clip`)."""
+
     @functools.wraps(f)
     def run(*a, **k):
         entered = []
@@ -266,9 +283,20 @@ def _in_optimizer_phase(f: Callable) -> Callable:
                 w._enter_optimizer()
                 entered.append(w)
         try:
-            return f(*a, **k)
+            out = f(*a, **k)
         finally:
             for w in entered:
                 w.optimizer_depth -= 1
+        if norm is not None and entered:
+            try:
+                total, max_norm = norm(a, k, out)
+            except Exception:
+                total = None
+            for w in entered:
+                try:
+                    w.on_clip(total, max_norm)
+                except Exception:
+                    w.fail()
+        return out
 
     return run

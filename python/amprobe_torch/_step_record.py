@@ -9,10 +9,10 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from . import _plan, _stats
+from . import _plan, _stacks, _stats
 from ._trace import SCHEMA_VERSION, jfloat
+from ._version import TOOL_VERSION
 
-TOOL_VERSION = "0.1.0"
 
 
 def _meta(m):
@@ -20,19 +20,39 @@ def _meta(m):
     return {"dtype": _stats.DTYPE_NAMES[m[0]], "shape": list(m[1])}
 
 
-def _precision(model: torch.nn.Module, autocast_dtype: Optional[torch.dtype]) -> str:
-    """The precision mode the model trains in: autocast's, else the dtype most of the
-    parameters' values are in (a model made 16-bit, `model.half()` or `model.bfloat16()`,
-    trains in it throughout: amprobe's "half" and "bfloat16-pure" modes)."""
-    if autocast_dtype == torch.float16:
-        return "fp16"
-    if autocast_dtype == torch.bfloat16:
-        return "bf16"
+# The ops autocast runs in its lower precision on every device, which say what precision a
+# forward ran in: matrix products and convolutions.
+_MATMULS = frozenset(
+    ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution", "_convolution",
+     "conv1d", "conv2d", "conv3d", "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
+)
+
+
+def matmul_dtype(ops: Sequence) -> Optional[torch.dtype]:
+    """The dtype most of a step's forward matrix products and convolutions ran in (their
+    outputs'), or None where it ran none."""
+    count: dict = {}
+    for op in ops:
+        if op.phase == "forward" and op.op in _MATMULS:
+            count[op.output[0]] = count.get(op.output[0], 0) + 1
+    return max(count, key=count.get) if count else None
+
+
+def _precision(model: torch.nn.Module, autocast_dtype: Optional[torch.dtype], ran: Optional[torch.dtype]) -> str:
+    """The precision mode the model trained in, as its ops ran: a model made 16-bit
+    (`model.half()`, `model.bfloat16()`: most parameters' values in it) trains in it
+    throughout (amprobe's "half" and "bfloat16-pure"); else autocast's dtype where a module's
+    forward ran under it, or the 16-bit dtype its matrix products ran in (autocast entered
+    where no module starts, or casts made by hand): "fp16" or "bf16"; else "fp32"."""
     by_dtype: dict = {}
     for p in model.parameters():
         by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
     most = max(by_dtype, key=by_dtype.get) if by_dtype else torch.float32
-    return {torch.float16: "half", torch.bfloat16: "bfloat16-pure"}.get(most, "fp32")
+    if most in (torch.float16, torch.bfloat16):
+        return "half" if most == torch.float16 else "bfloat16-pure"
+    low = autocast_dtype if autocast_dtype in (torch.float16, torch.bfloat16) else ran
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, "fp32")
 
 
 def _scaler(sc: Any) -> Optional[dict]:
@@ -55,11 +75,17 @@ def header(
     scaler: Any,
     optimizers: Sequence[Any],
     sample_every: int,
+    ran: Optional[torch.dtype] = None,
+    discovery: Optional[dict] = None,
 ) -> dict:
     """The trace's header: the model (`root`: the one whose names the trace uses; `several`:
-    it holds several models), the precision it trains in, the scaler, the optimizers."""
+    it holds several models), the precision it trained in (`ran`: the dtype the first
+    step's matrix products ran in), the scaler, the optimizers, and what discovery found
+    where it found them."""
     dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-    precision = _precision(model, autocast_dtype)
+    precision = _precision(model, autocast_dtype, ran)
+    if autocast_dtype is None and precision in ("fp16", "bf16"):
+        autocast_dtype = ran
     rank, world = 0, 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -78,7 +104,8 @@ def header(
         "scaler": _scaler(scaler),
         "optimizer": {"kind": " + ".join(type(o).__name__ for o in optimizers)},
         "backend": dev.type,
-        "seed": 0,
+        # (torch's default generator's: what `torch.manual_seed` set, else drawn at start)
+        "seed": torch.initial_seed(),
         "command_line": list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
         "config": {},
         "source": {
@@ -91,6 +118,11 @@ def header(
             "transformers": _plan.is_transformers(root),
         },
     }
+    asked = _stacks.requested_precision()
+    if asked is not None:
+        header["source"]["requested_precision"] = {"precision": asked[0], "by": asked[1]}
+    if discovery is not None:
+        header["source"]["discovery"] = discovery
     if device_name is not None:
         header["device"] = device_name
     return header

@@ -42,6 +42,8 @@ class StepState:
     # an update (`Watcher._abandon`).
     backwards: int = 0
     abandoned: bool = False
+    # The step's op count where its last update began (see `_intercept.outside_optimizer`).
+    update_start: int = -1
     # Why a step checked by modules is checked op by op from some point on: "update" where
     # it calls the model inside an update (an optimizer's closure: see
     # `Watcher._call_enter`), "grad" where the script differentiates by
@@ -74,6 +76,9 @@ class StepState:
     op_count: int = 0
     # Each micro-batch's loss (a 0-d float64 tensor).
     losses: List[Any] = field(default_factory=list)
+    # Each gradient clipping by norm of this step: (the total norm it returned, its
+    # max_norm).
+    clips: List[Any] = field(default_factory=list)
     # The model's outermost calls in this step, and their count at the last backward: a
     # backward with no call since the last one is another loss of its micro-batch.
     model_calls: int = 0

@@ -678,8 +678,9 @@ def test_gradient_accumulation_is_one_step_of_several_micro_batches(tmp_path):
     steps = [r for r in read(path) if r["type"] == "step"]
     assert [s["micro_batches"] for s in steps] == [2, 2, 2]
     assert [s["skipped"] for s in steps] == [False, True, False]
-    # The step's loss is the mean of its micro-batches' (each already divided by 2 here).
-    want = (float(plain[0][0]) + float(plain[0][1])) / 2
+    # The step's loss is the objective whose gradient it applies: the sum of its
+    # micro-batches' backward roots (each already divided by 2 here: their mean).
+    want = float(plain[0][0]) + float(plain[0][1])
     assert steps[0]["loss"] == pytest.approx(want, rel=1e-6)
     # Ops carry their micro-batch; the overflow is in the second one of step 1.
     micros = {r["micro"] for r in steps[0]["ops"]}

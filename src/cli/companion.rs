@@ -36,12 +36,12 @@ else:
     _amprobe_boot.start(__file__)
 "#;
 
-/// The companion's version: the `TOOL_VERSION = "..."` line of `_step_record.py`, the
+/// The companion's version: the `TOOL_VERSION = "..."` line of `_version.py`, the
 /// version its traces name (the crate's).
 pub fn version() -> &'static str {
     FILES
         .iter()
-        .find(|(name, _)| *name == "_step_record.py")
+        .find(|(name, _)| *name == "_version.py")
         .and_then(|(_, text)| {
             text.lines().find_map(|l| {
                 l.strip_prefix("TOOL_VERSION = \"")
@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn the_embedded_files_are_the_sources_byte_for_byte() {
         let names: Vec<&str> = FILES.iter().map(|(n, _)| *n).collect();
-        assert!(names.contains(&"__init__.py") && names.contains(&"_step_record.py"));
+        assert!(names.contains(&"__init__.py") && names.contains(&"_version.py"));
         assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted: {names:?}");
         for (name, text) in FILES {
             let disk = std::fs::read_to_string(on_disk(name)).unwrap();
