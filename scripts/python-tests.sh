@@ -24,7 +24,7 @@ if ! "$venv/bin/python" -c "import transformers, safetensors, sys; sys.exit(tran
 fi
 # The training libraries the stack tests (python/tests/test_stacks.py) run scripts under,
 # pinned: Accelerate (and so the HF Trainer), Lightning.
-stacks="accelerate==1.16.0 lightning==2.6.6 peft==0.21.2"
+stacks="accelerate==1.16.0 lightning==2.6.6 peft==0.21.2 timm==1.0.31"
 if ! "$venv/bin/python" -c "
 import sys, importlib.metadata as m
 want = dict(s.split('==') for s in sys.argv[1:])

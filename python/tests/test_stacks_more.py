@@ -1,8 +1,9 @@
 """More of the stacks people train with, run as `amprobe run -- python SCRIPT` with no
-amprobe line in the script, as python/tests/test_stacks.py runs its own: PEFT's LoRA.
-Each run is held to the same script run by plain `python` (bitwise the same losses and
-parameters) and to the figures the script reads itself (clipping's norm, the gradients,
-the frozen weight)."""
+amprobe line in the script, as python/tests/test_stacks.py runs its own: PEFT's LoRA,
+timm's ViT under its AMP loop. Each run is held to the same script run by plain `python`
+(bitwise the same losses and parameters), to the figures the script reads itself
+(clipping's norm, the scaler's scale, the gradients, the frozen weight), and, for a planted
+overflow, to plain forward hooks (`stacks/hooks.py`)."""
 
 from test_stacks import captured, close, plain, same, steps
 
@@ -45,3 +46,36 @@ def test_peft_lora_frozen_base_weight_and_adapters(tmp_path):
         for n in lora:
             assert by[n]["grad_l2"] > 0 or (i == 0 and ".lora_A." in n), (i, n, by[n])
     assert trace[-1]["type"] == "end" and trace[-1]["verdict"] == summary["verdict"] == "clean"
+
+
+def test_timm_vit_fp16_native_scaler_planted_overflow_and_its_skip(tmp_path):
+    ref = plain(tmp_path, "timm_vit.py", "--planted", "--hooks")
+    got, trace, summary, stdout = captured(tmp_path, "timm_vit.py", "--planted")
+    got["hooks_first"] = ref["hooks_first"]
+    same(ref, got)
+    h = trace[0]
+    assert (h["model"], h["precision"], h["autocast_dtype"]) == ("VisionTransformer", "fp16", "float16"), h
+    assert h["scaler"] is not None and h["scaler"]["init_scale"] == 65536.0, h
+    d = h["source"]["discovery"]
+    assert (d["models"], d["optimizers"], d["scaler"]) == (["VisionTransformer"], ["AdamW"], "GradScaler"), d
+    step, module = ref["hooks_first"]
+    assert (step, module) == (2, "patch_embed.proj"), ref["hooks_first"]
+    first = summary["first_inf"]
+    assert (first["step"], first["module"], first["phase"]) == (step, module, "forward"), summary
+    ss = steps(trace)
+    assert len(ss) == len(ref["losses"]) == 5
+    # The scaler's scale before each step, as the script read it; the planted step alone
+    # skipped, and the scale halved after it.
+    assert [s["scale_before"] for s in ss] == ref["scales"]
+    assert ss[-1]["scale_after"] == ref["final_scale"]
+    assert [s["skipped"] for s in ss] == [i == step for i in range(len(ss))]
+    assert ss[step]["found_inf"] and ss[step + 1]["scale_before"] == ss[step]["scale_before"] / 2
+    for i, (s, loss) in enumerate(zip(ss, ref["losses"])):
+        # (the trace writes a non-finite float as a string: JSON has none)
+        if i == step:
+            assert loss != loss and s["loss"] == "NaN", (s["loss"], loss)
+        else:
+            assert close(s["loss"], loss), (s["loss"], loss)
+    names = {p["name"] for p in ss[0]["params"]}
+    assert "patch_embed.proj.weight" in names and "blocks.0.attn.qkv.weight" in names, names
+    assert trace[-1]["verdict"] == summary["verdict"] == "forward-nonfinite"
