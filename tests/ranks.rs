@@ -34,6 +34,7 @@ fn header(rank: u32, world: u32, model: &str) -> Header {
             transformers: None,
             discovery: None,
             requested_precision: None,
+            compiled: None,
         }),
         ..Header::new()
     }

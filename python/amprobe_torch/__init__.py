@@ -27,6 +27,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
+import traceback
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ._version import TOOL_VERSION
@@ -81,7 +83,15 @@ def watch(
         check = os.environ.get("AMPROBE_CHECK") or "modules"
     if check not in ("modules", "ops"):
         raise ValueError(f"AMPROBE_CHECK (or check=): expected `modules` or `ops`, not {check!r}")
-    w = _capture.Watcher(root, called, optimizers, scaler, path, sample_every, check, patches)
+    try:
+        w = _capture.Watcher(root, called, optimizers, scaler, path, sample_every, check, patches)
+    except Exception:  # the companion's own error: the training goes on, unwatched
+        patches.undo()
+        sys.stderr.write(
+            "amprobe_torch: watch could not start after an internal error (training continues unwatched):\n"
+            + traceback.format_exc()
+        )
+        return None
     _registry.WATCHERS.append(w)
     atexit.register(w.close)
     return w
@@ -112,3 +122,4 @@ def watching(
         # (a watcher that was open before the block is the script's to close)
         if w is not None and id(w) not in before:
             w.close()
+

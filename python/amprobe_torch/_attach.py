@@ -24,9 +24,15 @@ def sharded(model: torch.nn.Module) -> bool:
 
 
 def unwrapped(m: torch.nn.Module) -> torch.nn.Module:
-    """A module without a DDP or FSDP wrapper around it (the names the user's model has)."""
-    if hasattr(m, "module") and type(m).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):
-        return m.module
+    """A module without a DDP, FSDP or `torch.compile` wrapper around it (the names the
+    user's model has)."""
+    for _ in range(8):
+        if hasattr(m, "module") and type(m).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):
+            m = m.module
+        elif type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, "_orig_mod", None), torch.nn.Module):
+            m = m._orig_mod
+        else:
+            break
     return m
 
 
@@ -36,7 +42,7 @@ def gather_models(model: Any) -> Tuple[torch.nn.Module, List[torch.nn.Module]]:
     named by position) are held by one ModuleDict, which names each one's modules under
     its key, and are called themselves. Anything else raises TypeError or ValueError."""
     if isinstance(model, torch.nn.Module):
-        return model, [model]
+        return unwrapped(model), [model]
     if isinstance(model, dict):
         items = list(model.items())
     elif isinstance(model, (list, tuple)):

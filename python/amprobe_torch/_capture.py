@@ -37,7 +37,7 @@ from ._patches import Patches
 from ._records import OpInfo, VecRef, describe, in_order
 from ._registry import WATCHERS
 from ._replay import Call, keep_grad
-from ._step_record import header, matmul_dtype, op_records, param_records
+from ._step_record import compiled_regions, header, matmul_dtype, op_records, param_records
 from ._step_state import StepKind, StepState
 from ._trace import TraceWriter, jfloat
 from ._tree import leaves
@@ -48,6 +48,18 @@ MAX_CALLS = 64
 
 # Module outputs checked together (on a device, by a few multi-tensor kernels).
 _OUTPUTS_BATCH = 32
+
+
+def _full_value(t: Any) -> Any:
+    """A DTensor's value as a plain tensor where each rank holds all of it (replicated);
+    None where it is spread over ranks (FSDP2's clipping may return its total norm as
+    partial sums): reducing it would be a collective of the companion's own, which hangs
+    every rank where one rank's capture has stopped. Anything else as it is."""
+    if type(t).__name__ != "DTensor":
+        return t
+    if all(type(p).__name__ == "Replicate" for p in t.placements):
+        return t.to_local()
+    return None
 
 
 class Watcher:
@@ -86,6 +98,8 @@ class Watcher:
         self.device_type = next((p.device.type for p in model.parameters()), "cpu")
         # What discovery found (`_discover`), for the header; None where `watch` was called.
         self.discovery = None
+        # Whether the model was given compiled (`torch.compile`'s `OptimizedModule`).
+        self.compiled_given = any(type(m).__name__ == "OptimizedModule" for m in called)
         # The run's verdict so far, by the runner's rule (written in the end record).
         self.saw_forward_origin = False
         self.saw_skip = False
@@ -119,16 +133,26 @@ class Watcher:
         # `begin_param_vectors`), and the scale the next step is expected to have.
         self.counted = {}
         self.scale_guess = None
-        self._attach()
+        self.mode = None
+        self.eager = None
+        # Whether the dispatch mode is off the stack for good (an internal error: `fail`).
+        self.mode_stopped = True
+        try:
+            self._attach()
+        except Exception:
+            # (what it did attach is undone; `watch` reports the error)
+            self.close()
+            raise
 
     def _attach(self) -> None:
         """Hooks the modules, installs the interceptions and enters the dispatch mode."""
         for m in self.names.root.modules():
-            self.patches.hold(m.register_forward_pre_hook(ModuleHook(self._call_enter), with_kwargs=True))
-            self.patches.hold(m.register_forward_hook(ModuleHook(self._call_leave), always_call=True))
+            self.patches.hold(m.register_forward_pre_hook(ModuleHook(self.guard(self._call_enter)), with_kwargs=True))
+            self.patches.hold(m.register_forward_hook(ModuleHook(self.guard(self._call_leave)), always_call=True))
         self.eager = _patches.acquire()
         self.mode = CaptureMode(self)
         self.mode.__enter__()
+        self.mode_stopped = False
         _intercept.install(self)
         _stacks.adopt_accelerate(self)
 
@@ -156,7 +180,9 @@ class Watcher:
             self.autocast_dtype = torch.get_autocast_dtype(self.device_type)
 
     def fail(self) -> None:
-        """Reports the companion's own error once and stops capturing; training goes on."""
+        """Reports the companion's own error once and stops capturing; training goes on,
+        with the dispatch mode off the stack where it is on top (its ops then reach no
+        Python), and the trace written so far as it is."""
         if self.failed is None:
             self.failed = traceback.format_exc()
             sys.stderr.write(
@@ -164,6 +190,35 @@ class Watcher:
                 f"(training continues):\n{self.failed}"
             )
         self.active = False
+        self.stop_mode()
+
+    def stop_mode(self) -> None:
+        """After an internal error: takes the dispatch mode off the stack where it is on
+        top. Inside the mode's own dispatch it is not on the stack; the next hook or
+        wrapped call of the watcher's outside it takes it off."""
+        if self.failed is None or self.mode_stopped or self.paused or self.mode is None:
+            return
+        try:
+            if _current_dispatch_mode() is self.mode:
+                self.mode.__exit__(None, None, None)
+                self.mode_stopped = True
+        except Exception:
+            pass
+
+    def guard(self, f: Any) -> Any:
+        """`f`, a hook the watcher puts in the script's way, with an error inside it
+        reported (`fail`) instead of raised into the script."""
+
+        def guarded(*a, **k):
+            if self.failed is not None:
+                self.stop_mode()
+            try:
+                return f(*a, **k)
+            except Exception:
+                self.fail()
+                return None
+
+        return guarded
 
     # ---- a step checked by modules
 
@@ -181,7 +236,10 @@ class Watcher:
         """Puts the dispatch mode back after `_pause`."""
         if self.paused:
             self.paused = False
-            self.mode.__enter__()
+            if self.active:
+                self.mode.__enter__()
+            else:
+                self.mode_stopped = True
 
     def _node_enter(self, grad_outputs: tuple) -> None:
         # An autograd node of the script's own ops, in a backward the mode is off for: its
@@ -198,8 +256,8 @@ class Watcher:
         hooked to record their ops, and the mode is paused for the rest. Returns whether
         it was paused (then `after_backward` resumes it)."""
         for node in self.st.loss_nodes - self.st.hooked_nodes:
-            node.register_prehook(self._node_enter)
-            node.register_hook(self._node_leave)
+            node.register_prehook(self.guard(self._node_enter))
+            node.register_hook(self.guard(self._node_leave))
             self.st.hooked_nodes.add(node)
         return self._pause()
 
@@ -278,7 +336,7 @@ class Watcher:
                 self.st.call = None
                 for j, t in enumerate(leaves(out, torch.Tensor)):
                     if t.requires_grad:
-                        t.register_hook(functools.partial(keep_grad, c, j))
+                        t.register_hook(self.guard(functools.partial(keep_grad, c, j)))
         except Exception:
             self.fail()
         finally:
@@ -460,7 +518,10 @@ class Watcher:
             finally:
                 self.busy = False
             self.step += 1
-            self._begin_step()
+            try:
+                self._begin_step()
+            except Exception:
+                self.fail()
         finally:
             if collecting:
                 gc.enable()
@@ -653,13 +714,15 @@ class Watcher:
     def _header(self) -> dict:
         return header(self.model, self.names.root, self.several, self.autocast_dtype, self.scaler,
                       self.optimizers, self.sample_every, ran=matmul_dtype(self.st.ops),
-                      discovery=self.discovery)
+                      discovery=self.discovery, compiled=compiled_regions(self.names.root, self.compiled_given),
+                      eager=bool(self.eager))
 
     def on_clip(self, norm: Any, max_norm: Any) -> None:
         """Gradient clipping by norm ran in this step (torch's, as the script, the HF Trainer,
         Lightning or Accelerate call it): the total norm, and the max_norm it clipped to
         (None: the norm alone was taken, `get_total_norm`; a clipping with it that
         follows keeps that norm)."""
+        norm = _full_value(norm)
         if isinstance(norm, torch.Tensor) and norm.numel() == 1:
             try:
                 m = float(max_norm) if max_norm is not None else None
@@ -679,9 +742,10 @@ class Watcher:
         self.closed = True
         self.active = False
         try:
-            if not self.paused:
+            if not self.paused and not self.mode_stopped:
                 self.mode.__exit__(None, None, None)
             self.paused = False
+            self.mode_stopped = True
         except Exception:
             pass
         try:
@@ -696,8 +760,12 @@ class Watcher:
             WATCHERS.remove(self)
         if self.writer is not None:
             wall = (time.perf_counter() - self.started) * 1000.0
-            self.writer.write("end", {"steps": self.step, "verdict": self.verdict(), "wall_ms": wall})
-            self.writer.close()
+            try:
+                self.writer.write("end", {"steps": self.step, "verdict": self.verdict(), "wall_ms": wall})
+            except Exception:
+                self.fail()
+            finally:
+                self.writer.close()
 
 
 _WATCHERS = WATCHERS

@@ -65,6 +65,8 @@ class Discovery:
         self.looking = False
         self.watcher: Any = None
         self.note: Optional[str] = None
+        # Whether a model found was `torch.compile`'s `OptimizedModule` (taken off).
+        self.compiled = False
 
     # ---- noting what is made
 
@@ -151,6 +153,7 @@ class Discovery:
             "note": note,
         }
         self.watcher = w
+        w.compiled_given = w.compiled_given or self.compiled
         if module is not None:
             # This call's own hooks were read before the watcher put its on: what they
             # would have seen, given by hand.
@@ -198,6 +201,9 @@ class Discovery:
         if not path or self.watcher is not None:
             return
         seen = self.seen()
+        if "torch.distributed.run" in sys.modules or "torch.distributed.launch" in sys.modules:
+            # (torchrun's launcher trains nothing: its workers say what they saw)
+            return
         if not seen["optimizers"] and os.path.exists(path):
             # (a process that saw nothing, such as torchrun's launcher, leaves what a
             # worker saw)
@@ -269,6 +275,8 @@ def unwrap(m: torch.nn.Module) -> torch.nn.Module:
         inner = getattr(m, attr, None) if attr else None
         if not isinstance(inner, torch.nn.Module):
             return m
+        if attr == "_orig_mod":
+            _STATE.compiled = True
         m = inner
     return m
 

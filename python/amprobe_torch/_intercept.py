@@ -9,6 +9,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ._patches import safely
+
 
 class _Wrapped:
     """A method of the script's scaler as the watcher wraps it (set on the instance): called,
@@ -35,11 +37,12 @@ def in_optimizer(w: Any, f: Callable) -> Callable:
     scaler's step unscales)."""
 
     def run(*a, **k):
-        w._enter_optimizer()
+        entered = safely(w, w._enter_optimizer)
         try:
             return f(*a, **k)
         finally:
-            w.optimizer_depth -= 1
+            if entered:
+                w.optimizer_depth -= 1
 
     return run
 
@@ -104,18 +107,23 @@ def updating(w: Any, f: Callable, scaler_step: bool = False) -> Callable:
                 w.st.in_update = False
                 # (not where the update raised: the script's error goes on as it is)
                 if done and w.st.light and w.active and not w.st.replayed:
-                    if scaler_step and not w.st.inner_stepped:
-                        # The scaler found an infinity and skipped the update.
-                        if w.st.calls or not w.st.later_segment:
-                            w._replay()
-                        else:
-                            # (two optimizers stepped after one backward: the calls
-                            # ran before the first, which may have changed them)
-                            w.st.segment_note = True
-                    if w.st.light:
-                        w._new_segment()
+                    safely(w, _after_update, w, scaler_step)
 
     return run
+
+
+def _after_update(w: Any, scaler_step: bool) -> None:
+    """Where an update of a step checked by modules returns (see `updating`)."""
+    if scaler_step and not w.st.inner_stepped:
+        # The scaler found an infinity and skipped the update.
+        if w.st.calls or not w.st.later_segment:
+            w._replay()
+        else:
+            # (two optimizers stepped after one backward: the calls ran before the
+            # first, which may have changed them)
+            w.st.segment_note = True
+    if w.st.light:
+        w._new_segment()
 
 
 def install(w: Any) -> None:
@@ -141,10 +149,13 @@ def _install_scaler(w: Any, sc: Any) -> None:
             # the step: the parameters are as the calls since the last update had
             # them).
             replay = w.st.light and not w.st.replayed and (bool(w.st.calls) or not w.st.later_segment)
+        except Exception:
+            w.fail()
+            return orig_update(*a, **k)
         finally:
             w.busy = False
         r = in_optimizer(w, orig_update)(*a, **k)
-        w._end_step(before, found, replay)
+        safely(w, w._end_step, before, found, replay)
         return r
 
     w.patches.replace(sc, "update", _Wrapped(sc, "update", update))
@@ -156,7 +167,7 @@ def _install_scaler(w: Any, sc: Any) -> None:
         was, w.busy = w.busy, True
         try:
             if w.active and a and isinstance(a[0], torch.Tensor):
-                w._name_loss(a[0])
+                safely(w, w._name_loss, a[0])
             out = orig_scale(*a, **k)
         finally:
             w.busy = was
@@ -189,7 +200,7 @@ def _install_optimizers(w: Any) -> None:
 
         def zero_grad(_opt, *a, **k):
             if w.active and not w.busy and not w.optimizer_depth and w.st.backwards and not w.st.updates:
-                w._abandon()
+                safely(w, w._abandon)
             return orig_zero(*a, **k)
 
         w.patches.replace(opt, "zero_grad", types.MethodType(zero_grad, opt))
@@ -208,7 +219,7 @@ def stepping(w: Any, opt: Any) -> Callable:
         if w.active and w.scaler is None and not w.optimizer_depth:
             w.st.stepped.add(key)
             if len(w.st.stepped) == len(w.optimizers):
-                w._end_step(None, None)
+                safely(w, w._end_step, None, None)
         return r
 
     # The marks others left on the step it wraps (an LR scheduler made before `watch`

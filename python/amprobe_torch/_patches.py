@@ -155,6 +155,20 @@ def _tell(w: Any, f: Callable[[], Any]) -> Tuple[bool, Any]:
         w.busy = False
 
 
+def safely(w: Any, f: Callable[..., Any], *a: Any) -> bool:
+    """Runs `f(*a)`, a watcher's part of a call of the script's (as the script's own: its
+    mode sees what it does); an error in it stops that watcher's capture (`fail`), never
+    the script. Returns whether it ran to its end."""
+    if w.failed is not None:
+        w.stop_mode()
+    try:
+        f(*a)
+        return True
+    except Exception:
+        w.fail()
+        return False
+
+
 def told_backward(roots: List[torch.Tensor], given: Any, run: Callable[[Optional[list]], Any]) -> Any:
     """Runs `run(seeds)`, a backward from `roots` (the losses) with the gradients `given`
     for them, told to the watchers: each names the roots' nodes and keeps their loss, and
@@ -232,7 +246,7 @@ def _install_grad(patches: Patches) -> None:
     def grad(*a, **k):
         for w in WATCHERS:
             if w.active and not w.busy and not w.st.replaying:
-                w.on_autograd_grad()
+                safely(w, w.on_autograd_grad)
         return orig(*a, **k)
 
     patches.replace(torch.autograd, "grad", grad)
@@ -279,8 +293,7 @@ def _in_optimizer_phase(f: Callable, norm: Optional[Callable[[tuple, dict, Any],
     def run(*a, **k):
         entered = []
         for w in WATCHERS:
-            if w.active and not w.busy:
-                w._enter_optimizer()
+            if w.active and not w.busy and safely(w, w._enter_optimizer):
                 entered.append(w)
         try:
             out = f(*a, **k)

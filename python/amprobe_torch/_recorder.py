@@ -311,10 +311,24 @@ def on_op(w: Any, func: Any, seen: Seen, out: Any, args: tuple = (), kwargs: Opt
     module = _module_of(w, seen.phase, seen.node)
     if info.kind == "collective":
         _wait(out)
-    vec = _output_vec(w, info, seen, floats, many, can_make)
+    # Memory not written yet: an allocation's, or a view of it (FSDP2 views its
+    # collectives' fresh buffers before it fills them), or, in a backward, a view of memory
+    # no op of the step made that is no parameter (FSDP2's gradient buffers, made where no
+    # mode sees them, viewed as the destinations of the copy that fills them; a backward's
+    # own values are made by its step); nothing to read, no origin.
+    unwritten = info.kind == "pending" or (
+        info.kind == "alias"
+        and (
+            any(p in st.unwritten for p in seen.preds)
+            or (seen.phase == "backward" and not seen.preds and not seen.param_in)
+        )
+    )
+    vec = _clean_vec(st, floats[0]) if unwritten else _output_vec(w, info, seen, floats, many, can_make)
     if info.mutable:
         _carry_written(w, floats, vec, many)
-    _append(st, info.name, seen, module, floats, many, vec, can_make, derived)
+    _append(st, info.name, seen, module, floats, many, vec, can_make and not unwritten, derived)
+    if unwritten:
+        st.unwritten.add(len(st.ops) - 1)
 
 
 def _append(st: Any, name: str, seen: Seen, module: str, floats: list, many: bool, vec: VecRef, can_make: bool,

@@ -67,6 +67,31 @@ def _scaler(sc: Any) -> Optional[dict]:
     }
 
 
+def compiled_regions(root: torch.nn.Module, given_compiled: bool) -> List[str]:
+    """The watched model's parts `torch.compile` compiled, by their names in the model: a
+    model given compiled (an `OptimizedModule`: named ""), a module compiled in place
+    (`module.compile()`), a module whose `forward` is compiled. (A compiled function that
+    is not a module's forward is not seen.)"""
+    out = [""] if given_compiled else []
+    for name, m in root.named_modules():
+        fwd = getattr(type(m), "forward", None)
+        if getattr(m, "_compiled_call_impl", None) is not None or hasattr(fwd, "_torchdynamo_orig_callable"):
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def model_name(m: torch.nn.Module) -> str:
+    """The model's class name as the user wrote it: FSDP2's `fully_shard` swaps a module's
+    class for a generated `FSDP<Name>` subclass, whose base is the user's."""
+    cls = type(m)
+    if cls.__name__.startswith("FSDP") and any(b.__name__ == "FSDPModule" for b in cls.__mro__):
+        for b in cls.__bases__:
+            if b.__name__ != "FSDPModule":
+                return b.__name__
+    return cls.__name__
+
+
 def header(
     model: torch.nn.Module,
     root: torch.nn.Module,
@@ -77,6 +102,8 @@ def header(
     sample_every: int,
     ran: Optional[torch.dtype] = None,
     discovery: Optional[dict] = None,
+    compiled: Optional[List[str]] = None,
+    eager: bool = False,
 ) -> dict:
     """The trace's header: the model (`root`: the one whose names the trace uses; `several`:
     it holds several models), the precision it trained in (`ran`: the dtype the first
@@ -94,9 +121,9 @@ def header(
         "schema_version": SCHEMA_VERSION,
         "tool": "amprobe",
         "tool_version": TOOL_VERSION,
-        "model": " + ".join(type(m).__name__ for m in root.values())
+        "model": " + ".join(model_name(m) for m in root.values())
         if several
-        else type(root).__name__,
+        else model_name(root),
         "precision": precision,
         "autocast_dtype": _stats.DTYPE_NAMES.get(autocast_dtype) if autocast_dtype else None,
         "policy_device": dev.type,
@@ -123,6 +150,9 @@ def header(
         header["source"]["requested_precision"] = {"precision": asked[0], "by": asked[1]}
     if discovery is not None:
         header["source"]["discovery"] = discovery
+    if compiled:
+        # (run eagerly while watched: `_patches._force_eager`)
+        header["source"]["compiled"] = {"regions": compiled, "ran": "eager" if eager else "compiled"}
     if device_name is not None:
         header["device"] = device_name
     return header

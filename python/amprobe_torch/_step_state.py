@@ -74,6 +74,8 @@ class StepState:
     param_dep: Set[int] = field(default_factory=set)
     maskish: Set[int] = field(default_factory=set)
     op_count: int = 0
+    # The ops whose output is memory not written yet (`_recorder.on_op`).
+    unwritten: Set[int] = field(default_factory=set)
     # Each micro-batch's loss (a 0-d float64 tensor).
     losses: List[Any] = field(default_factory=list)
     # Each gradient clipping by norm of this step: (the total norm it returned, its

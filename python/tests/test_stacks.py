@@ -145,3 +145,18 @@ def test_hf_trainer_fp16_on_the_cpu_is_told_it_trained_in_fp32(tmp_path):
     assert trace[0]["precision"] == "fp32"
     assert trace[0]["source"]["requested_precision"]["precision"] == "fp16"
     assert "asked for fp16" in stdout and "ran in fp32" in stdout, stdout
+
+
+def test_a_compiled_model_runs_eagerly_while_watched_and_is_told(tmp_path):
+    # The choice (docs/companion.md, "torch.compile"): watched, compiled code runs eagerly,
+    # and the summary says so. What that changes is exactly that: the training is the
+    # uncompiled model's, bitwise.
+    eager = plain(tmp_path, "compiled.py", "--no-compile")
+    got, trace, summary, stdout = captured(tmp_path, "compiled.py")
+    same(eager, got)
+    h = trace[0]
+    assert h["model"] == "Sequential" and h["source"]["compiled"] == {"regions": [""], "ran": "eager"}, h
+    names = [p["name"] for p in steps(trace)[0]["params"]]
+    assert names == ["0.weight", "0.bias", "2.weight", "2.bias"], names
+    assert "torch.compile: the model ran eagerly while watched" in stdout, stdout
+    assert any(n.startswith("torch.compile:") for n in summary["capture_notes"])

@@ -21,12 +21,40 @@ pub fn notes(h: &Header) -> Vec<String> {
             out.push(format!("discovery: {note}"));
         }
     }
+    if let Some(c) = &src.compiled {
+        out.push(compiled_note(c));
+    }
     if let Some(r) = &src.requested_precision {
         if let Some(note) = precision_note(&r.precision, &r.by, &h.precision) {
             out.push(note);
         }
     }
     out
+}
+
+/// What the summary says of a model `torch.compile` compiled.
+fn compiled_note(c: &crate::trace::record::Compiled) -> String {
+    let names = c
+        .regions
+        .iter()
+        .map(|r| {
+            if r.is_empty() {
+                "the model".to_string()
+            } else {
+                format!("`{r}`")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if c.ran == "eager" {
+        format!(
+            "torch.compile: {names} ran eagerly while watched (the companion sets Dynamo's stance to \
+             force_eager, and puts it back at close): these are eager PyTorch's ops, whose last bits and \
+             speed can differ from the compiled kernels'; a failure seen here is eager's"
+        )
+    } else {
+        format!("torch.compile: {names} ran compiled, unseen inside its graphs")
+    }
 }
 
 fn list(items: &[String], none: &str) -> String {
@@ -73,6 +101,7 @@ mod tests {
                 run_id: None,
                 transformers: None,
                 discovery: discovery.map(Box::new),
+                compiled: None,
                 requested_precision: asked.map(|a| RequestedPrecision {
                     precision: a.into(),
                     by: "Accelerate (mixed_precision='fp16')".into(),
@@ -115,5 +144,19 @@ mod tests {
         );
         assert_eq!(n[1], "discovery: 2 enabled GradScalers were made");
         assert!(notes(&Header::new()).is_empty());
+    }
+
+    #[test]
+    fn a_compiled_model_run_eagerly_is_told() {
+        let mut h = header("bf16", None, None);
+        h.source.as_mut().unwrap().compiled = Some(Box::new(crate::trace::record::Compiled {
+            regions: vec!["".into(), "encoder".into()],
+            ran: "eager".into(),
+        }));
+        let n = notes(&h);
+        assert!(
+            n[0].starts_with("torch.compile: the model, `encoder` ran eagerly while watched"),
+            "{n:?}"
+        );
     }
 }

@@ -105,6 +105,18 @@ pub struct Source {
     /// Trainer's `mixed_precision`, Lightning's `precision`), where one was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_precision: Option<RequestedPrecision>,
+    /// The watched model's parts `torch.compile` compiled, and how they ran while watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiled: Option<Box<Compiled>>,
+}
+
+/// What of the watched model `torch.compile` compiled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Compiled {
+    /// The compiled parts' module names (`""`: the model itself).
+    pub regions: Vec<String>,
+    /// `eager` (Dynamo's stance forced eager while watched) or `compiled`.
+    pub ran: String,
 }
 
 /// What the companion's discovery found as the script made it.
