@@ -36,7 +36,7 @@ from ._version import TOOL_VERSION
 if TYPE_CHECKING:  # (torch is imported where watching begins: see _boot)
     from . import _capture
 
-__all__ = ["watch", "watching"]
+__all__ = ["watch", "watching", "TrainerCallback", "LightningCallback"]
 __version__ = TOOL_VERSION
 
 
@@ -123,3 +123,13 @@ def watching(
         if w is not None and id(w) not in before:
             w.close()
 
+
+def __getattr__(name: str) -> Any:
+    """`TrainerCallback` (the HF Trainer's) and `LightningCallback`, from `callbacks` the
+    first time one is asked for: importing amprobe_torch imports neither transformers nor
+    Lightning (nor torch), as it runs at the start of every Python that amprobe runs."""
+    if name in ("TrainerCallback", "LightningCallback"):
+        from . import callbacks
+
+        return getattr(callbacks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
