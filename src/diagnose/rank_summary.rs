@@ -81,6 +81,9 @@ pub struct RanksSummary {
     pub first_inf: Option<RankOrigin>,
     /// The first NaN over all ranks, in the same order.
     pub first_nan: Option<RankOrigin>,
+    /// The rank whose chain the summary's `chain` is: that of the earlier of `first_inf`
+    /// and `first_nan`, at its step; `None` when there is no chain.
+    pub chain_rank: Option<u32>,
     /// The first step with an origin on any rank.
     pub first_failure: Option<FirstFailure>,
     /// Every rank recorded every step and found_inf was the same on all of them at each.

@@ -480,16 +480,36 @@ pub fn merge(ranks: &[RankTrace], shown_rank: u32) -> RanksSummary {
         }
     });
     let (found_inf, found_inf_agreed) = found_inf_steps(ranks);
+    let first_inf = first(all_inf);
+    let first_nan = first(all_nan);
+    let chain_rank = lead_chain(ranks, &first_inf, &first_nan).map(|(r, _)| r);
     RanksSummary {
         world_size: ranks.len() as u32,
         shown_rank,
-        first_inf: first(all_inf),
-        first_nan: first(all_nan),
+        first_inf,
+        first_nan,
+        chain_rank,
         first_failure,
         found_inf_agreed,
         found_inf,
         ranks: facts,
     }
+}
+
+/// The chain of the rank the earlier of `first_inf` and `first_nan` is on, at its step,
+/// with that rank; `None` when that record has no chain.
+fn lead_chain(
+    ranks: &[RankTrace],
+    first_inf: &Option<RankOrigin>,
+    first_nan: &Option<RankOrigin>,
+) -> Option<(u32, Vec<OpRef>)> {
+    let lead = [first_inf, first_nan]
+        .into_iter()
+        .flatten()
+        .min_by_key(|o| order_key(o))?;
+    let r = ranks.iter().find(|r| r.rank == lead.rank)?;
+    let rec = r.trace.steps.iter().find(|st| st.step == lead.op.step)?;
+    (!rec.origins.chain.is_empty()).then(|| (lead.rank, rec.origins.chain.clone()))
 }
 
 fn rank_verdict(t: &Trace) -> Verdict {
@@ -545,9 +565,9 @@ fn severity(v: Verdict) -> u8 {
 
 /// The summary of a run over several ranks: rank 0's steps, parameters, headroom and
 /// collapse flag (as [`summary_of_trace`] gives them), with the worst verdict of any rank,
-/// the first Inf and NaN over all ranks (and the chain of the rank that made the first of
-/// them), and [`RunSummary::ranks`] from [`merge`]. `path` is the trace path the ranks'
-/// files were named after.
+/// the first Inf and NaN over all ranks (and the chain of the rank the earlier of them is
+/// on, [`RanksSummary::chain_rank`]), and [`RunSummary::ranks`] from [`merge`]. `path` is
+/// the trace path the ranks' files were named after.
 pub fn summary_of_ranks(ranks: &[RankTrace], opts: DiagnoseOptions) -> Result<RunSummary> {
     let Some(shown) = ranks.first() else {
         return Err(Error::Invalid("no rank traces to summarize".into()));
@@ -561,16 +581,8 @@ pub fn summary_of_ranks(ranks: &[RankTrace], opts: DiagnoseOptions) -> Result<Ru
     }
     s.first_inf = merged.first_inf.as_ref().map(|o| o.op.clone());
     s.first_nan = merged.first_nan.as_ref().map(|o| o.op.clone());
-    let lead = [&merged.first_inf, &merged.first_nan]
-        .into_iter()
-        .flatten()
-        .min_by_key(|o| order_key(o));
-    s.chain = lead
-        .and_then(|o| {
-            let r = ranks.iter().find(|r| r.rank == o.rank)?;
-            let rec = r.trace.steps.iter().find(|st| st.step == o.op.step)?;
-            Some(rec.origins.chain.clone())
-        })
+    s.chain = lead_chain(ranks, &merged.first_inf, &merged.first_nan)
+        .map(|(_, c)| c)
         .unwrap_or_default();
     s.ranks = Some(merged);
     Ok(s)
