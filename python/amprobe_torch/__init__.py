@@ -36,7 +36,9 @@ from ._version import TOOL_VERSION
 if TYPE_CHECKING:  # (torch is imported where watching begins: see _boot)
     from . import _capture
 
-__all__ = ["watch", "watching", "TrainerCallback", "LightningCallback"]
+# (not the callbacks: `from amprobe_torch import *` must not import transformers and
+# Lightning; `amprobe_torch.TrainerCallback` and `.LightningCallback` are there to ask for)
+__all__ = ["watch", "watching"]
 __version__ = TOOL_VERSION
 
 
