@@ -130,6 +130,67 @@ pub fn rank_lines(r: &RanksSummary) -> Vec<String> {
     out
 }
 
+/// The line the human summary prints above its step lines: over several ranks, whose steps
+/// they are; `None` for one trace.
+pub fn steps_heading(s: &RunSummary) -> Option<String> {
+    let r = s.ranks.as_ref()?;
+    Some(format!(
+        "  steps of rank {} of {} ranks (the other ranks' are in their own traces; each \
+         rank's counts: `Ranks:` below and --summary-json's `ranks`)",
+        r.shown_rank, r.world_size
+    ))
+}
+
+/// `step S phase op #I `op` in `module``, or `none`.
+fn origin_words(o: Option<&OpRef>) -> String {
+    match o {
+        None => "none".into(),
+        Some(o) => format!(
+            "step {} {} op #{} {}",
+            o.step,
+            phase(o.phase),
+            o.op_index,
+            op_words(o)
+        ),
+    }
+}
+
+/// The human summary's first Inf, first NaN and chain lines (under the verdict). Over
+/// several ranks each names the rank it was recorded on (the first over all ranks,
+/// [`RanksSummary::first_inf`], [`RanksSummary::chain_rank`]).
+pub fn origin_lines(s: &RunSummary) -> Vec<String> {
+    let ranked = |o: Option<&RankOrigin>| match o {
+        Some(o) => format!("rank {}, {}", o.rank, origin_words(Some(&o.op))),
+        None => "none on any rank".into(),
+    };
+    let (inf, nan, chain_rank) = match &s.ranks {
+        Some(r) => (
+            ranked(r.first_inf.as_ref()),
+            ranked(r.first_nan.as_ref()),
+            r.chain_rank.map(|r| format!("rank {r}, ")),
+        ),
+        None => (
+            origin_words(s.first_inf.as_ref()),
+            origin_words(s.first_nan.as_ref()),
+            None,
+        ),
+    };
+    let mut out = vec![format!("  first Inf: {inf}"), format!("  first NaN: {nan}")];
+    if s.chain.len() > 1 {
+        let c: Vec<String> = s
+            .chain
+            .iter()
+            .map(|o| format!("{}@{}", o.op, module(&o.module)))
+            .collect();
+        out.push(format!(
+            "  chain: {}{}",
+            chain_rank.unwrap_or_default(),
+            c.join(" -> ")
+        ));
+    }
+    out
+}
+
 /// Modules shown per headroom kind in the text (the JSON has all).
 const SHOWN: usize = 12;
 
