@@ -58,13 +58,20 @@ fn kind(v: Option<&Value>) -> Option<String> {
     }
 }
 
-/// The scaler configuration in one line.
+/// The scaler configuration in one line: amprobe's own (`kind`, `enabled` and the figures),
+/// or the PyTorch companion's, a GradScaler's figures without a `kind` (`init_scale`,
+/// `growth_factor`, `backoff_factor`, `growth_interval`), null without an enabled scaler.
 pub fn scaler_line(v: &Value) -> String {
-    if v.get("enabled").and_then(Value::as_bool) == Some(false) {
+    if v.is_null() || v.get("enabled").and_then(Value::as_bool) == Some(false) {
         return "off (no loss scaling)".into();
     }
     let f = |k: &str| v.get(k).and_then(Value::as_f64);
-    let mut parts = vec![kind(v.get("kind")).unwrap_or_else(|| "?".into())];
+    let mut parts = Vec::new();
+    match kind(v.get("kind")) {
+        Some(k) => parts.push(k),
+        None if f("init_scale").is_some() => parts.push("GradScaler".into()),
+        None => {}
+    }
     if let Some(s) = f("init_scale") {
         parts.push(format!("init {}", pow2(s)));
     }
@@ -73,6 +80,10 @@ pub fn scaler_line(v: &Value) -> String {
     }
     if let Some(b) = f("backoff_factor") {
         parts.push(format!("backoff ×{}", num(b)));
+    }
+    if parts.is_empty() {
+        // A configuration of another shape: as the header gives it.
+        return v.to_string();
     }
     parts.join(" · ")
 }
