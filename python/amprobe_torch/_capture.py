@@ -82,7 +82,8 @@ class Watcher:
         self.called = called
         self.scaler_given = scaler
         self.rewatched = False
-        self.several = model is not called[0]
+        # (a ModuleDict `gather_models` made to hold several models, not a model given)
+        self.several = isinstance(model, torch.nn.ModuleDict) and not any(model is c for c in called)
         self.optimizers = optimizers
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.path = path
