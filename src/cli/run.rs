@@ -256,23 +256,6 @@ pub fn apply_flags(cfg: &mut RunConfig, a: &RunFlags) {
     }
 }
 
-fn describe(op: &Option<amprobe::trace::record::OpRef>) -> String {
-    match op {
-        None => "none".to_string(),
-        Some(o) => format!(
-            "step {} {:?} op #{} `{}` in `{}`",
-            o.step,
-            o.phase,
-            o.op_index,
-            o.op,
-            amprobe::trace::record::module_name(&o.module)
-        )
-        .replace("Forward", "forward")
-        .replace("Backward", "backward")
-        .replace("Optimizer", "optimizer"),
-    }
-}
-
 /// A scale as a person reads it: plain up to 2^24, then in scientific notation.
 fn scale(x: f64) -> String {
     if x != 0.0 && !(1e-3..=16777216.0).contains(&x.abs()) {
@@ -300,6 +283,9 @@ pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
     for note in &s.capture_notes {
         outln!("  {note}")?;
     }
+    if let Some(h) = amprobe::diagnose::text::steps_heading(s) {
+        outln!("{h}")?;
+    }
     for st in &s.steps {
         outln!(
             "  step {:>4}  loss {:>12.6}  scale {:>10} -> {:<10} {}",
@@ -315,21 +301,8 @@ pub(super) fn print_human(s: &RunSummary) -> std::io::Result<()> {
         )?;
     }
     outln!("verdict: {}", s.verdict)?;
-    outln!("  first Inf: {}", describe(&s.first_inf))?;
-    outln!("  first NaN: {}", describe(&s.first_nan))?;
-    if s.chain.len() > 1 {
-        let c: Vec<String> = s
-            .chain
-            .iter()
-            .map(|o| {
-                format!(
-                    "{}@{}",
-                    o.op,
-                    amprobe::trace::record::module_name(&o.module)
-                )
-            })
-            .collect();
-        outln!("  chain: {}", c.join(" -> "))?;
+    for line in amprobe::diagnose::text::origin_lines(s) {
+        outln!("{line}")?;
     }
     if s.skipped_steps > 0 {
         outln!("  skipped steps: {} of {}", s.skipped_steps, s.steps.len())?;
