@@ -315,12 +315,12 @@ def on_op(w: Any, func: Any, seen: Seen, out: Any, args: tuple = (), kwargs: Opt
     # collectives' fresh buffers before it fills them), or, in a backward, a view of memory
     # no op of the step made that is no parameter (FSDP2's gradient buffers, made where no
     # mode sees them, viewed as the destinations of the copy that fills them; a backward's
-    # own values are made by its step); nothing to read, no origin.
+    # own values are made by its step; a sharded model's only); nothing to read, no origin.
     unwritten = info.kind == "pending" or (
         info.kind == "alias"
         and (
             any(p in st.unwritten for p in seen.preds)
-            or (seen.phase == "backward" and not seen.preds and not seen.param_in)
+            or (seen.phase == "backward" and not w.carried.enabled and not seen.preds and not seen.param_in)
         )
     )
     vec = _clean_vec(st, floats[0]) if unwritten else _output_vec(w, info, seen, floats, many, can_make)
