@@ -92,6 +92,19 @@ def model_name(m: torch.nn.Module) -> str:
     return cls.__name__
 
 
+def _capture_facts(source: dict, discovery: Optional[dict], compiled: Optional[List[str]], eager: bool) -> None:
+    """The header source's facts of the capture: the precision a library asked for, what
+    discovery found, what torch.compile compiled (run eagerly while watched:
+    `_patches._force_eager`)."""
+    asked = _stacks.requested_precision()
+    if asked is not None:
+        source["requested_precision"] = {"precision": asked[0], "by": asked[1]}
+    if discovery is not None:
+        source["discovery"] = discovery
+    if compiled:
+        source["compiled"] = {"regions": compiled, "ran": "eager" if eager else "compiled"}
+
+
 def header(
     model: torch.nn.Module,
     root: torch.nn.Module,
@@ -145,14 +158,7 @@ def header(
             "transformers": _plan.is_transformers(root),
         },
     }
-    asked = _stacks.requested_precision()
-    if asked is not None:
-        header["source"]["requested_precision"] = {"precision": asked[0], "by": asked[1]}
-    if discovery is not None:
-        header["source"]["discovery"] = discovery
-    if compiled:
-        # (run eagerly while watched: `_patches._force_eager`)
-        header["source"]["compiled"] = {"regions": compiled, "ran": "eager" if eager else "compiled"}
+    _capture_facts(header["source"], discovery, compiled, eager)
     if device_name is not None:
         header["device"] = device_name
     return header
