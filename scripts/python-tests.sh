@@ -23,8 +23,9 @@ if ! "$venv/bin/python" -c "import transformers, safetensors, sys; sys.exit(tran
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "transformers==$transformers" safetensors >&2
 fi
 # The training libraries the stack tests (python/tests/test_stacks.py) run scripts under,
-# pinned: Accelerate (and so the HF Trainer), Lightning.
-stacks="accelerate==1.16.0 lightning==2.6.6 peft==0.21.2 timm==1.0.31"
+# pinned: Accelerate (and so the HF Trainer), Lightning, PEFT, timm, DeepSpeed (its fp16 test
+# builds its shared-memory op once, with ninja and the C++ compiler, into torch's extension cache).
+stacks="accelerate==1.16.0 lightning==2.6.6 peft==0.21.2 timm==1.0.31 deepspeed==0.19.8"
 if ! "$venv/bin/python" -c "
 import sys, importlib.metadata as m
 want = dict(s.split('==') for s in sys.argv[1:])

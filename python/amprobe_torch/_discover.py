@@ -11,7 +11,9 @@ line (run by `amprobe run -- CMD`, which sets AMPROBE_AUTO=1; see `_boot`).
   then every optimizer and scaler of a training has been made. The modules watched are
   the outermost modules that hold the optimizers' parameters, without the wrappers around
   them (DDP, FSDP, `torch.compile`'s `OptimizedModule`, Lightning's, DeepSpeed's), so that
-  the trace uses the names the user's model has.
+  the trace uses the names the user's model has. A DeepSpeed engine's torch optimizer
+  trains copies of the parameters: the engine's first forward attaches, to what the engine
+  holds (`_deepspeed`).
 - What it saw goes into the trace's header (`source.discovery`); where it was unsure
   (several models, several enabled scalers) it says so and gives the `watch` line that
   settles it. A process that attached to nothing writes what it saw to
@@ -34,7 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _registry
+from . import _deepspeed, _registry
 
 # Wrappers around a user's model, and the attribute that holds the model.
 _WRAPPERS = {
@@ -102,7 +104,7 @@ class Discovery:
         self.looking = True
         try:
             ids = self.trained_ids()
-            if ids and any(id(p) in ids for p in module.parameters()):
+            if _deepspeed.is_engine(module) or (ids and any(id(p) in ids for p in module.parameters())):
                 self.attach(module, args)
         except Exception:
             self.give_up()
@@ -126,11 +128,12 @@ class Discovery:
         """Watches what trains, from this call of `module` (or this optimizer step) on."""
         self.attached = True
         self.restore()
-        models = outermost_models(self.trained_ids())
-        if any(_watches_any(w, models) for w in _registry.WATCHERS if not w.closed):
-            # (the script watches its training itself)
+        if module is not None and _deepspeed.is_engine(module):
+            # (DeepSpeed's torch optimizer trains its own copies of the parameters)
+            model, opt, scaler, note = _deepspeed.parts(module)
+            self.start([model], [opt], scaler, note, None, args)
             return
-        optimizers = self.alive_optimizers()
+        models = outermost_models(self.trained_ids())
         scaler, note = choose_scaler(self.alive_scalers())
         if len(models) > 1:
             note = (note + "; " if note else "") + (
@@ -138,6 +141,16 @@ class Discovery:
                 f"({', '.join(type(m).__name__ for m in models)}); "
                 "`amprobe_torch.watch(model, optimizer, scaler)` in the script names the one to watch"
             )
+        self.start(models, self.alive_optimizers(), scaler, note, module, args)
+
+    def start(
+        self, models: List[torch.nn.Module], optimizers: List[Any], scaler: Any, note: Optional[str],
+        module: Optional[torch.nn.Module], args: tuple,
+    ) -> None:
+        """Opens the watcher of `models`, unless the script watches its training itself;
+        `module` is the call under way that the watcher's hooks did not see begin."""
+        if any(_watches_any(w, models) for w in _registry.WATCHERS if not w.closed):
+            return
         self.note = note
         from . import watch
 
@@ -149,7 +162,7 @@ class Discovery:
             "models": [type(m).__name__ for m in models],
             "optimizers": [type(o).__name__ for o in optimizers],
             "scalers": [type(s).__name__ + ("" if s.is_enabled() else " (disabled)") for s in self.alive_scalers()],
-            "scaler": type(scaler).__name__ if scaler is not None else None,
+            "scaler": scaler_name(scaler),
             "note": note,
         }
         self.watcher = w
@@ -292,6 +305,13 @@ def named_models(models: List[torch.nn.Module]) -> Dict[str, torch.nn.Module]:
             k = f"{name}{i}"
         out[k] = m
     return out
+
+
+def scaler_name(scaler: Any) -> Optional[str]:
+    """The class of the scaler watched (DeepSpeed's loss scaler by its own)."""
+    if scaler is None:
+        return None
+    return type(getattr(scaler, "ls", scaler)).__name__
 
 
 def choose_scaler(scalers: List[Any]) -> Tuple[Optional[Any], Optional[str]]:

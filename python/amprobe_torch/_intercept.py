@@ -128,9 +128,14 @@ def _after_update(w: Any, scaler_step: bool) -> None:
 
 def install(w: Any) -> None:
     """Replaces the methods of the watcher's scaler (when enabled) and optimizers."""
-    if w.scaler is not None:
+    stepped_by_scaler = None
+    if w.scaler is not None and hasattr(w.scaler, "install"):
+        # DeepSpeed's loss scaler: its optimizer's step scales, checks and skips
+        w.scaler.install(w)
+        stepped_by_scaler = w.scaler.optimizer
+    elif w.scaler is not None:
         _install_scaler(w, w.scaler)
-    _install_optimizers(w)
+    _install_optimizers(w, stepped_by_scaler)
 
 
 def _install_scaler(w: Any, sc: Any) -> None:
@@ -187,13 +192,14 @@ def _install_scaler(w: Any, sc: Any) -> None:
     w.patches.replace(sc, "step", _Wrapped(sc, "step", updating(w, sc.step, scaler_step=True)))
 
 
-def _install_optimizers(w: Any) -> None:
-    """Each optimizer's step (an update); with one optimizer, its `zero_grad` (a skipped
-    batch's end: see `Watcher._abandon`)."""
+def _install_optimizers(w: Any, stepped_by_scaler: Any = None) -> None:
+    """Each optimizer's step (an update; not the one whose step the scaler wrapped); with
+    one optimizer, its `zero_grad` (a skipped batch's end: see `Watcher._abandon`)."""
     # The wrappers are bound methods, as the optimizer's own are: an LR scheduler made
     # after `watch` wraps `step` through its `__func__`.
     for opt in w.optimizers:
-        w.patches.replace(opt, "step", types.MethodType(stepping(w, opt), opt))
+        if opt is not stepped_by_scaler:
+            w.patches.replace(opt, "step", types.MethodType(stepping(w, opt), opt))
     if len(w.optimizers) == 1:
         opt = w.optimizers[0]
         orig_zero = opt.zero_grad

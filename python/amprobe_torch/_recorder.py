@@ -17,6 +17,11 @@ from ._tree import leaves
 # on a device checked together.
 BATCHED_INPUTS = 8
 
+# Ops whose output is a value the script wrote (a fill), not one arithmetic made: an Inf
+# there is a sentinel (DeepSpeed's optimizer fills an infinite norm before it knows one),
+# never where a value first overflowed.
+FILLS = frozenset("full full_like new_full fill fill_ scalar_tensor".split())
+
 
 def _mask_like(x: float) -> bool:
     """A scalar that masks: -inf or a dtype's most negative value."""
@@ -114,7 +119,8 @@ class _Inputs:
             return
         if e is None:
             st.check_vecs.append(w.carried.known_check(k, t))
-            e = st.external[k] = len(st.check_vecs) - 1
+            e = len(st.check_vecs) - 1
+            st.external.put(k, t, e)
         self.ext.append(e)
         if self.known_finite:
             self.known_finite = _clean(st.check_vecs[e])
@@ -130,8 +136,8 @@ class _Inputs:
             by_device.setdefault(t.device, []).append((k, t))
         for group in by_device.values():
             st.check_vecs.append(_stats.batch_check([t for _, t in group]))
-            for k, _ in group:
-                st.external[k] = len(st.check_vecs) - 1
+            for k, t in group:
+                st.external.put(k, t, len(st.check_vecs) - 1)
             self.ext.append(len(st.check_vecs) - 1)
         self.known_finite = False
 
@@ -295,8 +301,10 @@ def on_op(w: Any, func: Any, seen: Seen, out: Any, args: tuple = (), kwargs: Opt
     # makes none: a non-finite value its input's record did not show was in that memory
     # before (FSDP2 reallocates a freed parameter at the address it had and views it before
     # the all-gather fills it). A view that reinterprets integers as floats can.
-    can_make = (info.kind is None or (info.kind == "alias" and not all(_stats.floating(t) for t in seen.ins))) and (
-        seen.phase != "forward" or derived
+    can_make = (
+        (info.kind is None or (info.kind == "alias" and not all(_stats.floating(t) for t in seen.ins)))
+        and (seen.phase != "forward" or derived)
+        and info.name not in FILLS
     )
     out, outs = _outputs(info, out, args, kwargs)
     floats = [t for t in outs if _stats.floating(t)]
@@ -305,7 +313,7 @@ def on_op(w: Any, func: Any, seen: Seen, out: Any, args: tuple = (), kwargs: Opt
         # where they come from.
         for t in outs:
             if _stats.observed(t):
-                st.integers[_key(t)] = (derived, seen.param_in, seen.maskish_in)
+                st.integers.put(_key(t), t, (derived, seen.param_in, seen.maskish_in))
         return
     many = info.many and len(floats) > 1
     module = _module_of(w, seen.phase, seen.node)
@@ -357,7 +365,7 @@ def _append(st: Any, name: str, seen: Seen, module: str, floats: list, many: boo
         )
     )
     for t in floats:
-        st.producer[_key(t)] = idx
+        st.producer.put(_key(t), t, idx)
     if derived:
         st.derived.add(idx)
     if seen.param_in:

@@ -59,6 +59,9 @@ def _scaler(sc: Any) -> Optional[dict]:
     """The header's scaler configuration, or None without an enabled scaler."""
     if sc is None:
         return None
+    if hasattr(sc, "describe"):
+        # (DeepSpeed's loss scaler, with its kind and hysteresis)
+        return sc.describe()
     return {
         "init_scale": sc._init_scale,
         "growth_factor": sc._growth_factor,
