@@ -118,6 +118,10 @@ class Discovery:
         if self.attached or self.failed:
             return False
         try:
+            if not outermost_models(self.trained_ids()):
+                # (a step of no module's parameters: DeepSpeed's fp16 optimizer steps its
+                # fp32 copies once as it is made; its engine's forward attaches)
+                return False
             self.attach(None, ())
         except Exception:
             self.give_up()

@@ -105,3 +105,19 @@ def test_deepspeed_zero1_fp16_clean_run_grows_its_scale(tmp_path, stage):
     # (its scale window is 3: the scale doubles after each 3 steps without overflow)
     assert ss[-1]["scale_before"] > ss[0]["scale_before"]
     assert summary["first_inf"] is None and summary["first_nan"] is None and summary["verdict"] == "clean"
+
+
+def test_deepspeed_fp16_without_zero_is_watched_and_its_unread_scaler_told(tmp_path):
+    # DeepSpeed's fp16 optimizer without ZeRO steps its fp32 copies once as it is made,
+    # before any forward: discovery waits for the engine's.
+    ref = plain(tmp_path, "--stage", "0", "--planted", "--hooks")
+    got, trace, summary, stdout = captured(tmp_path, "--stage", "0", "--planted")
+    got["hooks_first"] = ref["hooks_first"]
+    same(ref, got)
+    d = trace[0]["source"]["discovery"]
+    assert (d["models"], d["optimizers"], d["scaler"]) == (["Net"], ["FP16_UnfusedOptimizer"], None), d
+    assert "keeps its loss scale where the companion does not read it" in stdout, stdout
+    ss = steps(trace)
+    assert len(ss) == 8 and all(same_float(s["loss"], r["loss"]) for s, r in zip(ss, ref["steps"]))
+    step, module = ref["hooks_first"]
+    assert (summary["first_inf"]["step"], summary["first_inf"]["module"]) == (step, module), summary
