@@ -78,40 +78,8 @@ class Watcher:
     ) -> None:
         """`model`, `called` and `optimizers` as `gather_models` and `gather_optimizers`
         give them."""
-        self.model = model
-        self.called = called
-        self.scaler_given = scaler
-        self.rewatched = False
-        # (a ModuleDict `gather_models` made to hold several models, not a model given)
-        self.several = isinstance(model, torch.nn.ModuleDict) and not any(model is c for c in called)
-        self.optimizers = optimizers
-        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        self.path = path
-        self.sample_every = sample_every
-        self.active = True
-        self.busy = False
-        self.failed = None
-        self.step = 0
-        self.writer = None
-        # Autocast's dtype where a module's forward ran under it (read until the header is
-        # written), and the device type whose autocast state is read.
-        self.autocast_dtype = None
-        self.device_type = next((p.device.type for p in model.parameters()), "cpu")
-        # What discovery found (`_discover`), for the header; None where `watch` was called.
-        self.discovery = None
-        # Whether the model was given compiled (`torch.compile`'s `OptimizedModule`).
-        self.compiled_given = any(type(m).__name__ == "OptimizedModule" for m in called)
-        # The run's verdict so far, by the runner's rule (written in the end record).
-        self.saw_forward_origin = False
-        self.saw_skip = False
-        self.params_finite = True
-        self.optimizer_depth = 0
-        self.closed = False
-        self.started = time.perf_counter()
-        self.tree_depth = 0
-        self.paused = False
-        # Whether the outermost model call running now paused the mode (`_call_enter`).
-        self.call_paused = False
+        self._what_is_watched(model, called, optimizers, scaler, path, sample_every)
+        self._run_state()
         # Steps that are not kept are checked by modules and replayed when they fail, unless
         # every op must be checked (AMPROBE_CHECK=ops) or the model is sharded (a replay of
         # one rank's forward would wait on collectives the other ranks do not make).
@@ -144,6 +112,50 @@ class Watcher:
             # (what it did attach is undone; `watch` reports the error)
             self.close()
             raise
+
+    def _what_is_watched(
+        self, model: torch.nn.Module, called: List[torch.nn.Module], optimizers: List[Any], scaler: Optional[Any],
+        path: str, sample_every: int,
+    ) -> None:
+        """What is watched, and what the header says of it."""
+        self.model = model
+        self.called = called
+        self.scaler_given = scaler
+        self.rewatched = False
+        # (a ModuleDict `gather_models` made to hold several models, not a model given)
+        self.several = isinstance(model, torch.nn.ModuleDict) and not any(model is c for c in called)
+        self.optimizers = optimizers
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.path = path
+        self.sample_every = sample_every
+        # Autocast's dtype where a module's forward ran under it (read until the header is
+        # written), and the device type whose autocast state is read.
+        self.autocast_dtype = None
+        self.device_type = next((p.device.type for p in model.parameters()), "cpu")
+        # What discovery found (`_discover`), for the header; None where `watch` was called.
+        self.discovery = None
+        # Whether the model was given compiled (`torch.compile`'s `OptimizedModule`).
+        self.compiled_given = any(type(m).__name__ == "OptimizedModule" for m in called)
+
+    def _run_state(self) -> None:
+        """The capture's own state as the run goes (active, busy, failed, the step, the
+        verdict so far)."""
+        self.active = True
+        self.busy = False
+        self.failed = None
+        self.step = 0
+        self.writer = None
+        # The run's verdict so far, by the runner's rule (written in the end record).
+        self.saw_forward_origin = False
+        self.saw_skip = False
+        self.params_finite = True
+        self.optimizer_depth = 0
+        self.closed = False
+        self.started = time.perf_counter()
+        self.tree_depth = 0
+        self.paused = False
+        # Whether the outermost model call running now paused the mode (`_call_enter`).
+        self.call_paused = False
 
     def _attach(self) -> None:
         """Hooks the modules, installs the interceptions and enters the dispatch mode."""
