@@ -110,10 +110,12 @@ def _failure_flags(w: Any) -> list:
                 continue
             # The optimizer's ops read these next: their checks are these.
             k = key(g)
-            if k not in st.external:
+            e = st.external.get(k)
+            if e is None:
                 st.check_vecs.append(_stats.check(g))
-                st.external[k] = len(st.check_vecs) - 1
-            v = st.check_vecs[st.external[k]]
+                e = len(st.check_vecs) - 1
+                st.external.put(k, g, e)
+            v = st.check_vecs[e]
             flags.append(v[1] + v[2] + v[3] > 0)
         flags.append(_stats.nonfinite_flag([g for g in grads if not _stats.on_host(_stats.local(g))]))
     return flags

@@ -8,6 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set
 
+import torch
+
+from . import _stats
+
 
 class StepKind(enum.Enum):
     """How a step's ops are checked."""
@@ -21,6 +25,63 @@ class StepKind(enum.Enum):
     # Only the model's outputs, the script's own ops, the loss and the gradients checked; a
     # failing step is replayed op by op (the default).
     MODULES = "checked by modules"
+
+
+_expired = torch.UntypedStorage._expired
+
+
+class LiveMap:
+    """Tensor key (`_carried.key`) -> what the step knows of that tensor, for as long as its
+    values live: an entry whose storage was freed is not found. Memory freed is handed to
+    the next tensor made, and one made where the mode does not see it (`torch.tensor`'s
+    values, which `lift_fresh` then reads; a paused model's ops) would otherwise have its
+    key matched to what the freed one held (AdamW's step counter, `torch.tensor(0.)`, read
+    as the loss's gradient seed of 1 freed just before it)."""
+
+    __slots__ = ("_entries", "_gone", "_refs")
+
+    def __init__(self) -> None:
+        # key -> (value, weak reference to the storage, or None where it cannot be read)
+        self._entries: Dict[tuple, tuple] = {}
+        # The values of the entries found freed.
+        self._gone: List[Any] = []
+        # Every weak reference taken, released with the map: a weak reference keeps a freed
+        # storage's bookkeeping (not its memory), so no other storage takes its identity
+        # while the map holds it.
+        self._refs: List[int] = []
+
+    def put(self, k: tuple, t: Any, value: Any) -> None:
+        """`value` for tensor `t`, whose key is `k`."""
+        try:
+            ref = _stats.local(t).untyped_storage()._weak_ref()
+        except (RuntimeError, NotImplementedError, AttributeError):
+            ref = None
+        else:
+            self._refs.append(ref)
+        old = self._entries.get(k)
+        if old is not None and old[1] is not None and _expired(old[1]):
+            self._gone.append(old[0])
+        self._entries[k] = (value, ref)
+
+    def get(self, k: tuple, default: Any = None) -> Any:
+        e = self._entries.get(k)
+        if e is None:
+            return default
+        if e[1] is not None and _expired(e[1]):
+            del self._entries[k]
+            self._gone.append(e[0])
+            return default
+        return e[0]
+
+    def values(self) -> List[Any]:
+        """Every value put, but one replaced while its tensor lived (ops of the step were
+        recorded reading them, freed since or not)."""
+        return self._gone + [e[0] for e in self._entries.values()]
+
+    def __del__(self, _free: Any = torch.UntypedStorage._free_weak_ref) -> None:
+        for ref in self._refs:
+            _free(ref)
+        self._refs = []
 
 
 @dataclass(eq=False)
@@ -64,10 +125,10 @@ class StepState:
     full_vecs: List[Any] = field(default_factory=list)
     check_vecs: List[Any] = field(default_factory=list)
     # Tensor key -> the op that made it; -> the check vector of an input no op made;
-    # -> (derived, from parameters, maskish) of an integer output.
-    producer: Dict[tuple, int] = field(default_factory=dict)
-    external: Dict[tuple, int] = field(default_factory=dict)
-    integers: Dict[tuple, tuple] = field(default_factory=dict)
+    # -> (derived, from parameters, maskish) of an integer output; while its values live.
+    producer: LiveMap = field(default_factory=LiveMap)
+    external: LiveMap = field(default_factory=LiveMap)
+    integers: LiveMap = field(default_factory=LiveMap)
     # Ops whose output derives from the parameters or the batch; from the parameters; that
     # is, or reads, a mask.
     derived: Set[int] = field(default_factory=set)
