@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator, Optional
@@ -63,11 +62,21 @@ def watch(
     it is also called at exit), or None when
     AMPROBE_DISABLE=1. A plan in the environment (AMPROBE_AUTOCAST, AMPROBE_FP32_MODULES,
     AMPROBE_INIT_SCALE) is applied first; a value it cannot apply raises ValueError."""
-    if os.environ.get("AMPROBE_DISABLE") == "1":
+    from . import _env
+
+    if _env.disabled():
         return None
     from . import _attach, _capture, _plan, _registry
     from ._patches import Patches
 
+    if sample_every is None:
+        sample_every = _env.sample_every()
+    elif isinstance(sample_every, bool) or not isinstance(sample_every, int) or sample_every < 0:
+        raise ValueError(f"watch: sample_every= takes a whole number of steps, 0 or more, not {sample_every!r}")
+    if check is None:
+        check = _env.check()
+    elif check not in ("modules", "ops"):
+        raise ValueError(f"watch: check= takes `modules` or `ops`, not {check!r}")
     root, called = _attach.gather_models(model)
     optimizers = _attach.gather_optimizers(optimizer)
     path = trace or _attach.trace_path()
@@ -79,12 +88,6 @@ def watch(
     patches = Patches()
     if plan is not None:
         _plan.apply(plan, root, scaler, called, patches)
-    if sample_every is None:
-        sample_every = int(os.environ.get("AMPROBE_SAMPLE_EVERY", "0") or 0)
-    if check is None:
-        check = os.environ.get("AMPROBE_CHECK") or "modules"
-    if check not in ("modules", "ops"):
-        raise ValueError(f"AMPROBE_CHECK (or check=): expected `modules` or `ops`, not {check!r}")
     try:
         w = _capture.Watcher(root, called, optimizers, scaler, path, sample_every, check, patches)
     except Exception:  # the companion's own error: the training goes on, unwatched

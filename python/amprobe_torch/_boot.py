@@ -27,7 +27,16 @@ def start(site_file: str) -> None:
     """Runs at the start of the process, from the CLI's `sitecustomize.py` at `site_file`."""
     site_dir = os.path.dirname(os.path.abspath(site_file))
     _chain(site_dir)
-    if os.environ.get("AMPROBE_AUTO") == "1" and os.environ.get("AMPROBE_DISABLE") != "1":
+    from . import _env
+
+    try:
+        on = _env.auto() and not _env.disabled()
+    except ValueError as e:
+        # (the CLI refuses these before the command starts; a command started otherwise
+        # runs unwatched, told why)
+        sys.stderr.write(f"amprobe_torch: not watching: {e}\n")
+        return
+    if on:
         if "torch" in sys.modules:  # (imported by the environment's own sitecustomize)
             _start_discovery()
         else:

@@ -8,6 +8,7 @@ mod companion;
 mod compare;
 mod diagnose_args;
 mod doctor;
+mod env_check;
 mod export;
 mod fix;
 mod fix_script;
@@ -69,6 +70,7 @@ enum Command {
 /// Parses the command line and runs; returns the exit code.
 pub fn main() -> anyhow::Result<i32> {
     let cli = Cli::parse();
+    env_check::check()?;
     if cli.reproducible {
         amprobe::ops::linalg::host_gemm::set_reproducible(true);
     }
