@@ -13,8 +13,8 @@ use std::ffi::OsString;
 enum Takes {
     /// `1` or `0` (empty: unset); `lenient` also takes `true` and `false`.
     Switch { lenient: bool },
-    /// A whole number, 0 or more.
-    Count,
+    /// A whole number, 0 or more (what it counts, as the message says it).
+    Count(&'static str),
     /// One of these words (empty: the default), compared without case where `fold`.
     Word(&'static [&'static str], bool),
     /// A positive finite number.
@@ -31,7 +31,10 @@ const VARIABLES: &[(&str, Takes)] = &[
     ("AMPROBE_TRACE", Takes::Anything),
     ("AMPROBE_DISABLE", Takes::Switch { lenient: false }),
     ("AMPROBE_AUTO", Takes::Switch { lenient: false }),
-    ("AMPROBE_SAMPLE_EVERY", Takes::Count),
+    (
+        "AMPROBE_SAMPLE_EVERY",
+        Takes::Count("a whole number of steps, 0 or more"),
+    ),
     ("AMPROBE_CHECK", Takes::Word(&["modules", "ops"], false)),
     (
         "AMPROBE_AUTOCAST",
@@ -45,6 +48,26 @@ const VARIABLES: &[(&str, Takes)] = &[
     ("AMPROBE_REPRODUCIBLE", Takes::Switch { lenient: true }),
     ("AMPROBE_REQUIRE_GPU", Takes::Switch { lenient: true }),
     ("AMPROBE_TUI_PANIC_KEY", Takes::Char),
+    // The project's own test and benchmark scripts' (set around the CLI, not read by it).
+    ("AMPROBE_TORCH_VENV", Takes::Anything),
+    ("AMPROBE_LINT_VENV", Takes::Anything),
+    ("AMPROBE_BIN", Takes::Anything),
+    ("AMPROBE_MODES", Takes::Anything),
+    ("AMPROBE_BENCH_ONLY", Takes::Anything),
+    ("AMPROBE_BENCH_JSON", Takes::Anything),
+    (
+        "AMPROBE_BENCH_REPS",
+        Takes::Count("a whole number of repetitions, 0 or more"),
+    ),
+    ("AMPROBE_FUZZ_TARGET", Takes::Anything),
+    (
+        "AMPROBE_FUZZ_INPUTS",
+        Takes::Count("a whole number of inputs, 0 or more"),
+    ),
+    (
+        "AMPROBE_FUZZ_SEED",
+        Takes::Count("a whole number, 0 or more"),
+    ),
 ];
 
 /// Checks this process's environment: the first refused value is the error; unknown
@@ -90,7 +113,7 @@ fn accepts(takes: Takes, v: &str) -> bool {
             matches!(v, "" | "0" | "1")
                 || (lenient && (v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("false")))
         }
-        Takes::Count => {
+        Takes::Count(_) => {
             v.is_empty() || (v.bytes().all(|b| b.is_ascii_digit()) && v.parse::<u64>().is_ok())
         }
         Takes::Word(words, fold) => {
@@ -121,7 +144,7 @@ fn what(takes: Takes) -> String {
     match takes {
         Takes::Switch { lenient: false } => "1 (on) or 0 (off)".into(),
         Takes::Switch { lenient: true } => "1 or true (on), 0 or false (off)".into(),
-        Takes::Count => "a whole number of steps, 0 or more".into(),
+        Takes::Count(what) => what.into(),
         Takes::Word(words, _) => format!("one of {}", words.join(", ")),
         Takes::Positive => "a positive finite number".into(),
         Takes::Patterns => {
