@@ -2,7 +2,7 @@
 
 use super::cause::{SkipCause, SkipKind};
 use super::collapse::short;
-use super::headroom::{HeadroomKind, HeadroomWarning};
+use super::headroom::{HeadroomKind, HeadroomReport, HeadroomWarning};
 use super::module_bisect::Bisection;
 use super::rank_summary::{RankOrigin, RanksSummary};
 use super::remedy::RemedyReport;
@@ -306,19 +306,17 @@ pub fn num(x: f64) -> String {
     }
 }
 
-/// `max |x|` against the fp16 max, as a share (below it) or a multiple (above it).
-fn share(w: &HeadroomWarning) -> String {
-    if w.fp16_max_share < 1.0 {
-        format!("{:.0}% of the fp16 max", w.fp16_max_share * 100.0)
+/// `x` against the fp16 max, as a share (below it) or a multiple (above it).
+fn share(x: f64) -> String {
+    let m = x / FP16.max;
+    if m < 1.0 {
+        format!("{:.0}% of the fp16 max", m * 100.0)
+    } else if m >= 1e6 {
+        format!("{m:.1e}× the fp16 max")
+    } else if m >= 10.0 {
+        format!("{m:.0}× the fp16 max")
     } else {
-        let m = w.fp16_max_share;
-        if m >= 1e6 {
-            format!("{m:.1e}× the fp16 max")
-        } else if m >= 10.0 {
-            format!("{m:.0}× the fp16 max")
-        } else {
-            format!("{m:.2}× the fp16 max")
-        }
+        format!("{m:.2}× the fp16 max")
     }
 }
 
@@ -331,11 +329,20 @@ fn headroom_value(w: &HeadroomWarning) -> String {
             w.inf,
             if w.inf == 1 { "" } else { "s" }
         ),
+        // A gradient judged without the loss scale it carries says so.
+        HeadroomKind::NearOverflow if w.judged_max_abs() != w.max_abs => format!(
+            "`{}` max |x| {} ({} without the loss scale: {}, {})",
+            w.op,
+            num(w.max_abs),
+            num(w.judged_max_abs()),
+            share(w.judged_max_abs()),
+            w.dtype.name()
+        ),
         HeadroomKind::NearOverflow => format!(
             "`{}` max |x| {} ({}, {})",
             w.op,
             num(w.max_abs),
-            share(w),
+            share(w.max_abs),
             w.dtype.name()
         ),
         HeadroomKind::Underflow => format!(
@@ -536,6 +543,90 @@ pub fn blame_lines(b: &super::blame::BlameReport) -> Vec<String> {
     out
 }
 
+/// The headroom lines of each kind. In a run whose model ran in 16 bits its 16-bit ops are
+/// the finding and its fp32 ops, which reach fp16's limits only if cast, one line after
+/// them (or alone, under a line saying no 16-bit op came close); in a run with none (fp32)
+/// the fp32 ops are the finding (the JSON has them all).
+fn headroom_section(h: &HeadroomReport) -> Vec<String> {
+    let mut out = Vec::new();
+    let limit = h.thresholds.overflow_share;
+    let under = h.thresholds.underflow_share * 100.0;
+    for (kind, head, none) in [
+        (
+            HeadroomKind::NearOverflow,
+            format!(
+                "exceed {:.0}% of the fp16 maximum ({}): in fp16 they overflow or are close to it",
+                limit * 100.0,
+                limit * FP16.max
+            ),
+            format!(
+                "exceeds {:.0}% of the fp16 maximum ({})",
+                limit * 100.0,
+                limit * FP16.max
+            ),
+        ),
+        (
+            HeadroomKind::Underflow,
+            format!("would flush more than {under}% of their nonzero values to zero in fp16"),
+            format!("would flush more than {under}% of its nonzero values to zero in fp16"),
+        ),
+    ] {
+        let ws: Vec<&HeadroomWarning> = h.warnings.iter().filter(|w| w.kind == kind).collect();
+        if ws.is_empty() {
+            continue;
+        }
+        let (low, wide): (Vec<&HeadroomWarning>, Vec<&HeadroomWarning>) =
+            ws.iter().partition(|w| w.low_precision());
+        if !h.ran_16bit && low.is_empty() {
+            out.push(format!("Headroom: {} ops {head}:", ws.len()));
+            out.extend(headroom_lines(&ws, kind));
+            continue;
+        }
+        if low.is_empty() {
+            out.push(format!("Headroom: no op that ran in 16 bits {none}."));
+        } else {
+            out.push(format!(
+                "Headroom: {} ops that ran in 16 bits {head}:",
+                low.len()
+            ));
+            out.extend(headroom_lines(&low, kind));
+        }
+        if !wide.is_empty() {
+            out.push(fp32_aside(&wide, !low.is_empty()));
+        }
+    }
+    out
+}
+
+/// The one line for the fp32 ops of a run whose model ran in 16 bits: their op names,
+/// each with its count.
+fn fp32_aside(wide: &[&HeadroomWarning], after_16_bit: bool) -> String {
+    let mut names: Vec<(String, usize)> = Vec::new();
+    for w in wide {
+        match names.iter_mut().find(|(n, _)| *n == w.op) {
+            Some(e) => e.1 += 1,
+            None => names.push((w.op.clone(), 1)),
+        }
+    }
+    let list: Vec<String> = names
+        .iter()
+        .map(|(n, c)| {
+            if *c > 1 {
+                format!("`{n}` ×{c}")
+            } else {
+                format!("`{n}`")
+            }
+        })
+        .collect();
+    format!(
+        "  {}{} fp32 ops, kept in fp32 by the precision mode, would do so only if cast: {} \
+         (all in the summary JSON)",
+        if after_16_bit { "and " } else { "" },
+        wide.len(),
+        list.join(", ")
+    )
+}
+
 /// The whole diagnosis of a run in plain words: skip causes, collapse, headroom, blame,
 /// remedies.
 pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
@@ -572,68 +663,7 @@ pub fn diagnosis_lines(s: &RunSummary) -> Vec<String> {
     if let Some(f) = &s.scale_collapse {
         out.push(format!("Step {}: {}.", f.step, f.sentence()));
     }
-    let h = &s.headroom;
-    for (kind, head) in [
-        (
-            HeadroomKind::NearOverflow,
-            format!(
-                "exceed {:.0}% of the fp16 maximum ({}): in fp16 they overflow or are close to it",
-                h.thresholds.overflow_share * 100.0,
-                h.thresholds.overflow_share * FP16.max
-            ),
-        ),
-        (
-            HeadroomKind::Underflow,
-            format!(
-                "would flush more than {}% of their nonzero values to zero in fp16",
-                h.thresholds.underflow_share * 100.0
-            ),
-        ),
-    ] {
-        let ws: Vec<&HeadroomWarning> = h.warnings.iter().filter(|w| w.kind == kind).collect();
-        if ws.is_empty() {
-            continue;
-        }
-        // In a run with 16-bit ops, fp32 ops reach fp16's limits only if cast: one line
-        // for them, after the ops that did run in 16 bits (the JSON has them all).
-        let (low, wide): (Vec<&HeadroomWarning>, Vec<&HeadroomWarning>) =
-            ws.iter().partition(|w| w.low_precision());
-        if low.is_empty() {
-            out.push(format!("Headroom: {} ops {head}:", ws.len()));
-            out.extend(headroom_lines(&ws, kind));
-            continue;
-        }
-        out.push(format!(
-            "Headroom: {} ops that ran in 16 bits {head}:",
-            low.len()
-        ));
-        out.extend(headroom_lines(&low, kind));
-        if !wide.is_empty() {
-            let mut names: Vec<(String, usize)> = Vec::new();
-            for w in &wide {
-                match names.iter_mut().find(|(n, _)| *n == w.op) {
-                    Some(e) => e.1 += 1,
-                    None => names.push((w.op.clone(), 1)),
-                }
-            }
-            let list: Vec<String> = names
-                .iter()
-                .map(|(n, c)| {
-                    if *c > 1 {
-                        format!("`{n}` ×{c}")
-                    } else {
-                        format!("`{n}`")
-                    }
-                })
-                .collect();
-            out.push(format!(
-                "  and {} fp32 ops, kept in fp32 by the precision mode, would do so only if \
-                 cast: {} (all in the summary JSON)",
-                wide.len(),
-                list.join(", ")
-            ));
-        }
-    }
+    out.extend(headroom_section(&s.headroom));
     out.extend(blame_lines(&s.blame));
     if let Some(r) = &s.remedies {
         out.extend(remedy_lines(r));
