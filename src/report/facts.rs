@@ -135,9 +135,22 @@ pub fn headroom_ratio(s: &StepRecord, op: &OpRecord) -> f64 {
 }
 
 /// True for the ops the headroom check looks at: forward ops, scaler bookkeeping excluded
-/// (the scaled loss is meant to be large, and backward values are scaled on purpose).
+/// (the scaled loss is meant to be large, and backward values are scaled on purpose). In a
+/// run some of whose ops ran in 16 bits ([`ran_16bit`]), the check's findings are the
+/// 16-bit ones: an fp32 op would reach fp16's limits only if it were cast.
 pub fn headroom_checked(op: &OpRecord) -> bool {
     op.phase == Phase::Forward && !is_scaler_op(op)
+}
+
+pub use crate::diagnose::headroom::ran_in_16_bits;
+
+/// True when an op of a step with op records ran in a 16-bit float type (see
+/// [`ran_in_16_bits`]): the run's model ran in 16 bits.
+pub fn ran_16bit(steps: &[StepRecord]) -> bool {
+    steps
+        .iter()
+        .flat_map(|s| s.ops.iter().flatten())
+        .any(ran_in_16_bits)
 }
 
 /// One op close to (or over) fp16's largest value.
@@ -337,11 +350,16 @@ pub struct Facts {
     pub skipped: Vec<(u64, f64, f64, String)>,
     /// Events with their step.
     pub events: Vec<(u64, String)>,
-    /// Forward ops over half of fp16's max (or overflowing it).
+    /// The run's headroom findings: forward ops over half of fp16's max (or overflowing
+    /// it) that ran in a 16-bit type, or in a run with none ([`Facts::ran_16bit`] false)
+    /// every such forward op, as the question there is whether they would fit fp16.
     pub headroom: Vec<HeadroomHit>,
-    /// Forward fp32 ops (kept in fp32 by the precision mode) that would come close to or
-    /// overflow fp16 only if they were cast: apart, as they are not what failed.
+    /// In a run whose model ran in 16 bits, the forward fp32 ops (kept in fp32 by the
+    /// precision mode) that would come close to or overflow fp16 only if they were cast:
+    /// apart, as they are not what the run risks.
     pub headroom_fp32: Vec<HeadroomHit>,
+    /// True when an op of the run ran in a 16-bit float type ([`ran_16bit`]).
+    pub ran_16bit: bool,
     /// Parameters whose gradient loses values to fp16 underflow after scaling:
     /// `(name, worst share, step of it)`.
     pub underflow: Vec<(String, f64, u64)>,
@@ -351,6 +369,26 @@ pub struct Facts {
     pub steps_with_ops: Vec<u64>,
     /// Steps in the trace.
     pub steps: usize,
+}
+
+/// Parameters whose gradient loses values to fp16 underflow after scaling, each at its
+/// worst step: `(name, share, step)`, worst first.
+fn grad_underflow_worst(steps: &[StepRecord]) -> Vec<(String, f64, u64)> {
+    let mut worst: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+    for s in steps {
+        for p in &s.params {
+            if p.f16_underflow_frac_scaled > 0.0 {
+                let e = worst.entry(p.name.clone()).or_insert((0.0, s.step));
+                if p.f16_underflow_frac_scaled > e.0 {
+                    *e = (p.f16_underflow_frac_scaled, s.step);
+                }
+            }
+        }
+    }
+    let mut underflow: Vec<(String, f64, u64)> =
+        worst.into_iter().map(|(n, (f, s))| (n, f, s)).collect();
+    underflow.sort_by(|a, b| b.1.total_cmp(&a.1));
+    underflow
 }
 
 /// The headroom share above which the report warns.
@@ -385,24 +423,11 @@ impl Facts {
             .iter()
             .flat_map(|s| s.events.iter().map(move |e| (s.step, e.clone())))
             .collect();
-        let mut worst: BTreeMap<String, (f64, u64)> = BTreeMap::new();
-        for s in steps {
-            for p in &s.params {
-                if p.f16_underflow_frac_scaled > 0.0 {
-                    let e = worst.entry(p.name.clone()).or_insert((0.0, s.step));
-                    if p.f16_underflow_frac_scaled > e.0 {
-                        *e = (p.f16_underflow_frac_scaled, s.step);
-                    }
-                }
-            }
-        }
-        let mut underflow: Vec<(String, f64, u64)> =
-            worst.into_iter().map(|(n, (f, s))| (n, f, s)).collect();
-        underflow.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let sixteen = ran_16bit(steps);
         let (low_hits, fp32_hits): (Vec<HeadroomHit>, Vec<HeadroomHit>) =
             headroom_hits(steps, HEADROOM_WARN)
                 .into_iter()
-                .partition(HeadroomHit::low_precision);
+                .partition(|h| h.low_precision() || !sixteen);
         Facts {
             verdict: verdict(trace),
             origins,
@@ -411,7 +436,8 @@ impl Facts {
             events,
             headroom: low_hits,
             headroom_fp32: fp32_hits,
-            underflow,
+            ran_16bit: sixteen,
+            underflow: grad_underflow_worst(steps),
             params: param_table(steps),
             steps_with_ops: steps
                 .iter()
@@ -559,11 +585,10 @@ pub fn plural(n: u64, what: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The facts of a trace of one step whose one op, a forward `addmm` in `fc`, output
-    /// `dtype` values up to `max_abs`.
-    fn one_op_facts(dtype: &str, max_abs: f64) -> Facts {
+    /// A forward `addmm` in `fc` at op index `index`, output `dtype` values up to `max_abs`.
+    fn forward_op(index: u64, dtype: &str, max_abs: f64) -> OpRecord {
         let op = format!(
-            r#"{{"micro":0,"index":4,"phase":"forward","op":"addmm","module":"fc",
+            r#"{{"micro":0,"index":{index},"phase":"forward","op":"addmm","module":"fc",
             "inputs":[],"output":{{"dtype":"{dtype}","shape":[2]}},
             "stats":{{"numel":2,"nan":0,"pos_inf":0,"neg_inf":0,"zeros":0,"subnormal":0,
             "max_abs":{max_abs:?},"min_abs_nonzero":1.0,"sum_sq":{:?},
@@ -573,8 +598,13 @@ mod tests {
             max_abs * max_abs,
             u64::from(max_abs > 65504.0)
         );
+        serde_json::from_str(&op).unwrap()
+    }
+
+    /// The facts of a trace of one step with these ops.
+    fn ops_facts(ops: Vec<OpRecord>) -> Facts {
         let step = StepRecord {
-            ops: Some(vec![serde_json::from_str(&op).unwrap()]),
+            ops: Some(ops),
             ..StepRecord::default()
         };
         let trace = Trace {
@@ -584,6 +614,37 @@ mod tests {
             truncated: None,
         };
         Facts::new(&trace, &BTreeMap::new())
+    }
+
+    /// The facts of a trace of one step whose one op, a forward `addmm` in `fc`, output
+    /// `dtype` values up to `max_abs`.
+    fn one_op_facts(dtype: &str, max_abs: f64) -> Facts {
+        ops_facts(vec![forward_op(4, dtype, max_abs)])
+    }
+
+    #[test]
+    fn fp32_ops_are_the_finding_of_an_fp32_run_and_apart_in_a_16_bit_one() {
+        // An fp32 RMSNorm `pow` past fp16's max: in a run with fp16 ops it is apart and
+        // names no remedy; in an fp32 run it is the finding.
+        let mixed = ops_facts(vec![
+            forward_op(0, "float16", 30.0),
+            forward_op(1, "float32", 100000.0),
+        ]);
+        assert!(mixed.ran_16bit);
+        assert!(mixed.headroom.is_empty());
+        assert_eq!(mixed.headroom_fp32.len(), 1);
+        assert!(!mixed
+            .remedies("fp16")
+            .iter()
+            .any(|r| r.contains("fp16's max")));
+        let fp32 = one_op_facts("float32", 100000.0);
+        assert!(!fp32.ran_16bit);
+        assert!(fp32.headroom_fp32.is_empty());
+        assert_eq!(fp32.headroom.len(), 1);
+        assert!(fp32
+            .remedies("fp32")
+            .iter()
+            .any(|r| r.contains("would overflow in fp16")));
     }
 
     #[test]

@@ -540,81 +540,45 @@ fn section_events(d: &mut Doc, facts: &Facts) {
     }
 }
 
-/// Forward ops close to fp16's limits, and gradients fp16 flushes even after scaling.
-fn section_headroom(d: &mut Doc, facts: &Facts) {
-    d.push(Block::Heading(1, "Headroom".into()));
-    let checked = facts.steps_with_ops.len();
-    let table = |hits: &[HeadroomHit]| {
-        let (shown, more) = capped(hits, MAX_ROWS);
-        let t = Block::Table(
-            [
-                "step",
-                "op #",
-                "op",
-                "module",
-                "dtype",
-                "max |x|",
-                "of fp16 max",
-                "would overflow fp16",
-            ]
-            .map(String::from)
-            .to_vec(),
-            shown
-                .iter()
-                .map(|x| {
-                    vec![
-                        x.op.step.to_string(),
-                        x.op.op_index.to_string(),
-                        format!("`{}`", x.op.op),
-                        format!("`{}`", facts::module_name(&x.op.module)),
-                        x.dtype.to_string(),
-                        headroom_max(x),
-                        fmt_pct(x.ratio),
-                        x.f16_overflow.to_string(),
-                    ]
-                })
-                .collect(),
-        );
-        let mut blocks = vec![t];
-        blocks.extend(more.map(Block::Para));
-        blocks
-    };
-    let low = &facts.headroom;
-    let wide = &facts.headroom_fp32;
-    if low.is_empty() && wide.is_empty() {
-        d.push(Block::Para(format!(
-            "No forward op went above {} of fp16's max (65504) in the {checked} step(s) with \
-             op records.",
-            fmt_pct(HEADROOM_WARN)
-        )));
-    } else if low.is_empty() {
-        // An fp32 run: what would overflow if the ops ran in fp16 is the whole answer.
-        d.push(Block::Para(format!(
-            "No op ran in a 16-bit type; these fp32 forward ops would go above {} of fp16's \
-             max (65504), or overflow it, if they ran in fp16 ({checked} step(s) with op \
-             records, worst step of each op):",
-            fmt_pct(HEADROOM_WARN)
-        )));
-        d.blocks_extend(table(wide));
-    } else {
-        d.push(Block::Para(format!(
-            "Forward ops that ran in a 16-bit type and went above {} of fp16's max (65504), \
-             or overflowed it, in the {checked} step(s) with op records (worst step of each \
-             op):",
-            fmt_pct(HEADROOM_WARN)
-        )));
-        d.blocks_extend(table(low));
-        if !wide.is_empty() {
-            d.push(Block::Details(
-                format!(
-                    "{} fp32 op(s) that the precision mode keeps in fp32 would overflow or \
-                     come close to the fp16 max only if they were cast",
-                    wide.len()
-                ),
-                table(wide),
-            ));
-        }
-    }
+/// The headroom table of `hits` (capped at [`MAX_ROWS`], the rest counted).
+fn headroom_table(hits: &[HeadroomHit]) -> Vec<Block> {
+    let (shown, more) = capped(hits, MAX_ROWS);
+    let t = Block::Table(
+        [
+            "step",
+            "op #",
+            "op",
+            "module",
+            "dtype",
+            "max |x|",
+            "of fp16 max",
+            "would overflow fp16",
+        ]
+        .map(String::from)
+        .to_vec(),
+        shown
+            .iter()
+            .map(|x| {
+                vec![
+                    x.op.step.to_string(),
+                    x.op.op_index.to_string(),
+                    format!("`{}`", x.op.op),
+                    format!("`{}`", facts::module_name(&x.op.module)),
+                    x.dtype.to_string(),
+                    headroom_max(x),
+                    fmt_pct(x.ratio),
+                    x.f16_overflow.to_string(),
+                ]
+            })
+            .collect(),
+    );
+    let mut blocks = vec![t];
+    blocks.extend(more.map(Block::Para));
+    blocks
+}
+
+/// Parameters whose gradient values fp16 flushes even after loss scaling.
+fn section_grad_underflow(d: &mut Doc, facts: &Facts) {
     if !facts.underflow.is_empty() {
         d.push(Block::Para(
             "Parameters whose gradient values flush to zero in fp16 even after loss scaling \
@@ -629,6 +593,57 @@ fn section_headroom(d: &mut Doc, facts: &Facts) {
         items.extend(more);
         d.push(Block::List(items));
     }
+}
+
+/// Forward ops close to fp16's limits, and gradients fp16 flushes even after scaling.
+fn section_headroom(d: &mut Doc, facts: &Facts) {
+    d.push(Block::Heading(1, "Headroom".into()));
+    let checked = facts.steps_with_ops.len();
+    let low = &facts.headroom;
+    let wide = &facts.headroom_fp32;
+    if low.is_empty() && wide.is_empty() {
+        d.push(Block::Para(format!(
+            "No forward op went above {} of fp16's max (65504) in the {checked} step(s) with \
+             op records.",
+            fmt_pct(HEADROOM_WARN)
+        )));
+    } else if !facts.ran_16bit {
+        // An fp32 run: what would overflow if the ops ran in fp16 is the whole answer.
+        d.push(Block::Para(format!(
+            "No op ran in a 16-bit type; these fp32 forward ops would go above {} of fp16's \
+             max (65504), or overflow it, if they ran in fp16 ({checked} step(s) with op \
+             records, worst step of each op):",
+            fmt_pct(HEADROOM_WARN)
+        )));
+        d.blocks_extend(headroom_table(low));
+    } else {
+        if low.is_empty() {
+            d.push(Block::Para(format!(
+                "No forward op that ran in a 16-bit type went above {} of fp16's max \
+                 (65504) in the {checked} step(s) with op records.",
+                fmt_pct(HEADROOM_WARN)
+            )));
+        } else {
+            d.push(Block::Para(format!(
+                "Forward ops that ran in a 16-bit type and went above {} of fp16's max \
+                 (65504), or overflowed it, in the {checked} step(s) with op records (worst \
+                 step of each op):",
+                fmt_pct(HEADROOM_WARN)
+            )));
+            d.blocks_extend(headroom_table(low));
+        }
+        if !wide.is_empty() {
+            d.push(Block::Details(
+                format!(
+                    "{} fp32 op(s) that the precision mode keeps in fp32 would overflow or \
+                     come close to the fp16 max only if they were cast",
+                    wide.len()
+                ),
+                headroom_table(wide),
+            ));
+        }
+    }
+    section_grad_underflow(d, facts);
 }
 
 /// What to try, for the run's precision.
