@@ -8,7 +8,10 @@
 //! - `headroom>X%`: a forward op whose largest finite |output| exceeds X% of fp16's max
 //!   (65504) breaks it; an op whose rounding overflowed, or where an Inf originated, counts
 //!   as infinitely over. Only steps with op records are checked; scaler bookkeeping is
-//!   left out.
+//!   left out. In a run some of whose ops ran in 16 bits (fp16, bf16) only the 16-bit
+//!   forward ops count: an fp32 op there would reach fp16's limits only if it were cast
+//!   (one that made an Inf is the `nonfinite` rule's). In a run with none (fp32) every
+//!   forward op counts: the rule then asks whether the values would fit fp16.
 //! - `underflow>X%`: gradients losing more than X% of their values to fp16 underflow break
 //!   it: a backward op whose rounding flushed more than X% of its nonzero results to zero
 //!   (steps with op records), or a parameter whose unscaled gradient would lose more than X%
@@ -26,7 +29,7 @@ use super::facts::{self, describe_op, fmt_num, fmt_pct, plural};
 use super::lockfile::DEFAULT_LOCK;
 use crate::error::{Error, Result};
 use crate::trace::io::Trace;
-use crate::trace::record::{Header, OpRef, Phase, StepRecord};
+use crate::trace::record::{Header, OpRecord, OpRef, Phase, StepRecord};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -169,7 +172,11 @@ pub struct Gate {
     forward_origins: u64,
     first_forward: Option<(&'static str, OpRef)>,
     steps_with_ops: u64,
+    /// The largest headroom ratio of any forward op, and of those that ran in 16 bits:
+    /// `(ratio, op, max |x|)`.
     worst_headroom: Option<(f64, OpRef, f64)>,
+    worst_headroom_16: Option<(f64, OpRef, f64)>,
+    ran_16bit: bool,
     worst_underflow: Option<(f64, UnderflowAt)>,
     collapse: Option<(u64, String)>,
     /// One check per drift rule, in rule order.
@@ -195,6 +202,8 @@ impl Gate {
             first_forward: None,
             steps_with_ops: 0,
             worst_headroom: None,
+            worst_headroom_16: None,
+            ran_16bit: false,
             worst_underflow: None,
             collapse: None,
             drift,
@@ -248,26 +257,15 @@ impl Gate {
                 self.first_forward = Some((k, o.clone()));
             }
         }
-        let mut under = |share: f64, at: UnderflowAt| {
-            if share > self.worst_underflow.as_ref().map_or(0.0, |w| w.0) {
-                self.worst_underflow = Some((share, at));
-            }
-        };
         if let Some(ops) = &s.ops {
             self.steps_with_ops += 1;
             for op in ops {
-                if facts::headroom_checked(op) {
-                    let r = facts::headroom_ratio(s, op);
-                    if self.worst_headroom.as_ref().is_none_or(|w| r > w.0) {
-                        self.worst_headroom =
-                            Some((r, OpRef::from_op(s.step, op), op.stats.max_abs));
-                    }
-                }
+                self.observe_headroom(s, op);
                 if op.phase == Phase::Backward && op.rounding.underflow > 0 {
                     // Results that were nonzero before rounding: the finite nonzero ones
                     // plus those rounding flushed.
                     let before = op.stats.finite_nonzero() + op.rounding.underflow;
-                    under(
+                    self.note_underflow(
                         op.rounding.underflow as f64 / before as f64,
                         UnderflowAt::Op(OpRef::from_op(s.step, op)),
                     );
@@ -275,11 +273,38 @@ impl Gate {
             }
         }
         for p in &s.params {
-            under(
+            self.note_underflow(
                 p.f16_underflow_frac_scaled,
                 UnderflowAt::Param(p.name.clone(), s.step),
             );
         }
+        self.observe_collapse(s);
+    }
+
+    fn note_underflow(&mut self, share: f64, at: UnderflowAt) {
+        if share > self.worst_underflow.as_ref().map_or(0.0, |w| w.0) {
+            self.worst_underflow = Some((share, at));
+        }
+    }
+
+    /// The headroom of one op of step `s`.
+    fn observe_headroom(&mut self, s: &StepRecord, op: &OpRecord) {
+        let sixteen = facts::ran_in_16_bits(op);
+        self.ran_16bit |= sixteen;
+        if facts::headroom_checked(op) {
+            let r = facts::headroom_ratio(s, op);
+            let hit = || Some((r, OpRef::from_op(s.step, op), op.stats.max_abs));
+            if self.worst_headroom.as_ref().is_none_or(|w| r > w.0) {
+                self.worst_headroom = hit();
+            }
+            if sixteen && self.worst_headroom_16.as_ref().is_none_or(|w| r > w.0) {
+                self.worst_headroom_16 = hit();
+            }
+        }
+    }
+
+    /// The first collapse: an event saying so, or a scale that became 0 or non-finite.
+    fn observe_collapse(&mut self, s: &StepRecord) {
         if self.collapse.is_none() {
             if let Some(e) = s.events.iter().find(|e| {
                 let e = e.to_ascii_lowercase();
@@ -331,6 +356,70 @@ impl Gate {
             .collect()
     }
 
+    /// Whether `headroom>X%` breaks, and what it found: over the 16-bit forward ops in a
+    /// run that has any, else over every forward op.
+    fn headroom_outcome(&self, x: f64) -> (bool, String) {
+        let (worst, what, fp32) = if self.ran_16bit {
+            (
+                &self.worst_headroom_16,
+                "largest 16-bit forward output",
+                "; fp32 ops not counted",
+            )
+        } else {
+            (&self.worst_headroom, "largest forward output", "")
+        };
+        match worst {
+            None if self.steps_with_ops == 0 => {
+                (false, "not checked: no step has op records".to_string())
+            }
+            None => (
+                false,
+                format!(
+                    "no forward op ran in 16 bits ({} with op records{fp32})",
+                    plural(self.steps_with_ops, "step")
+                ),
+            ),
+            Some((r, o, max)) => (
+                *r * 100.0 > x,
+                format!(
+                    "{what} is {} of fp16's max at {} (max |x| {}; {} with op records{fp32})",
+                    fmt_pct(*r),
+                    describe_op(o),
+                    fmt_num(*max),
+                    plural(self.steps_with_ops, "step")
+                ),
+            ),
+        }
+    }
+
+    /// Whether `underflow>X%` breaks, and what it found.
+    fn underflow_outcome(&self, x: f64) -> (bool, String) {
+        let n = self.steps;
+        match &self.worst_underflow {
+            None => (
+                false,
+                format!(
+                    "no gradient value lost to fp16 underflow in {}",
+                    plural(n, "step")
+                ),
+            ),
+            Some((f, at)) => (
+                *f * 100.0 > x,
+                match at {
+                    UnderflowAt::Op(o) => format!(
+                        "{} of the nonzero results of {} flushed to zero in fp16",
+                        fmt_pct(*f),
+                        describe_op(o)
+                    ),
+                    UnderflowAt::Param(p, s) => format!(
+                        "{} of `{p}`'s nonzero gradient values flush to zero in fp16 after loss scaling, step {s}",
+                        fmt_pct(*f)
+                    ),
+                },
+            ),
+        }
+    }
+
     fn outcome(&self, rule: Rule) -> Outcome {
         let n = self.steps;
         let (broken, detail) = match rule {
@@ -344,7 +433,10 @@ impl Gate {
                         plural(n, "step")
                     ),
                 ),
-                None => (false, format!("no forward Inf/NaN in {}", plural(n, "step"))),
+                None => (
+                    false,
+                    format!("no forward Inf/NaN in {}", plural(n, "step")),
+                ),
             },
             Rule::SkipRate(x) => {
                 let rate = if n == 0 {
@@ -361,45 +453,8 @@ impl Gate {
                     ),
                 )
             }
-            Rule::Headroom(x) => match &self.worst_headroom {
-                None => (
-                    false,
-                    "not checked: no step has op records".to_string(),
-                ),
-                Some((r, o, max)) => (
-                    *r * 100.0 > x,
-                    format!(
-                        "largest forward output is {} of fp16's max at {} (max |x| {}; {} with op records)",
-                        fmt_pct(*r),
-                        describe_op(o),
-                        fmt_num(*max),
-                        plural(self.steps_with_ops, "step")
-                    ),
-                ),
-            },
-            Rule::Underflow(x) => match &self.worst_underflow {
-                None => (
-                    false,
-                    format!(
-                        "no gradient value lost to fp16 underflow in {}",
-                        plural(n, "step")
-                    ),
-                ),
-                Some((f, at)) => (
-                    *f * 100.0 > x,
-                    match at {
-                        UnderflowAt::Op(o) => format!(
-                            "{} of the nonzero results of {} flushed to zero in fp16",
-                            fmt_pct(*f),
-                            describe_op(o)
-                        ),
-                        UnderflowAt::Param(p, s) => format!(
-                            "{} of `{p}`'s nonzero gradient values flush to zero in fp16 after loss scaling, step {s}",
-                            fmt_pct(*f)
-                        ),
-                    },
-                ),
-            },
+            Rule::Headroom(x) => self.headroom_outcome(x),
+            Rule::Underflow(x) => self.underflow_outcome(x),
             Rule::ScaleCollapse => match &self.collapse {
                 Some((s, e)) => (true, format!("step {s}: {e}")),
                 None => (false, format!("no collapse in {}", plural(n, "step"))),
@@ -582,5 +637,66 @@ mod tests {
         assert!(format_outcomes(&o, true).contains("\x1b[1;31mFAIL\x1b[0m nonfinite: x"));
         assert_eq!(exit_code(&o), 1);
         assert_eq!(exit_code(&o[1..]), 0);
+    }
+
+    fn forward_op(index: u64, dtype: crate::dtype::DType, max_abs: f32) -> OpRecord {
+        OpRecord {
+            micro: 0,
+            index,
+            phase: Phase::Forward,
+            op: "pow".into(),
+            module: format!("layer{index}"),
+            inputs: vec![],
+            output: crate::trace::record::TensorMeta {
+                dtype,
+                shape: vec![1],
+            },
+            stats: crate::probe::TensorStats::compute(dtype, &[max_abs]),
+            rounding: Default::default(),
+            forward_op: None,
+            wrt: None,
+            masked_neg_inf: 0,
+            additive_mask: false,
+            blame: None,
+        }
+    }
+
+    #[test]
+    fn headroom_counts_fp32_ops_only_in_a_run_without_16_bit_ones() {
+        use crate::dtype::DType;
+        let step = |ops: Vec<OpRecord>| StepRecord {
+            ops: Some(ops),
+            scale_after: 1.0,
+            ..StepRecord::default()
+        };
+        // An fp32 RMSNorm `pow` past fp16's max beside fp16 ops: only if cast.
+        let mixed = step(vec![
+            forward_op(0, DType::F16, 30.0),
+            forward_op(1, DType::F32, 100000.0),
+        ]);
+        let o = evaluate_steps(&[Rule::Headroom(50.0)], &[mixed]).unwrap();
+        assert!(!o[0].broken, "{}", o[0].message);
+        assert!(
+            o[0].message.starts_with(
+                "headroom>50%: largest 16-bit forward output is 0.0458% of fp16's max at \
+                 step 0 forward op #0 `pow` in `layer0`"
+            ) && o[0].message.contains("fp32 ops not counted"),
+            "{}",
+            o[0].message
+        );
+        // In an fp32 run the same op is the answer.
+        let fp32 = step(vec![
+            forward_op(0, DType::F32, 30.0),
+            forward_op(1, DType::F32, 100000.0),
+        ]);
+        let o = evaluate_steps(&[Rule::Headroom(50.0)], &[fp32]).unwrap();
+        assert!(o[0].broken, "{}", o[0].message);
+        assert!(
+            o[0].message
+                .contains("largest forward output is 152.7% of fp16's max")
+                && o[0].message.contains("`pow` in `layer1`"),
+            "{}",
+            o[0].message
+        );
     }
 }
