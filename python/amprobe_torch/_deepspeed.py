@@ -25,7 +25,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ._intercept import _Wrapped, updating
+from ._intercept import _Wrapped, scaling, updating
 from ._patches import safely
 
 
@@ -102,20 +102,7 @@ class LossScaler:
         self._install_step(w)
 
     def _install_scaling(self, w: Any) -> None:
-        orig = self.ls.scale_loss
-
-        def scale_loss(*a, **k):
-            was, w.busy = w.busy, True
-            try:
-                if w.active and a and isinstance(a[0], torch.Tensor):
-                    safely(w, w._name_loss, a[0])
-                out = orig(*a, **k)
-            finally:
-                w.busy = was
-            if isinstance(out, torch.Tensor) and out.grad_fn is not None:
-                w.st.scaling_nodes.append(out.grad_fn)
-            return out
-
+        scale_loss = scaling(w, self.ls.scale_loss)
         w.patches.replace(self.ls, "scale_loss", _Wrapped(self.ls, "scale_loss", scale_loss))
 
     def _install_step(self, w: Any) -> None:

@@ -164,23 +164,7 @@ def _install_scaler(w: Any, sc: Any) -> None:
         return r
 
     w.patches.replace(sc, "update", _Wrapped(sc, "update", update))
-    orig_scale = sc.scale
-
-    def scale(*a, **k):
-        # The loss scaling is the scaler's, not a model op (amprobe's own runs
-        # record none either): neither it nor its gradient is recorded.
-        was, w.busy = w.busy, True
-        try:
-            if w.active and a and isinstance(a[0], torch.Tensor):
-                safely(w, w._name_loss, a[0])
-            out = orig_scale(*a, **k)
-        finally:
-            w.busy = was
-        if isinstance(out, torch.Tensor) and out.grad_fn is not None:
-            w.st.scaling_nodes.append(out.grad_fn)
-        return out
-
-    w.patches.replace(sc, "scale", _Wrapped(sc, "scale", scale))
+    w.patches.replace(sc, "scale", _Wrapped(sc, "scale", scaling(w, sc.scale)))
     orig_unscale = in_optimizer(w, sc.unscale_)
 
     def unscale_(*a, **k):
@@ -190,6 +174,26 @@ def _install_scaler(w: Any, sc: Any) -> None:
 
     w.patches.replace(sc, "unscale_", _Wrapped(sc, "unscale_", unscale_))
     w.patches.replace(sc, "step", _Wrapped(sc, "step", updating(w, sc.step, scaler_step=True)))
+
+
+def scaling(w: Any, orig: Callable) -> Callable:
+    """`orig`, a loss scaler's scaling of the loss (a GradScaler's `scale`, DeepSpeed's
+    `scale_loss`), as the watcher runs it. The loss scaling is the scaler's, not a model op
+    (amprobe's own runs record none either): neither it nor its gradient is recorded."""
+
+    def scale(*a, **k):
+        was, w.busy = w.busy, True
+        try:
+            if w.active and a and isinstance(a[0], torch.Tensor):
+                safely(w, w._name_loss, a[0])
+            out = orig(*a, **k)
+        finally:
+            w.busy = was
+        if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+            w.st.scaling_nodes.append(out.grad_fn)
+        return out
+
+    return scale
 
 
 def _install_optimizers(w: Any, stepped_by_scaler: Any = None) -> None:
