@@ -9,6 +9,7 @@ reduce_dtype=fp32)`; `autocast` leaves the parameters fp32 and runs the forward 
 CPU autocast. Each rank writes OUT_DIR/result.rank{R}.json: its losses, the norms clipping
 returned, its parameters' names and the final (unsharded) parameters' checksum."""
 
+import gc
 import json
 import os
 import sys
@@ -59,6 +60,11 @@ def main():
         losses.append(loss.item())
     checksum = sum(float(p.full_tensor().detach().double().sum()) for p in model.parameters())
     names = [n for n, _ in model.named_parameters()]
+    # (gloo's worker threads drop finished work, and the tensors it holds, after it completes:
+    # the barrier and freeing the sharded model let them do so before the interpreter exits)
+    dist.barrier()
+    del model, optimizer, norm
+    gc.collect()
     dist.destroy_process_group()
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"result.rank{rank}.json"), "w") as f:
