@@ -6,10 +6,11 @@
 //! `amprobe compare [--out DIR] [--steps N] -- CMD ARGS...`: a PyTorch script that calls
 //! `amprobe_torch.watch`, run from scratch in its own precision, in bf16 and in fp32 (the
 //! companion forces autocast's dtype, or turns it off, in the script's process), then
-//! compared as above against the fp32 run.
+//! compared as above against the fp32 run. Each forced run is held to its plan: one the
+//! companion refused, or whose trace shows it did not take, is an error that says why.
 
 use super::out::outln;
-use super::script::{Autocast, Ended, Plan, Script};
+use super::script::{Autocast, Ended, Finished, Plan, Script};
 use amprobe::config::RunConfig;
 use amprobe::diagnose::remedy::RemedyMode;
 use amprobe::report::compare::{
@@ -17,6 +18,8 @@ use amprobe::report::compare::{
 };
 use amprobe::report::TraceFile;
 use amprobe::runner::RunOptions;
+use amprobe::trace::io::Trace;
+use amprobe::trace::record::{Phase, StepRecord};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
@@ -116,17 +119,11 @@ fn run_script(a: &CompareArgs) -> anyhow::Result<i32> {
         s.log = Some(out_dir.join(format!("{name}.log")));
         s.sample_every = Some(sample_every);
         s.plan = plan;
-        let f = s.run_until(|st| steps.is_some_and(|n| st.step + 1 >= n))?;
+        let f = run_planned(&s, |st| steps.is_some_and(|n| st.step + 1 >= n))?;
         let summary = summary_of_trace(&f.trace, None, Default::default())?;
         let p = &f.trace.header.precision;
         let what = match s.plan.autocast {
             None => format!("{p}, its own precision"),
-            Some(forced) if forced.name() != p => anyhow::bail!(
-                "{}={} did not take: the trace of that run says {p}; does the script set \
-                 autocast's state without torch.autocast (torch.set_autocast_enabled)?",
-                super::script::AUTOCAST_VAR,
-                forced.name()
-            ),
             Some(_) => format!("{p}, forced ({})", s.plan.shell()),
         };
         outln!(
@@ -139,9 +136,9 @@ fn run_script(a: &CompareArgs) -> anyhow::Result<i32> {
             },
             summary.skipped_steps,
             summary.verdict,
-            s.trace.display()
+            f.path.display()
         )?;
-        Ok(TraceFile::open(&s.trace)?)
+        Ok(TraceFile::open(&f.path)?)
     };
     outln!(
         "amprobe compare: running `{}` in its own precision, in bf16 and in fp32{}",
@@ -168,9 +165,105 @@ fn run_script(a: &CompareArgs) -> anyhow::Result<i32> {
     write_and_tell(&traces, out_dir, a.threshold, reference)
 }
 
-/// Re-runs the configuration recorded in the first trace's header in fp32, writing the
-/// trace into `out`; fails, saying why, when the traces do not share one configuration or
-/// its files are not reachable.
+/// Runs `s` until `stop` says a step is the last one needed ([`Script::run_until`]), held
+/// to its plan: a plan the companion refused (its `PlanError` in the run's output) or one
+/// the trace shows did not take is an error naming why.
+pub(super) fn run_planned(
+    s: &Script,
+    stop: impl FnMut(&StepRecord) -> bool,
+) -> anyhow::Result<Finished> {
+    let f = match s.run_until(stop) {
+        Ok(f) => f,
+        Err(e) => match refused(s) {
+            Some(why) => anyhow::bail!(
+                "the companion could not apply {} to `{}`: {why}{}",
+                s.plan.shell(),
+                s.label(),
+                s.log
+                    .as_ref()
+                    .map_or(String::new(), |l| format!(" (its output: {})", l.display()))
+            ),
+            None => return Err(e),
+        },
+    };
+    if let Some(why) = not_taken(&s.plan, &f.trace) {
+        anyhow::bail!(
+            "{} did not take in `{}` ({}): {why}",
+            s.plan.shell(),
+            s.label(),
+            f.path.display()
+        );
+    }
+    Ok(f)
+}
+
+/// The companion's reason for refusing the plan of run `s`: the message of the
+/// `PlanError` in its output (where discovery met it, the script ran on unwatched).
+fn refused(s: &Script) -> Option<String> {
+    if s.plan == Plan::default() {
+        return None;
+    }
+    let text = std::fs::read_to_string(s.log.as_ref()?).ok()?;
+    text.lines().rev().find_map(|l| {
+        l.split_once("PlanError: ")
+            .map(|(_, m)| m.trim().to_string())
+    })
+}
+
+/// Why `plan` did not take in the run that wrote `trace`, or None where it did: the
+/// precision the trace says is not the one forced, or its first step's loss scale is not
+/// the initial one asked for.
+fn not_taken(plan: &Plan, trace: &Trace) -> Option<String> {
+    let p = &trace.header.precision;
+    if let Some(forced) = plan.autocast.filter(|f| f.name() != p) {
+        let want = forced.name();
+        return Some(match p.as_str() {
+            "half" | "bfloat16-pure" => format!(
+                "the run's trace says {p}: most of the model's parameters are 16-bit (the model \
+                 itself was made so), which autocast's dtype does not change, not {want}"
+            ),
+            _ => {
+                let (low, all) = forward_ops_in(trace, p);
+                format!(
+                    "the run's trace says {p}, not {want}: {low} of its first recorded step's {all} \
+                     forward ops ran in {p} outside the torch.autocast regions the plan forces \
+                     (values made {p} by the script or a library it calls: a cast by hand, or \
+                     FSDP2's MixedPrecisionPolicy(param_dtype=...)), which the plan does not change"
+                )
+            }
+        });
+    }
+    let want = plan.init_scale?;
+    let first = trace.steps.first()?.scale_before;
+    (first != want).then(|| {
+        format!(
+            "its first step's loss scale is {first}, not {want}: the GradScaler that scales the \
+             loss is not the one the companion watched ({})",
+            match trace.header.scaler.get("init_scale") {
+                Some(v) => format!("that one's initial scale: {v}"),
+                None => "it watched none enabled".into(),
+            }
+        )
+    })
+}
+
+/// (how many, of how many) forward ops of the first step with op records made an output
+/// in the dtype of precision `p` (`fp16`, `bf16`).
+fn forward_ops_in(trace: &Trace, p: &str) -> (usize, usize) {
+    let dtype = amprobe::dtype::DType::parse(p);
+    let ops = trace
+        .steps
+        .iter()
+        .find_map(|s| s.ops.as_deref())
+        .unwrap_or(&[]);
+    let forward: Vec<_> = ops.iter().filter(|o| o.phase == Phase::Forward).collect();
+    let low = forward
+        .iter()
+        .filter(|o| Some(o.output.dtype) == dtype)
+        .count();
+    (low, forward.len())
+}
+
 /// Writes the comparison's report and prints its first divergences and where it went.
 fn write_and_tell(
     traces: &[TraceFile],
@@ -194,6 +287,9 @@ fn write_and_tell(
     Ok(0)
 }
 
+/// Re-runs the configuration recorded in the first trace's header in fp32, writing the
+/// trace into `out`; fails, saying why, when the traces do not share one configuration or
+/// its files are not reachable.
 fn rerun_fp32(traces: &[TraceFile], out: &Path) -> Result<PathBuf, String> {
     let h = &traces[0].trace.header;
     let same_run = |v: &serde_json::Value| {
@@ -241,4 +337,89 @@ fn rerun_fp32(traces: &[TraceFile], out: &Path) -> Result<PathBuf, String> {
     opts.diagnose.remedies = RemedyMode::Off;
     amprobe::runner::run(&cfg, &opts).map_err(|e| e.to_string())?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amprobe::trace::record::Header;
+
+    fn trace(precision: &str, init_scale: Option<f64>, first_scale: f64) -> Trace {
+        let mut header = Header::new();
+        header.precision = precision.into();
+        if let Some(s) = init_scale {
+            header.scaler = serde_json::json!({ "init_scale": s });
+        }
+        let step = StepRecord {
+            scale_before: first_scale,
+            ..StepRecord::default()
+        };
+        Trace {
+            header,
+            steps: vec![step],
+            end: None,
+            truncated: None,
+        }
+    }
+
+    fn plan(autocast: Option<Autocast>, init_scale: Option<f64>) -> Plan {
+        Plan {
+            autocast,
+            init_scale,
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn a_plan_that_did_not_take_is_named_with_what_the_trace_shows() {
+        let fp32 = plan(Some(Autocast::Fp32), None);
+        assert_eq!(not_taken(&fp32, &trace("fp32", None, 1.0)), None);
+        let why = not_taken(&fp32, &trace("bf16", None, 1.0)).unwrap();
+        assert!(
+            why.contains("says bf16, not fp32")
+                && why.contains("outside the torch.autocast regions"),
+            "{why}"
+        );
+        let why = not_taken(&plan(Some(Autocast::Bf16), None), &trace("half", None, 1.0)).unwrap();
+        assert!(
+            why.contains("parameters are 16-bit") && why.ends_with("not bf16"),
+            "{why}"
+        );
+        let scale = plan(None, Some(1024.0));
+        assert_eq!(
+            not_taken(&scale, &trace("fp16", Some(1024.0), 1024.0)),
+            None
+        );
+        let why = not_taken(&scale, &trace("fp16", Some(65536.0), 65536.0)).unwrap();
+        assert!(
+            why.contains("loss scale is 65536, not 1024") && why.contains("initial scale: 65536"),
+            "{why}"
+        );
+        let why = not_taken(&scale, &trace("fp32", None, 1.0)).unwrap();
+        assert!(why.contains("it watched none enabled"), "{why}");
+    }
+
+    #[test]
+    fn a_refused_plan_is_read_from_the_runs_output() {
+        let d =
+            std::env::temp_dir().join(format!("amprobe-compare-refused-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let log = d.join("run.log");
+        std::fs::write(
+            &log,
+            "Traceback (most recent call last):\n  ...\namprobe_torch._plan.PlanError: \
+             AMPROBE_FP32_MODULES: no module of Net matches `nothing`\ntraining goes on\n",
+        )
+        .unwrap();
+        let cmd: Vec<String> = vec!["python".into(), "train.py".into()];
+        let mut s = Script::new(&cmd, &d.join("t.jsonl")).unwrap();
+        s.log = Some(log);
+        // Without a plan, nothing was refused.
+        assert_eq!(refused(&s), None);
+        s.plan.fp32_modules = vec!["nothing".into()];
+        assert_eq!(
+            refused(&s).as_deref(),
+            Some("AMPROBE_FP32_MODULES: no module of Net matches `nothing`")
+        );
+    }
 }

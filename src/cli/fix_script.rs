@@ -13,7 +13,9 @@
 //! Each remedy that makes every step up to the failing one finite is ranked by what it
 //! costs against the script forced to fp32 (the relative difference of the failing step's
 //! loss), and the best is printed as code to paste. A script that is not seeded runs
-//! differently each time; the costs then include that noise.
+//! differently each time; the costs then include that noise. A run whose plan the companion
+//! refused or that did not take (the fp32 reference still 16-bit, say) stops the fix with
+//! why ([`super::compare::run_planned`]): its figures would not be the remedy's.
 
 use super::out::outln;
 use super::script::{header_of, Autocast, Finished, Plan, Script};
@@ -62,7 +64,7 @@ impl Runner<'_> {
         s.log = Some(self.out.join(format!("{name}.log")));
         s.sample_every = Some(step);
         s.plan = plan;
-        let run = s.run_until(|st| st.step >= step || failing(st))?;
+        let run = super::compare::run_planned(&s, |st| st.step >= step || failing(st))?;
         let failed = run.trace.steps.iter().find(|s| failing(s)).cloned();
         let at = run.trace.steps.iter().find(|s| s.step == step);
         Ok(Outcome {
@@ -396,13 +398,13 @@ pub fn run(
         runs: 0,
     };
     outln!("amprobe fix: running `{label}` to its first failing step")?;
-    let own_trace = out.join("own.jsonl");
     let own = {
-        let mut s = Script::new(command, &own_trace)?;
+        let mut s = Script::new(command, &out.join("own.jsonl"))?;
         s.log = Some(out.join("own.log"));
         runner.runs += 1;
         s.run_until(failing)?
     };
+    let own_trace = own.path.clone();
     let summary = amprobe::diagnose::summary::summary_of_trace(
         &own.trace,
         Some(own_trace.clone()),

@@ -5,10 +5,14 @@
 //! followed as the script writes it, step by step, so that a run is stopped once the step
 //! it was started for is in the file.
 //!
+//! A script run by torchrun writes one trace per rank (`.rank{N}` before the suffix): rank
+//! 0's is the one followed and read.
+//!
 //! The script is the user's: every run starts it from scratch. A run this module stops is
 //! [`Ended::Stopped`], never a failure of the script.
 
 use super::companion;
+use amprobe::diagnose::ranks;
 use amprobe::trace::io::{read_trace, Trace, TraceReader};
 use amprobe::trace::record::{Record, StepRecord};
 use anyhow::{bail, Context};
@@ -130,8 +134,8 @@ impl Script {
         self.command.join(" ")
     }
 
-    /// Removes a trace (and a discovery report) an earlier run left (they must not pass for
-    /// this one's) and starts the command with the companion amprobe carries
+    /// Removes a trace (one per rank, and a discovery report) an earlier run left (they must
+    /// not pass for this one's) and starts the command with the companion amprobe carries
     /// ([`companion::prepare`]) and its environment: the trace path, the sampling, and
     /// exactly this plan's variables (the caller's own plan variables and
     /// `AMPROBE_DISABLE` are not passed on).
@@ -142,6 +146,10 @@ impl Script {
                     .with_context(|| format!("removing the old trace {}", self.trace.display()))
             }
             _ => {}
+        }
+        for (_, p) in ranks::rank_files(&self.trace)? {
+            std::fs::remove_file(&p)
+                .with_context(|| format!("removing the old trace {}", p.display()))?;
         }
         let report = companion::discovery_report(&self.trace);
         companion::remove_old_report(&report)?;
@@ -190,15 +198,15 @@ impl Script {
             }
             reached
         })?;
-        if !self.trace.exists() {
+        let Some(path) = self.written() else {
             bail!("{}", self.no_trace(&ended));
-        }
+        };
         if let Ended::Exited(status) = &ended {
             if !status.success() && !reached {
                 bail!("`{}` failed ({status}){}", self.label(), self.log_note());
             }
         }
-        let mut trace = read_trace(&self.trace)
+        let mut trace = read_trace(&path)
             .with_context(|| format!("reading the trace of `{}`", self.label()))?;
         if let Some(last) = last {
             if trace.steps.iter().any(|s| s.step > last) {
@@ -206,7 +214,14 @@ impl Script {
                 trace.end = None;
             }
         }
-        Ok(Finished { trace, ended })
+        Ok(Finished { trace, ended, path })
+    }
+
+    /// The trace the run wrote: at `trace`, or rank 0's under torchrun; None when neither is
+    /// there.
+    pub fn written(&self) -> Option<PathBuf> {
+        let rank0 = ranks::rank_path(&self.trace, 0);
+        [self.trace.clone(), rank0].into_iter().find(|p| p.exists())
     }
 
     /// What to say when the script wrote no trace.
@@ -251,6 +266,8 @@ pub struct Finished {
     pub trace: Trace,
     /// How the script ended.
     pub ended: Ended,
+    /// Where the trace is (rank 0's under torchrun).
+    pub path: PathBuf,
 }
 
 /// How a run of the script ended.
@@ -353,7 +370,7 @@ impl Drop for Running {
 }
 
 /// Reads a trace file as another process writes it, from before the file exists (the
-/// companion creates it when the first step ends).
+/// companion creates it when the first step ends); rank 0's, when that is what appears.
 pub struct TraceFollower {
     path: PathBuf,
     reader: Option<TraceReader>,
@@ -372,10 +389,12 @@ impl TraceFollower {
     /// does not exist.
     pub fn read_new(&mut self) -> amprobe::Result<Vec<Record>> {
         if self.reader.is_none() {
-            if !self.path.exists() {
+            let rank0 = ranks::rank_path(&self.path, 0);
+            let Some(path) = [self.path.clone(), rank0].into_iter().find(|p| p.exists()) else {
                 return Ok(Vec::new());
-            }
-            self.reader = Some(TraceReader::open(&self.path)?);
+            };
+            self.reader = Some(TraceReader::open(&path)?);
+            self.path = path;
         }
         self.reader
             .as_mut()
@@ -508,6 +527,32 @@ mod tests {
         // The step it was run for is there: its failure afterwards is its own business.
         let f = s.run_until(|st| st.step == 1).unwrap();
         assert_eq!(f.trace.steps.len(), 2);
+    }
+
+    #[test]
+    fn a_script_run_by_torchrun_is_followed_by_rank_0s_trace() {
+        let d = tmp("ranks");
+        let trace = d.join("t.jsonl");
+        let (rank0, rank1) = (ranks::rank_path(&trace, 0), ranks::rank_path(&trace, 1));
+        std::fs::write(&rank1, "left by an earlier run\n").unwrap();
+        let data = d.join("lines");
+        std::fs::write(&data, trace_lines(3).join("\n") + "\n").unwrap();
+        let cmd: Vec<String> = vec![
+            "sh".into(),
+            "-c".into(),
+            format!("cp '{}' '{}'", data.display(), rank0.display()),
+        ];
+        let f = Script::new(&cmd, &trace)
+            .unwrap()
+            .run_until(|st| st.step == 1)
+            .unwrap();
+        assert_eq!(f.path, rank0);
+        let steps: Vec<u64> = f.trace.steps.iter().map(|s| s.step).collect();
+        assert_eq!(steps, [0, 1]);
+        assert!(
+            !rank1.exists(),
+            "an earlier run's rank file must not pass for this one's"
+        );
     }
 
     #[test]
