@@ -21,12 +21,17 @@ says so through the discovery note)."""
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Any, Optional, Tuple
 
 import torch
 
 from ._intercept import _Wrapped, scaling, updating
 from ._patches import safely
+
+# The modules a DeepSpeed engine holds, with the engine's precision (`fp16`, `bf16` or None):
+# its config, not autocast, sets the dtype of their parameters.
+HELD: "weakref.WeakKeyDictionary[torch.nn.Module, Optional[str]]" = weakref.WeakKeyDictionary()
 
 
 def is_engine(m: Any) -> bool:
@@ -44,6 +49,8 @@ def parts(engine: Any) -> Tuple[torch.nn.Module, Any, Optional["LossScaler"], Op
     note = None
     scaler = None
     fp16 = bool(engine.fp16_enabled())
+    bf16 = bool(getattr(engine, "bfloat16_enabled", lambda: False)())
+    HELD[engine.module] = "fp16" if fp16 else "bf16" if bf16 else None
     ls = getattr(opt, "loss_scaler", None)
     if fp16 and ls is not None and hasattr(ls, "cur_scale") and hasattr(ls, "scale_loss"):
         scaler = LossScaler(opt, ls)
@@ -74,6 +81,12 @@ class LossScaler:
 
     def is_enabled(self) -> bool:
         return True
+
+    def set_init_scale(self, scale: float) -> None:
+        """Starts the loss scale at `scale` (the plan's AMPROBE_INIT_SCALE), as the config's
+        `initial_scale_power` would."""
+        self.ls.cur_scale = float(scale)
+        self._init_scale = float(scale)
 
     @property
     def _scale(self) -> torch.Tensor:

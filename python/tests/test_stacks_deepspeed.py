@@ -121,3 +121,35 @@ def test_deepspeed_fp16_without_zero_is_watched_and_its_unread_scaler_told(tmp_p
     assert len(ss) == 8 and all(same_float(s["loss"], r["loss"]) for s, r in zip(ss, ref["steps"]))
     step, module = ref["hooks_first"]
     assert (summary["first_inf"]["step"], summary["first_inf"]["module"]) == (step, module), summary
+
+
+def test_the_plans_initial_scale_takes_in_deepspeeds_loss_scaler(tmp_path):
+    # The config starts at 2**12; the plan's 1024 is what DeepSpeed itself then scales by.
+    trace = tmp_path / "t.jsonl"
+    e = env()
+    e["AMPROBE_INIT_SCALE"] = "1024"
+    cmd = [amprobe_bin(), "run", "--trace", str(trace), "--", *torchrun(tmp_path / "captured", "--stage", "1")]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=e, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    got = json.loads((tmp_path / "captured" / "result.json").read_text())
+    recs = read(trace)
+    assert recs[0]["scaler"]["init_scale"] == 1024.0, recs[0]["scaler"]
+    # The script reads step 0's scale before the engine's first forward, where discovery
+    # attaches and the plan is applied; from step 1 on it is DeepSpeed's own, grown from
+    # 1024 as the config's window of 3 grows it.
+    assert got["steps"][0]["scale"] == 4096.0
+    assert [s["scale"] for s in got["steps"][1:]] == [1024.0, 1024.0, 1024.0, 2048.0, 2048.0, 2048.0, 4096.0]
+    got["steps"][0]["scale"] = 1024.0
+    held_to_deepspeed(got, recs)
+
+
+def test_compare_under_deepspeed_fp16_names_its_config_as_the_cause(tmp_path):
+    # DeepSpeed casts the module to fp16 itself: no autocast region for the plan to force.
+    out = tmp_path / "cmp"
+    cmd = [amprobe_bin(), "compare", "--out", str(out), "--", *torchrun(tmp_path / "result", "--stage", "2")]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env(), timeout=900)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "half, its own precision: 8 steps" in r.stdout, r.stdout
+    words = "AMPROBE_AUTOCAST=bf16: DeepSpeed's `fp16` config made Net's parameters torch.float16 itself"
+    assert words in r.stderr and '"fp16": {"enabled": false}' in r.stderr, r.stderr
+    assert not (out / "index.html").exists()
