@@ -10,6 +10,8 @@ ratio to eager.
     scripts/bench-capture.py [--device cpu|cuda] [--size mini|base] [--rounds N] [--steps N]
                              [--variants eager,watch,watch-ops,watch-full,anomaly]
                              [--penalty-every N]
+    scripts/bench-capture.py --zoo | --model NAME[,NAME...]  [--rounds N] [--steps N] [--variants ...]
+                             [--threads N] [--clock wall|cpu]
 
 Needs torch and transformers. mini: T5-mini-sized (d_model 384, 4 layers, 8 heads, d_ff
 1536, batch 4, seq 128; CPU default). base: T5-base-sized (d_model 768, 12 layers, 12
@@ -17,23 +19,30 @@ heads, d_ff 3072, batch 8, seq 512; for a GPU). fp16 autocast with a GradScaler 
 bf16 autocast on the CPU (CPU autocast's usual dtype). --penalty-every N times a WGAN-GP
 critic instead (an MLP, 512 features, three hidden layers of 1024, batch 128) whose gradient
 penalty by `torch.autograd.grad` is taken every N steps (1: every step).
+
+--zoo (all of them) or --model times real stacks instead (scripts/bench_zoo.py): t5-mini,
+vit-tiny, resnet (timm), gpt2-lora-trainer (PEFT under transformers.Trainer) and lightning
+(a LightningModule under lightning.Trainer), by default eager, watch, watch-full and
+anomaly, each model's first step timed apart, and a table of them all at the end. It needs
+timm, peft and lightning besides.
 """
 
 import argparse
-import copy
 import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import amprobe_torch  # noqa: E402
-from capture_workload import SIZES, CriticWorkload, Workload  # noqa: E402
+import bench_zoo  # noqa: E402
+import capture_workload  # noqa: E402
+from bench_zoo import ZOO  # noqa: E402
+from capture_workload import SIZES, CriticWorkload, Workload, loop_times  # noqa: E402
 
 VARIANTS = ("eager", "watch", "watch-ops", "watch-full", "anomaly")
+ZOO_VARIANTS = ("eager", "watch", "watch-full", "anomaly")
 
 
 def main():
@@ -44,50 +53,35 @@ def main():
     ap.add_argument("--steps", type=int, default=4, help="timed steps per variant and round (default 4)")
     ap.add_argument("--penalty-every", type=int, default=None,
                     help="time a WGAN-GP critic, its gradient penalty every N steps, instead of the T5 encoder")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help=f"comma-separated, eager first (default {','.join(VARIANTS)})")
+    ap.add_argument("--variants", default=None,
+                    help=f"comma-separated, eager first (default {','.join(VARIANTS)}; the zoo's "
+                         f"{','.join(ZOO_VARIANTS)})")
+    ap.add_argument("--model", default=None, help=f"the zoo's models, comma-separated: {','.join(ZOO)} or all")
+    ap.add_argument("--zoo", action="store_true", help="every model of the zoo (--model all)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="a step's time: the wall clock (default), or the process's CPU time, which other "
+                         "processes on a shared machine do not move (on the CPU device only)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch's intra-op threads (default torch's own: one per core)")
     a = ap.parse_args()
-    size = a.size or ("base" if a.device == "cuda" else "mini")
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    if a.clock == "cpu":
+        if a.device != "cpu":
+            ap.error("--clock cpu: only on the CPU device (a GPU's time is not the process's)")
+        capture_workload.use_cpu_clock()
+    zoo = _zoo_models(ap, "all" if a.zoo else a.model)
+    variants = [v for v in (a.variants or ",".join(ZOO_VARIANTS if zoo else VARIANTS)).split(",") if v]
+    if any(v not in VARIANTS for v in variants) or variants[:1] != ["eager"]:
+        ap.error(f"--variants: {','.join(VARIANTS)} (eager first), not {a.variants}")
     if a.penalty_every is not None and a.penalty_every < 1:
         ap.error(f"--penalty-every: a number of steps, at least 1, not {a.penalty_every}")
-    work = Workload(a.device, size) if a.penalty_every is None else CriticWorkload(a.device, a.penalty_every)
-    s, dev, dtype, base = work.size, work.device, work.dtype, work.model
     tmp = tempfile.mkdtemp(prefix="amprobe-bench-")
-    sync = work.sync
-
-    def run(variant, rnd):
-        model = copy.deepcopy(base)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        scaler = torch.amp.GradScaler(dev.type, enabled=dtype == torch.float16)
-        w = None
-        if variant.startswith("watch"):
-            w = amprobe_torch.watch(
-                model, opt, scaler,
-                trace=os.path.join(tmp, f"{variant}-{rnd}.jsonl"),
-                sample_every=1 if variant == "watch-full" else 0,
-                check="ops" if variant == "watch-ops" else "modules",
-            )
-        times = []
-        for step in range(a.steps + 1):
-            sync()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            ctx = torch.autograd.detect_anomaly(check_nan=True) if variant == "anomaly" else _null()
-            with ctx:
-                work.backward(model, scaler, step)
-            scaler.step(opt)
-            scaler.update()
-            sync()
-            if step > 0:  # the first step of each variant warms it up (and is watch's kept step)
-                times.append((time.perf_counter() - t0) * 1000.0)
-        if w is not None:
-            w.close()
-        return times
-
-    variants = [v for v in a.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or variants[:1] != ["eager"]:
-        ap.error(f"--variants: {','.join(VARIANTS)} (eager first), not {a.variants}")
+    if zoo:
+        bench_zoo.main(zoo, variants, a.rounds, a.steps, a.device, tmp)
+        return
+    size = a.size or ("base" if a.device == "cuda" else "mini")
+    work = Workload(a.device, size) if a.penalty_every is None else CriticWorkload(a.device, a.penalty_every)
     results = {v: [] for v in variants}
     # Per round, each variant's median over the eager one's of the same round: a machine
     # whose speed drifts moves both.
@@ -95,19 +89,29 @@ def main():
     for rnd in range(a.rounds):
         medians = {}
         for v in variants:
-            times = run(v, rnd)
+            # (the first step of each run warms it up, and is watch's kept step)
+            times = loop_times(work, work.model, v, a.steps, os.path.join(tmp, f"{v}-{rnd}.jsonl"))[1:]
             results[v].extend(times)
             medians[v] = statistics.median(times)
         for v in variants:
             ratios[v].append(medians[v] / medians["eager"])
+    _print(work, size, a, variants, results, ratios)
+
+
+def _zoo_models(ap, model):
+    if model is None:
+        return None
+    names = list(ZOO) if model == "all" else [m for m in model.split(",") if m]
+    if not names or any(m not in ZOO for m in names):
+        ap.error(f"--model: {','.join(ZOO)} or all, not {model}")
+    return names
+
+
+def _print(work, size, a, variants, results, ratios):
+    dev, dtype = work.device, work.dtype
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({os.cpu_count()} threads visible)"
-    if a.penalty_every is None:
-        what = (f"T5 encoder {size}: d_model {s['d_model']}, {s['num_layers']} layers, d_ff {s['d_ff']}, "
-                f"{s['num_heads']} heads, batch {s['batch']}, seq {s['seq']}")
-    else:
-        what = (f"WGAN-GP critic: MLP {s['features']}-{s['width']}x3-1, batch {s['batch']}, gradient penalty "
-                f"every {a.penalty_every} steps")
-    print(f"device {name}, torch {torch.__version__}; {what}; "
+    what = f"T5 encoder {size}: " if a.penalty_every is None else "WGAN-GP critic: "
+    print(f"device {name}, torch {torch.__version__}; {what}{work.describe()}; "
           f"{dtype} autocast{' + GradScaler' if dtype == torch.float16 else ''}; "
           f"{a.rounds} rounds x {a.steps} timed steps per variant, interleaved")
     eager = statistics.median(results["eager"])
@@ -119,14 +123,6 @@ def main():
     print("watch: records of the first step of each run (not timed), the steps after it checked by "
           "modules (a failing step replayed); watch-ops: NaN/Inf counts of every op after it; "
           "watch-full: full statistics of every op every step")
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":
