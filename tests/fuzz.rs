@@ -1,20 +1,20 @@
-//! Fuzzing every parser a user feeds: run config TOML, Hugging Face `config.json`,
-//! safetensors files (weights and inputs), trace JSONL (as `report`, `tui --trace`,
-//! `compare` and `export` read it) and `--overflow-steps` lists and files.
+//! Fuzzing every parser a user feeds: run config TOML, Hugging Face `config.json` (as T5,
+//! the full T5, GPT-2, LLaMA and BERT read it), safetensors files (weights and inputs),
+//! trace JSONL (as `report`, `tui --trace`, `compare` and `export` read it),
+//! `--overflow-steps` lists and files, the numerics lockfile (read and held against a
+//! trace, as `--fail-on drift` does) and the `AMPROBE_*` variables the command line checks.
 //!
-//! Inputs are the saved corpus (`tests/fuzz_corpus/TARGET/`) and mutants of it: byte
-//! flips, insertions, deletions, duplicated spans, tokens of the target's grammar, extreme
-//! numbers in place of numbers; and structure-aware ones that stay well-formed so as to reach
-//! the checks behind the parser: run configs built from the schema's sections and keys,
-//! JSON (config.json, trace lines) with one value changed, safetensors headers built from
-//! random shapes, dtypes and offsets. A run fails on a panic, on an input that takes more than a second,
-//! and on any single allocation larger than [`alloc_limit`] (the allocator below refuses
-//! it, which aborts the process; the input is saved first to `target/fuzz/TARGET.current`,
+//! Inputs are the seeds (`tests/fuzz_corpus/TARGET/`, and lockfiles and variables built
+//! here) and inputs made from them (tests/fuzz_harness/mutate.rs), each from the run's seed
+//! and its index. A run counts panics, hangs (an input over a second) and over-allocations
+//! (an input holding more than 64 times its size at once, at least 32 MiB; past 1 GiB the
+//! allocation is refused, which aborts, the input saved first to `target/fuzz/TARGET.current`
 //! for `scripts/fuzz.sh` to keep).
 //!
-//! In CI, `corpus_and_mutants_parse_without_panics` replays the corpus (every crash found
-//! is kept there) and a few thousand mutants; `scripts/fuzz.sh` runs the ignored
-//! `fuzz_long` with a million inputs per target.
+//! In CI, `corpus_and_mutants_parse_without_panics` runs the seeds and 20,000 inputs per
+//! target; `scripts/fuzz.sh` runs the ignored `fuzz_long` with ten million per target.
+
+mod fuzz_harness;
 
 use amprobe::amp::simulate::{parse_overflow_steps, parse_overflow_steps_file};
 use amprobe::config::RunConfig;
@@ -25,123 +25,209 @@ use amprobe::models::t5::{inputs_from, T5Config};
 use amprobe::models::t5_seq2seq::T5Seq2Seq;
 use amprobe::models::weights::parse_safetensors;
 use amprobe::report::compare::compare;
+use amprobe::report::drift::DriftCheck;
 use amprobe::report::facts::Facts;
+use amprobe::report::lockfile::{Lock, LockBuilder};
 use amprobe::report::perfetto::to_trace_events;
 use amprobe::report::TraceFile;
 use amprobe::tui::Model;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use fuzz_harness::mutate::{self, Rand};
+use fuzz_harness::run::{alloc_limit, fuzz, table_row, Tally, Target, TABLE_HEAD};
+use fuzz_harness::{alloc, env};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
-
-/// Refuses any single allocation above the current limit (0: none), first saving the
-/// input being run (when a path for it is set) since the refusal aborts the process.
-struct Capped;
-
-static LIMIT: AtomicUsize = AtomicUsize::new(0);
-/// The input being run and where to save it if an allocation is refused.
-static CURRENT: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-static CURRENT_PATH: OnceLock<PathBuf> = OnceLock::new();
-
-fn refuse(size: usize) -> *mut u8 {
-    if let (Some(path), Ok(input)) = (CURRENT_PATH.get(), CURRENT.try_lock()) {
-        let _ = std::fs::write(path, &*input);
-    }
-    eprintln!("an allocation of {size} bytes was refused");
-    std::ptr::null_mut()
-}
-
-unsafe impl GlobalAlloc for Capped {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let limit = LIMIT.load(Ordering::Relaxed);
-        if limit > 0 && layout.size() > limit {
-            return refuse(layout.size());
-        }
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` above, that is from the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let limit = LIMIT.load(Ordering::Relaxed);
-        if limit > 0 && new_size > limit {
-            return refuse(new_size);
-        }
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use std::sync::OnceLock;
 
 #[global_allocator]
-static ALLOC: Capped = Capped;
+static ALLOC: alloc::Counting = alloc::Counting;
 
-/// The largest single allocation an input of `len` bytes may cause: what the file holds,
-/// generously (64 times its size, at least 32 MiB for the parsers' own tables).
-fn alloc_limit(len: usize) -> usize {
-    (len.saturating_mul(64)).max(32 << 20)
+fn run_config(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    let Ok(cfg) = RunConfig::parse(&text, Path::new("fuzz/run.toml")) else {
+        return false;
+    };
+    let _ = cfg.backend_choice();
+    cfg.train_config().is_ok()
+}
+
+fn hf_config(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    let path = Path::new("fuzz/config.json");
+    let shapes = [
+        T5Config::parse(&text, path).map(|c| c.shapes().len()).ok(),
+        T5Seq2Seq::parse_config(&text, path)
+            .map(|m| m.shapes().len())
+            .ok(),
+        Gpt2Config::parse(&text, path)
+            .map(|c| c.shapes().len())
+            .ok(),
+        LlamaConfig::parse(&text, path)
+            .map(|c| c.shapes().len())
+            .ok(),
+        BertConfig::parse(&text, path)
+            .map(|c| c.shapes().len())
+            .ok(),
+    ];
+    shapes.iter().any(Option::is_some)
+}
+
+fn safetensors(bytes: &[u8]) -> bool {
+    let path = Path::new("fuzz/x.safetensors");
+    let Ok(map) = parse_safetensors(bytes, path) else {
+        return false;
+    };
+    let _ = inputs_from(map, path);
+    true
+}
+
+fn trace(bytes: &[u8]) -> bool {
+    let Ok(tf) = TraceFile::from_bytes(bytes, "fuzz/trace.jsonl") else {
+        return false;
+    };
+    let _ = Facts::new(&tf.trace, &tf.skip_causes);
+    let _ = to_trace_events(&tf);
+    let _ = Model::from_trace(tf.trace.clone(), "fuzz");
+    let _ = compare(&[tf.clone(), tf], 0.05, None);
+    true
+}
+
+fn overflow_steps(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    let list = parse_overflow_steps(&text).is_ok();
+    let file = parse_overflow_steps_file(&text, Path::new("fuzz/steps.txt")).is_ok();
+    list || file
+}
+
+/// The trace a lockfile is held against.
+fn lock_trace() -> &'static TraceFile {
+    static TRACE: OnceLock<TraceFile> = OnceLock::new();
+    TRACE.get_or_init(|| {
+        let path = corpus_dir("trace").join("mlp_fp16.jsonl");
+        TraceFile::open(&path).expect("the corpus's fp16 trace")
+    })
+}
+
+fn lockfile(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    let path = Path::new("fuzz/amprobe.lock");
+    let Ok(lock) = Lock::parse(&text, "fuzz/amprobe.lock") else {
+        return false;
+    };
+    let _ = Lock::parse(&lock.to_toml(), "fuzz/amprobe.lock (written back)");
+    let t = &lock_trace().trace;
+    let mut check = DriftCheck::new(path, lock);
+    check.observe_header(&t.header);
+    for s in &t.steps {
+        check.observe(s);
+    }
+    let _ = check.outcome();
+    true
+}
+
+/// The lockfiles `amprobe baseline` writes for the corpus's traces, whole and with their
+/// first few ops only (reading TOML is slow: most inputs are made from these).
+fn lockfile_seeds() -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for name in ["mlp_bf16.jsonl", "mlp_fp16.jsonl"] {
+        let tf = TraceFile::open(corpus_dir("trace").join(name)).expect("a corpus trace");
+        let mut b = LockBuilder::new(&tf.trace.header);
+        for s in &tf.trace.steps {
+            b.observe(s);
+        }
+        let mut lock = b.finish();
+        out.push(lock.to_toml().into_bytes());
+        for keep in [1, 3] {
+            lock.envelopes.ops.truncate(keep);
+            out.push(lock.to_toml().into_bytes());
+        }
+    }
+    out
+}
+
+fn byte_mutant(target: &str, seeds: &[Vec<u8>], r: &mut Rand) -> Vec<u8> {
+    let base = r.pick(seeds);
+    mutate::mutate(target, base, seeds, r)
+}
+
+fn make_run_config(seeds: &[Vec<u8>], r: &mut Rand) -> Vec<u8> {
+    match r.below(3) {
+        0 => mutate::random_run_config(r),
+        _ => byte_mutant("run_config", seeds, r),
+    }
+}
+
+fn make_json(target: &str, seeds: &[Vec<u8>], r: &mut Rand) -> Vec<u8> {
+    match r.below(3) {
+        0 => {
+            let base: &Vec<u8> = r.pick(seeds);
+            mutate::json_mutant(base, r)
+        }
+        _ => byte_mutant(target, seeds, r),
+    }
+}
+
+fn make_safetensors(seeds: &[Vec<u8>], r: &mut Rand) -> Vec<u8> {
+    match r.below(4) {
+        0 => mutate::random_safetensors(r),
+        _ => byte_mutant("safetensors", seeds, r),
+    }
+}
+
+fn make_lockfile(seeds: &[Vec<u8>], r: &mut Rand) -> Vec<u8> {
+    match r.below(3) {
+        0 => {
+            let base: &Vec<u8> = r.pick(seeds);
+            mutate::toml_mutant(base, r)
+        }
+        _ => byte_mutant("lockfile", seeds, r),
+    }
 }
 
 /// The parsers under test.
-const TARGETS: [&str; 5] = [
-    "run_config",
-    "hf_config",
-    "safetensors",
-    "trace",
-    "overflow_steps",
+const TARGETS: [Target; 7] = [
+    Target {
+        name: "run_config",
+        run: run_config,
+        make: make_run_config,
+        parallel: true,
+    },
+    Target {
+        name: "hf_config",
+        run: hf_config,
+        make: |s, r| make_json("hf_config", s, r),
+        parallel: true,
+    },
+    Target {
+        name: "safetensors",
+        run: safetensors,
+        make: make_safetensors,
+        parallel: true,
+    },
+    Target {
+        name: "trace",
+        run: trace,
+        make: |s, r| make_json("trace", s, r),
+        parallel: true,
+    },
+    Target {
+        name: "overflow_steps",
+        run: overflow_steps,
+        make: |s, r| byte_mutant("overflow_steps", s, r),
+        parallel: true,
+    },
+    Target {
+        name: "lockfile",
+        run: lockfile,
+        make: make_lockfile,
+        parallel: true,
+    },
+    // The environment is the process's: one thread.
+    Target {
+        name: "env",
+        run: env::run,
+        make: env::mutant,
+        parallel: false,
+    },
 ];
-
-/// Feeds `bytes` to `target` the way the command line does; errors are fine, panics not.
-fn run_target(target: &str, bytes: &[u8]) {
-    let text = String::from_utf8_lossy(bytes);
-    match target {
-        "run_config" => {
-            if let Ok(cfg) = RunConfig::parse(&text, Path::new("fuzz/run.toml")) {
-                let _ = cfg.train_config();
-                let _ = cfg.backend_choice();
-            }
-        }
-        "hf_config" => {
-            let path = Path::new("fuzz/config.json");
-            if let Ok(cfg) = T5Config::parse(&text, path) {
-                let _ = cfg.shapes();
-            }
-            if let Ok(m) = T5Seq2Seq::parse_config(&text, path) {
-                let _ = m.shapes();
-            }
-            if let Ok(cfg) = Gpt2Config::parse(&text, path) {
-                let _ = cfg.shapes();
-            }
-            if let Ok(cfg) = LlamaConfig::parse(&text, path) {
-                let _ = cfg.shapes();
-            }
-            if let Ok(cfg) = BertConfig::parse(&text, path) {
-                let _ = cfg.shapes();
-            }
-        }
-        "safetensors" => {
-            if let Ok(map) = parse_safetensors(bytes, Path::new("fuzz/x.safetensors")) {
-                let _ = inputs_from(map, Path::new("fuzz/x.safetensors"));
-            }
-        }
-        "trace" => {
-            if let Ok(tf) = TraceFile::from_bytes(bytes, "fuzz/trace.jsonl") {
-                let _ = Facts::new(&tf.trace, &tf.skip_causes);
-                let _ = to_trace_events(&tf);
-                let _ = Model::from_trace(tf.trace.clone(), "fuzz");
-                let _ = compare(&[tf.clone(), tf], 0.05, None);
-            }
-        }
-        "overflow_steps" => {
-            let _ = parse_overflow_steps(&text);
-            let _ = parse_overflow_steps_file(&text, Path::new("fuzz/steps.txt"));
-        }
-        other => panic!("unknown fuzz target {other}"),
-    }
-}
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -149,9 +235,12 @@ fn corpus_dir(target: &str) -> PathBuf {
         .join(target)
 }
 
+/// The saved inputs of `target` (crash files included), by name.
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir(target))
-        .unwrap_or_else(|e| panic!("corpus of {target}: {e}"))
+    let Ok(dir) = std::fs::read_dir(corpus_dir(target)) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = dir
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_file())
         .collect();
@@ -165,479 +254,15 @@ fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
         .collect()
 }
 
-/// xorshift64*: the mutator's randomness, seeded per run.
-struct Rand(u64);
-
-impl Rand {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
-
-/// Tokens of each target's grammar, spliced into mutants.
-fn tokens(target: &str) -> &'static [&'static str] {
+/// The saved inputs of `target` and those built here.
+fn seeds(target: &str) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = corpus(target).into_iter().map(|(_, b)| b).collect();
     match target {
-        "run_config" => &[
-            "[model]",
-            "[data]",
-            "[train]",
-            "[scaler]",
-            "[probe]",
-            "kind = \"t5\"",
-            "precision = \"fp16\"",
-            "precision = \"half\"",
-            "steps = ",
-            "accumulate = 0",
-            "clip = -1.0",
-            "init_scale = ",
-            "max_scale = ",
-            "growth_interval = 0",
-            "batch = ",
-            "seq = ",
-            "hidden = ",
-            "inputs = ",
-            "classes = ",
-            "keep_fp32 = [\"",
-            "optimizer = \"adamw\"",
-            "lr = ",
-            "backend = \"cuda\"",
-            "kind = \"hysteresis\"",
-            "sample_every = 0",
-            "= inf",
-            "= nan",
-            "=",
-            "\"",
-            "[[",
-            "]]",
-        ],
-        "hf_config" | "trace" => &[
-            "{",
-            "}",
-            "[",
-            "]",
-            "\"",
-            ":",
-            ",",
-            "null",
-            "true",
-            "\"NaN\"",
-            "\"inf\"",
-            "\"-inf\"",
-            "\"type\":\"step\"",
-            "\"type\":\"header\"",
-            "\"type\":\"end\"",
-            "\"ops\":",
-            "\"stats\":",
-            "\"origins\":",
-            "\"model_type\":\"t5\"",
-            "\"d_model\":",
-            "\"num_layers\":",
-            "\"vocab_size\":",
-            "\"schema_version\":",
-            "\"step\":",
-            "\"op_index\":",
-            "\"shape\":",
-            "\n",
-        ],
-        "safetensors" => &[
-            "{",
-            "}",
-            "\"dtype\":\"F32\"",
-            "\"dtype\":\"I64\"",
-            "\"dtype\":\"BF16\"",
-            "\"shape\":[",
-            "\"data_offsets\":[",
-            "\"input_ids\"",
-            "\"labels\"",
-            "\"__metadata__\":{}",
-            "9999999999",
-        ],
-        _ => &[
-            "-",
-            ",",
-            "[",
-            "]",
-            "#",
-            "\n",
-            "0",
-            "18446744073709551615",
-            "1-",
-            "99999999",
-        ],
+        "lockfile" => out.extend(lockfile_seeds()),
+        "env" => out.extend(env::seeds()),
+        _ => {}
     }
-}
-
-/// Numbers that break parsers that trust them.
-const EXTREMES: [&str; 12] = [
-    "0",
-    "-1",
-    "1e309",
-    "-1e309",
-    "4294967296",
-    "18446744073709551615",
-    "18446744073709551616",
-    "9223372036854775807",
-    "1e-320",
-    "NaN",
-    "10000000000",
-    "65505",
-];
-
-/// One mutant of `input`.
-fn mutate(target: &str, input: &[u8], r: &mut Rand) -> Vec<u8> {
-    let mut v = input.to_vec();
-    for _ in 0..1 + r.below(4) {
-        let n = v.len();
-        match r.below(8) {
-            0 if n > 0 => {
-                let i = r.below(n);
-                v[i] ^= 1 << r.below(8);
-            }
-            1 if n > 0 => {
-                let i = r.below(n);
-                v[i] = r.next() as u8;
-            }
-            2 => {
-                let i = r.below(n + 1);
-                let k = 1 + r.below(8);
-                let bytes: Vec<u8> = (0..k).map(|_| r.next() as u8).collect();
-                v.splice(i..i, bytes);
-            }
-            3 if n > 0 => {
-                let i = r.below(n);
-                let k = 1 + r.below((n - i).min(64));
-                v.drain(i..i + k);
-            }
-            4 if n > 0 => {
-                let i = r.below(n);
-                let k = 1 + r.below((n - i).min(256));
-                let span = v[i..i + k].to_vec();
-                let j = r.below(n + 1);
-                v.splice(j..j, span);
-            }
-            5 => {
-                let t = tokens(target);
-                let tok = t[r.below(t.len())].as_bytes().to_vec();
-                let i = r.below(n + 1);
-                v.splice(i..i, tok);
-            }
-            6 => {
-                // Replace a run of digits with an extreme number.
-                let digits: Vec<usize> = (0..n).filter(|&i| v[i].is_ascii_digit()).collect();
-                if let Some(&i) = digits.get(r.below(digits.len().max(1))) {
-                    let mut j = i;
-                    while j < n && (v[j].is_ascii_digit() || v[j] == b'.') {
-                        j += 1;
-                    }
-                    let e = EXTREMES[r.below(EXTREMES.len())].as_bytes().to_vec();
-                    v.splice(i..j, e);
-                }
-            }
-            _ => {
-                if n > 0 {
-                    let k = r.below(n);
-                    v.truncate(k);
-                }
-            }
-        }
-    }
-    v
-}
-
-/// A safetensors file built from random parts: a header whose shapes, dtypes and offsets
-/// may disagree with each other and with the data that follows.
-fn random_safetensors(r: &mut Rand) -> Vec<u8> {
-    let dtypes = [
-        "F32", "F16", "BF16", "F64", "I64", "I32", "U8", "BOOL", "F8_E4M3", "X",
-    ];
-    let names = ["input_ids", "labels", "x", "y", "w"];
-    let mut entries = Vec::new();
-    let mut offset = 0u64;
-    for _ in 0..1 + r.below(3) {
-        let rank = r.below(4);
-        let shape: Vec<u64> = (0..rank)
-            .map(|_| match r.below(4) {
-                0 => r.next() % 4,
-                1 => r.next() % 64,
-                2 => 10_000_000_000,
-                _ => r.next(),
-            })
-            .collect();
-        let len = match r.below(3) {
-            0 => shape.iter().fold(4u64, |a, &b| a.wrapping_mul(b)),
-            1 => r.next() % 256,
-            _ => r.next(),
-        };
-        let end = offset.wrapping_add(len);
-        entries.push(format!(
-            "\"{}\":{{\"dtype\":\"{}\",\"shape\":{:?},\"data_offsets\":[{},{}]}}",
-            names[r.below(names.len())],
-            dtypes[r.below(dtypes.len())],
-            shape,
-            offset,
-            end
-        ));
-        offset = end;
-    }
-    let header = format!("{{{}}}", entries.join(","));
-    let claimed = match r.below(4) {
-        0 => r.next(),
-        _ => header.len() as u64,
-    };
-    let mut out = claimed.to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    let data = r.below(300);
-    out.extend((0..data).map(|_| r.next() as u8));
-    out
-}
-
-/// A run config built from the schema: known sections and keys with values of the right
-/// type or a wrong one, extreme numbers included, so that most inputs parse and reach the
-/// checks behind the parser.
-fn random_run_config(r: &mut Rand) -> Vec<u8> {
-    let keys: [(&str, &[&str]); 5] = [
-        (
-            "model",
-            &[
-                "kind",
-                "hf",
-                "hf_config",
-                "t5_clamp",
-                "inputs",
-                "hidden",
-                "classes",
-                "weights",
-            ],
-        ),
-        ("data", &["batch_file", "batch", "inputs", "seq"]),
-        (
-            "train",
-            &[
-                "precision",
-                "steps",
-                "accumulate",
-                "clip",
-                "clip_norm",
-                "optimizer",
-                "lr",
-                "momentum",
-                "weight_decay",
-                "seed",
-                "policy",
-                "keep_fp32",
-                "backend",
-            ],
-        ),
-        (
-            "scaler",
-            &[
-                "kind",
-                "init_scale",
-                "growth_factor",
-                "backoff_factor",
-                "growth_interval",
-                "max_scale",
-                "min_scale",
-                "hysteresis",
-                "enabled",
-            ],
-        ),
-        (
-            "probe",
-            &["enabled", "sample_every", "trace", "summary_json"],
-        ),
-    ];
-    let values = [
-        "0",
-        "1",
-        "-1",
-        "3",
-        "1e309",
-        "-0.0",
-        "nan",
-        "inf",
-        "0.5",
-        "65504.0",
-        "1e-45",
-        "18446744073709551615",
-        "9223372036854775807",
-        "4294967296",
-        "true",
-        "false",
-        r#""fp16""#,
-        r#""bf16""#,
-        r#""half""#,
-        r#""o2""#,
-        r#""fp8""#,
-        r#""t5""#,
-        r#""mlp""#,
-        r#""cuda""#,
-        r#""cpu""#,
-        r#""gpu""#,
-        r#""auto""#,
-        r#""adamw""#,
-        r#""sgd""#,
-        r#""l2""#,
-        r#""inf""#,
-        r#""hysteresis""#,
-        r#""maxclip""#,
-        r#""fixed""#,
-        r#""none""#,
-        r#""""#,
-        r#"["encoder"]"#,
-        "[]",
-        r#""../x""#,
-        "{}",
-    ];
-    let mut out = String::new();
-    for _ in 0..1 + r.below(5) {
-        let (section, names) = keys[r.below(keys.len())];
-        out.push_str(&format!("[{section}]\n"));
-        for _ in 0..r.below(6) {
-            let k = names[r.below(names.len())];
-            let v = values[r.below(values.len())];
-            out.push_str(&format!("{k} = {v}\n"));
-        }
-    }
-    out.into_bytes()
-}
-
-/// A JSON document (or JSON Lines) with one value changed: a number made extreme, a string
-/// replaced, an array cut or grown, a key removed. The text stays valid JSON, so the input
-/// reaches the checks behind the parser.
-fn json_mutant(input: &[u8], r: &mut Rand) -> Vec<u8> {
-    let text = String::from_utf8_lossy(input);
-    let mut lines: Vec<String> = text.lines().map(String::from).collect();
-    if lines.is_empty() {
-        return input.to_vec();
-    }
-    let i = r.below(lines.len());
-    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&lines[i]) else {
-        return input.to_vec();
-    };
-    for _ in 0..1 + r.below(3) {
-        mutate_value(&mut v, r, 0);
-    }
-    lines[i] = v.to_string();
-    (lines.join("\n") + "\n").into_bytes()
-}
-
-fn mutate_value(v: &mut serde_json::Value, r: &mut Rand, depth: usize) {
-    use serde_json::Value;
-    match v {
-        Value::Object(m) if !m.is_empty() && depth < 8 => {
-            let k = m.keys().nth(r.below(m.len())).cloned().unwrap_or_default();
-            if r.below(8) == 0 {
-                m.remove(&k);
-            } else if let Some(x) = m.get_mut(&k) {
-                mutate_value(x, r, depth + 1);
-            }
-        }
-        Value::Array(a) if !a.is_empty() && depth < 8 => match r.below(6) {
-            0 => a.truncate(r.below(a.len())),
-            1 => {
-                let x = a[r.below(a.len())].clone();
-                a.push(x);
-            }
-            _ => {
-                let j = r.below(a.len());
-                mutate_value(&mut a[j], r, depth + 1);
-            }
-        },
-        _ => {
-            *v = match r.below(9) {
-                0 => serde_json::json!(u64::MAX),
-                1 => serde_json::json!(-1),
-                2 => serde_json::json!(1e300),
-                3 => serde_json::json!("NaN"),
-                4 => serde_json::json!("inf"),
-                5 => serde_json::json!(null),
-                6 => serde_json::json!([]),
-                7 => serde_json::json!({}),
-                _ => serde_json::json!(r.next() % 100_000),
-            }
-        }
-    }
-}
-
-/// Runs one input under the allocation limit; `Err` describes a failure.
-fn check(target: &str, input: &[u8]) -> Result<(), String> {
-    LIMIT.store(alloc_limit(input.len()), Ordering::Relaxed);
-    let t0 = Instant::now();
-    let r = catch_unwind(AssertUnwindSafe(|| run_target(target, input)));
-    LIMIT.store(0, Ordering::Relaxed);
-    match r {
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Err(format!("panic: {msg}"))
-        }
-        Ok(()) if t0.elapsed() > Duration::from_secs(1) => {
-            Err(format!("took {:.1} s", t0.elapsed().as_secs_f64()))
-        }
-        Ok(()) => Ok(()),
-    }
-}
-
-/// What a fuzz run of one target found.
-struct Outcome {
-    inputs: u64,
-    failures: Vec<(Vec<u8>, String)>,
-}
-
-/// Runs the corpus of `target`, then `mutants` mutants from `seed`; with `current`, an
-/// input whose allocation is refused (which aborts) is saved there first.
-fn fuzz(target: &str, mutants: u64, seed: u64, current: Option<&Path>) -> Outcome {
-    let seeds = corpus(target);
-    assert!(!seeds.is_empty(), "the corpus of {target} is empty");
-    let mut r = Rand(seed | 1);
-    let mut out = Outcome {
-        inputs: 0,
-        failures: Vec::new(),
-    };
-    let run = |input: Vec<u8>, out: &mut Outcome| {
-        if current.is_some() {
-            let mut g = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
-            g.clear();
-            g.extend_from_slice(&input);
-        }
-        out.inputs += 1;
-        if let Err(why) = check(target, &input) {
-            if out.failures.len() < 20 {
-                out.failures.push((input, why));
-            }
-        }
-    };
-    for (_, bytes) in &seeds {
-        run(bytes.clone(), &mut out);
-    }
-    for i in 0..mutants {
-        let input = if target == "safetensors" && i % 4 == 0 {
-            random_safetensors(&mut r)
-        } else if target == "run_config" && i % 3 == 0 {
-            random_run_config(&mut r)
-        } else if matches!(target, "trace" | "hf_config") && i % 3 == 0 {
-            let base = &seeds[r.below(seeds.len())].1;
-            json_mutant(base, &mut r)
-        } else {
-            let base = &seeds[r.below(seeds.len())].1;
-            mutate(target, base, &mut r)
-        };
-        run(input, &mut out);
-    }
+    assert!(!out.is_empty(), "no seeds for {target}");
     out
 }
 
@@ -646,38 +271,90 @@ fn show(input: &[u8]) -> String {
     format!("{} bytes: {:?}", input.len(), s)
 }
 
+/// The failures of a run, one a line.
+fn failures(name: &str, t: &Tally) -> Vec<String> {
+    t.failures
+        .iter()
+        .map(|f| {
+            let at = f.index.map_or("a seed".into(), |i| format!("input {i}"));
+            format!("{name} ({at}): {}\n  {}", f.why, show(&f.input))
+        })
+        .collect()
+}
+
 #[test]
 fn corpus_and_mutants_parse_without_panics() {
     let mut bad = Vec::new();
-    for t in TARGETS {
-        let o = fuzz(t, 1500, 0x5eed ^ t.len() as u64, None);
-        for (input, why) in o.failures {
-            bad.push(format!("{t}: {why}\n  input {}", show(&input)));
-        }
+    println!("{TABLE_HEAD}");
+    for t in &TARGETS {
+        let tally = fuzz(t, &seeds(t.name), 20_000, 0x5eed);
+        println!("{}", table_row(t.name, &tally));
+        bad.extend(failures(t.name, &tally));
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// A stand-in parser that panics on `p`, holds 40 MiB on `a` and takes 1.1 s on `h`.
+fn faulty(input: &[u8]) -> bool {
+    match input {
+        b"p" => panic!("planted"),
+        b"a" => std::hint::black_box(vec![1u8; 40 << 20]).len() > 0,
+        b"h" => {
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+            true
+        }
+        _ => input == b"ok",
+    }
+}
+
+/// The harness counts what it is there to find, each once.
+#[test]
+fn the_harness_counts_panics_hangs_and_over_allocations() {
+    let t = Target {
+        name: "faulty",
+        run: faulty,
+        make: |_, r| vec![b"ok", b"no"][r.below(2)].to_vec(),
+        parallel: true,
+    };
+    let seeds: Vec<Vec<u8>> = ["p", "a", "h", "ok"].map(|s| s.as_bytes().to_vec()).into();
+    let tally = fuzz(&t, &seeds, 100, 1);
+    let counts = (
+        tally.inputs,
+        tally.panics,
+        tally.hangs,
+        tally.over_allocations,
+    );
+    assert_eq!(counts, (104, 1, 1, 1));
+    assert_eq!(tally.accepted + tally.rejected, 103);
+    assert!(tally.peak >= 40 << 20 && tally.slowest.as_millis() >= 1100);
+    let why: Vec<&str> = tally.failures.iter().map(|f| f.why.as_str()).collect();
+    assert!(why.iter().any(|w| w.contains("planted")), "{why:?}");
+}
+
 /// The issue's example: a header claiming 10^10 elements in a file of about 100 bytes is
-/// refused, under an allocation limit far below what the claim would need.
+/// refused, holding far less than the claim would need.
 #[test]
 fn a_header_claiming_more_than_the_file_holds_is_refused_before_allocating() {
     let header = r#"{"x":{"dtype":"F32","shape":[10000000000],"data_offsets":[0,40000000000]}}"#;
     let mut file = (header.len() as u64).to_le_bytes().to_vec();
     file.extend_from_slice(header.as_bytes());
     file.extend_from_slice(&[0u8; 16]);
-    LIMIT.store(alloc_limit(file.len()), Ordering::Relaxed);
-    let r = parse_safetensors(&file, Path::new("claims.safetensors"));
-    LIMIT.store(0, Ordering::Relaxed);
+    let cap = alloc_limit(file.len());
+    let (r, peak) = alloc::measure(cap, || {
+        parse_safetensors(&file, Path::new("claims.safetensors"))
+    });
     let e = r.expect_err("refused").to_string();
-    assert!(e.contains("claims.safetensors"), "{e}");
+    assert!(
+        e.contains("claims.safetensors") && peak < cap,
+        "{e} ({peak} bytes held)"
+    );
     // A header length beyond the file.
     let mut file = (1u64 << 40).to_le_bytes().to_vec();
     file.extend_from_slice(b"{}");
-    LIMIT.store(alloc_limit(file.len()), Ordering::Relaxed);
-    let r = parse_safetensors(&file, Path::new("claims.safetensors"));
-    LIMIT.store(0, Ordering::Relaxed);
-    assert!(r.is_err());
+    let (r, peak) = alloc::measure(cap, || {
+        parse_safetensors(&file, Path::new("claims.safetensors"))
+    });
+    assert!(r.is_err() && peak < cap);
 }
 
 /// A `config.json` cannot make amprobe set aside memory: huge dimensions are refused with
@@ -708,49 +385,46 @@ fn a_config_describing_an_impossible_model_is_refused() {
     assert!(e.contains("model.inputs / hidden / classes"), "{e}");
 }
 
-/// `scripts/fuzz.sh`: a million inputs per target (`AMPROBE_FUZZ_INPUTS`), one target with
-/// `AMPROBE_FUZZ_TARGET`. Failing inputs are saved into the corpus as `crash-*`.
+/// `scripts/fuzz.sh`: ten million inputs per target (`AMPROBE_FUZZ_INPUTS`), one target
+/// with `AMPROBE_FUZZ_TARGET`, inputs made from `AMPROBE_FUZZ_SEED`. Prints the table;
+/// failing inputs are saved into the corpus as `crash-*`.
 #[test]
 #[ignore]
 fn fuzz_long() {
-    let n: u64 = std::env::var("AMPROBE_FUZZ_INPUTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
-    let only = std::env::var("AMPROBE_FUZZ_TARGET").ok();
-    let seed: u64 = std::env::var("AMPROBE_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x0a3b_7c2d);
+    let var = |name: &str| std::env::var(name).ok();
+    let n: u64 = var("AMPROBE_FUZZ_INPUTS").map_or(10_000_000, |v| v.parse().expect("a count"));
+    let seed: u64 = var("AMPROBE_FUZZ_SEED").map_or(0x0a3b_7c2d, |v| v.parse().expect("a seed"));
+    let only = var("AMPROBE_FUZZ_TARGET");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut total_failures = 0;
-    for t in TARGETS {
-        if only.as_deref().is_some_and(|o| o != t) {
-            continue;
-        }
-        let t0 = Instant::now();
-        let current = dir.join(format!("{t}.current"));
+    println!("{TABLE_HEAD}");
+    let mut bad = Vec::new();
+    for t in TARGETS
+        .iter()
+        .filter(|t| only.as_deref().is_none_or(|o| o == t.name))
+    {
+        let current = dir.join(format!("{}.current", t.name));
         let _ = std::fs::remove_file(&current);
-        let _ = CURRENT_PATH.set(current.clone());
-        let o = fuzz(t, n, seed ^ t.len() as u64, Some(&current));
-        for (input, why) in &o.failures {
-            let h = input.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-            });
-            let path = corpus_dir(t).join(format!("crash-{h:016x}"));
-            std::fs::write(&path, input).unwrap();
-            eprintln!("{t}: {why} (saved {})", path.display());
-        }
-        total_failures += o.failures.len();
-        println!(
-            "{t}: {} inputs, {} failures, {:.1} s",
-            o.inputs,
-            o.failures.len(),
-            t0.elapsed().as_secs_f64()
-        );
+        *alloc::SAVE_TO.lock().unwrap() = Some(current);
+        let tally = fuzz(t, &seeds(t.name), n, seed);
+        println!("{}", table_row(t.name, &tally));
+        keep_failures(t.name, &tally);
+        bad.extend(failures(t.name, &tally));
     }
-    assert_eq!(total_failures, 0);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Saves the failing inputs of a run into the corpus, which CI replays.
+fn keep_failures(name: &str, t: &Tally) {
+    for f in &t.failures {
+        let h = f.input.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        std::fs::create_dir_all(corpus_dir(name)).unwrap();
+        let path = corpus_dir(name).join(format!("crash-{h:016x}"));
+        std::fs::write(&path, &f.input).unwrap();
+        eprintln!("{name}: {} (saved {})", f.why, path.display());
+    }
 }
 
 /// Trace statistics that count more values than the tensor holds (found by fuzzing: they
