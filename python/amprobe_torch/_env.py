@@ -45,12 +45,15 @@ def sample_every(env: Optional[Mapping[str, str]] = None) -> int:
     v = _get(env, SAMPLE_EVERY)
     if not v:
         return 0
-    if not v.isdigit():
+    # ASCII digits within 64 bits, as the CLI takes: str.isdigit also takes "²", which int()
+    # refuses, and int() refuses more than 4300 digits, both with messages of its own.
+    digits = v.lstrip("0") or "0"
+    if not (v.isascii() and v.isdigit()) or len(digits) > 20 or int(digits) >= 1 << 64:
         raise ValueError(
             f"{SAMPLE_EVERY}={v!r}: expected a whole number of steps, 0 or more "
             "(full op records every N steps besides the first; 0: the first only)"
         )
-    return int(v)
+    return int(digits)
 
 
 def check(env: Optional[Mapping[str, str]] = None) -> str:

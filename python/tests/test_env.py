@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import amprobe_torch
+from amprobe_torch import _env
 from test_watch import amprobe_bin
 
 BAD = [
@@ -50,6 +51,19 @@ def test_watch_refuses_a_bad_sample_every_argument(tmp_path, bad):
     with pytest.raises(ValueError, match="sample_every= takes a whole number"):
         amprobe_torch.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), sample_every=bad,
                             trace=str(tmp_path / "t"))
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "1\u00b2", "\u0663", "\uff11\uff12", "9" * 4301, "18446744073709551616"])
+def test_sample_every_takes_what_the_cli_takes_and_refuses_the_rest_naming_it(value):
+    # Found by scripts/fuzz_env.py: int()'s own message for "²" and 4301 digits, and other
+    # scripts' digits taken where the CLI refuses them.
+    with pytest.raises(ValueError, match="^AMPROBE_SAMPLE_EVERY=.*a whole number of steps"):
+        _env.sample_every({"AMPROBE_SAMPLE_EVERY": value})
+
+
+def test_sample_every_reads_leading_zeros_and_the_largest_count():
+    assert _env.sample_every({"AMPROBE_SAMPLE_EVERY": "0" * 5000 + "7"}) == 7
+    assert _env.sample_every({"AMPROBE_SAMPLE_EVERY": "18446744073709551615"}) == 2**64 - 1
 
 
 @pytest.mark.parametrize("name,value,takes", [
