@@ -66,6 +66,13 @@ def test_sample_every_reads_leading_zeros_and_the_largest_count():
     assert _env.sample_every({"AMPROBE_SAMPLE_EVERY": "18446744073709551615"}) == 2**64 - 1
 
 
+def test_the_fuzzer_of_these_readers_finds_nothing():
+    # scripts/fuzz.sh runs it with ten million values per variable; here a few thousand.
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "fuzz_env.py")
+    r = subprocess.run([sys.executable, script, "3000", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "AMPROBE_INIT_SCALE | 3,000" in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("name,value,takes", [
     ("AMPROBE_SAMPLE_EVERY", "abc", "a whole number of steps, 0 or more"),
     ("AMPROBE_SAMPLE_EVERY", "-3", "a whole number of steps, 0 or more"),
