@@ -298,7 +298,7 @@ fn corpus_and_mutants_parse_without_panics() {
 fn faulty(input: &[u8]) -> bool {
     match input {
         b"p" => panic!("planted"),
-        b"a" => std::hint::black_box(vec![1u8; 40 << 20]).len() > 0,
+        b"a" => !std::hint::black_box(vec![1u8; 40 << 20]).is_empty(),
         b"h" => {
             std::thread::sleep(std::time::Duration::from_millis(1100));
             true

@@ -279,7 +279,7 @@ fn mutate_once(target: &str, v: &mut Vec<u8>, others: &[Vec<u8>], r: &mut Rand) 
         6 => extreme_number(v, r),
         7 => insert(v, &nesting(r), r),
         8 => {
-            let bytes: &[u8] = *r.pick(NOT_UTF8);
+            let bytes: &[u8] = r.pick::<&[u8]>(NOT_UTF8);
             insert(v, bytes, r)
         }
         9 if !others.is_empty() => {
