@@ -424,14 +424,16 @@ class Watcher:
 
     def _enter_optimizer(self) -> None:
         """One level deeper into the optimizer phase; a step checked by modules decides
-        where it first enters it whether it failed."""
+        where it first enters it whether it failed. (An update given a closure with no call
+        of the model before it decides where the closure returns: the gradients there now
+        are the last step's, which the closure zeroes.)"""
         if (
             self.st.light
             and not self.st.decided
             and not self.optimizer_depth
             and self.active
             and not self.busy
-            and (self.st.calls or not self.st.later_segment)
+            and (self.st.calls or not (self.st.later_segment or self.st.update_closure))
         ):
             self._decide()
         self.optimizer_depth += 1

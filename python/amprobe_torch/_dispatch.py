@@ -22,6 +22,10 @@ class CaptureMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         w = self.watcher
         kwargs = kwargs or {}
+        if func.namespace == "profiler":
+            # `record_function`'s markers (every optimizer's `step` opens one): no numbers,
+            # and not an op of the update (a closure evaluated first is the step's forward).
+            return func(*args, **kwargs)
         if w.st.light and not w.busy:
             # A step checked by modules: the model's own ops, forward and backward, only run
             # (a replay records them if the step fails); the script's ops around the model

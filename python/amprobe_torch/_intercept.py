@@ -91,6 +91,7 @@ def updating(w: Any, f: Callable, scaler_step: bool = False) -> Callable:
             w.st.inner_stepped = False
             w.st.in_update = True
             w.st.update_start = w.st.op_count
+            w.st.update_closure = bool(a and callable(a[0])) or callable(k.get("closure"))
         if a and callable(a[0]):
             a = (outside_optimizer(w, a[0]),) + a[1:]
         elif callable(k.get("closure")):

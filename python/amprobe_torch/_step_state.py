@@ -103,8 +103,10 @@ class StepState:
     # an update (`Watcher._abandon`).
     backwards: int = 0
     abandoned: bool = False
-    # The step's op count where its last update began (see `_intercept.outside_optimizer`).
+    # The step's op count where its last update began, and whether that update was given a
+    # closure (see `_intercept.outside_optimizer`).
     update_start: int = -1
+    update_closure: bool = False
     # Why a step checked by modules is checked op by op from some point on: "update" where
     # it calls the model inside an update (an optimizer's closure: see
     # `Watcher._call_enter`), "grad" where the script differentiates by

@@ -576,6 +576,49 @@ def train_sam(dtype, steps=4, boom_step=2, watch=None, seed=0):
     return losses, [], state
 
 
+def train_closure(dtype, steps=4, boom_step=2, watch=None, seed=0, lights=None):
+    """torch's SGD with a closure it evaluates first (the forward and backward as
+    Lightning's automatic optimization runs them); `lights` gets, at each forward of the
+    watched run, whether its step is checked by modules."""
+    torch.manual_seed(seed)
+    model = Split()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if watch is not None:
+        w = watch(model, opt, None)
+        lights.clear()
+        model.encoder.register_forward_hook(lambda *_: w.st.replaying or lights.append(w.st.light))
+    g = torch.Generator().manual_seed(seed + 1)
+    xs = torch.randn(steps, 12, 8, generator=g)
+    ys = torch.randint(0, 5, (steps, 12), generator=g)
+    losses = []
+    for s in range(steps):
+
+        def closure():
+            opt.zero_grad()
+            model.encoder[2].k = 1.0e20 if s == boom_step else 1.0
+            with torch.autocast("cpu", dtype=dtype):
+                logits = model.head(model.encoder(xs[s]))
+            loss = torch.nn.functional.cross_entropy(logits.float(), ys[s])
+            loss.backward()
+            return loss
+
+        losses.append(opt.step(closure).detach().clone())
+    return losses, [], {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+def test_a_closure_the_update_evaluates_first_keeps_the_step_checked_by_modules(tmp_path):
+    # The step's `record_function` marker (every torch optimizer's step opens one) once
+    # counted as an op of the update, and every step was checked op by op from its closure;
+    # and the step after a failing one was decided before its closure, on the gradients
+    # the failing step left, then "could not be replayed".
+    lights = []
+    a, b = against_full(tmp_path, train_closure, torch.bfloat16, lights=lights)
+    assert lights == [False, True, True, True]
+    assert b[1]["op_count"] < a[1]["op_count"]
+    assert _origin(b[2])[:3] == _origin(a[2])[:3] == ("forward", "mul", "encoder.2")
+    assert _origin(b[3]) == _origin(a[3]) and b[3]["events"] == a[3]["events"] == []
+
+
 @pytest.mark.parametrize("check", ["modules", "ops"])
 def test_a_forward_and_backward_the_optimizer_asks_for_are_forward_and_backward(tmp_path, check):
     # SAM's step calls a closure that runs the model again: its ops are the forward's
