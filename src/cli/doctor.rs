@@ -28,7 +28,9 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
     let found = detect();
     let resolved = amprobe::backend_choice::resolve_backend(BackendChoice::Auto)?;
     let nvrtc = detect::nvrtc_version();
-    // Compiling needs only libnvrtc: say whether the kernels build here.
+    // Compiling needs only libnvrtc: say whether the kernels build here (a PTX this NVRTC
+    // made from these sources before, kept on disk, says so without the seconds a compile
+    // takes).
     let compiled = nvrtc.as_ref().ok().map(|_| {
         let arch = match &found {
             Detection::Available(i) => i.devices.first().map(|d| d.compute_capability),
@@ -38,7 +40,7 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<i32> {
         (
             arch,
             amprobe::backend::device_program()
-                .compile(Some(arch))
+                .compile_cached(arch)
                 .map(|_| ()),
         )
     });
