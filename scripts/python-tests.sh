@@ -4,13 +4,19 @@
 # scripts under those trainers; the companion itself needs only torch) kept in a cache outside the clone and reused when present:
 # $AMPROBE_TORCH_VENV, else ${XDG_CACHE_HOME:-~/.cache}/amprobe/torch-venv. The first run
 # installs them from PyPI (on Linux, PyTorch's CUDA build: about 5.6 GB and a few minutes;
-# it runs on the CPU). `cargo test` runs this through tests/companion.rs.
+# it runs on the CPU). `cargo test` runs this through tests/companion.rs. Two runs at once
+# (scripts/test.sh installs while Rust builds) install one after the other: a lock beside
+# the environment.
 #
 #   scripts/python-tests.sh [PYTEST ARGS...]
+#   scripts/python-tests.sh --setup     only installs what the tests need
 set -euo pipefail
 cd "$(dirname "$0")/.."
 transformers=5.24.0
 venv=${AMPROBE_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/amprobe/torch-venv}
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if ! "$venv/bin/python" -c "import torch, pytest" 2>/dev/null; then
     echo "amprobe: installing torch and pytest into $venv for the companion's tests (once; later runs reuse it)" >&2
     python3 -m venv "$venv"
@@ -33,4 +39,6 @@ sys.exit(any(m.version(k) != v for k, v in want.items()))" $stacks 2>/dev/null; 
     echo "amprobe: installing $stacks into $venv for the companion's stack tests" >&2
     "$venv/bin/python" -m pip install -q --disable-pip-version-check $stacks >&2
 fi
+exec 9>&-  # (the lock, released)
+[ "${1:-}" = --setup ] && exit 0
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests "$@"

@@ -35,9 +35,38 @@ if [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
 fi
 export LD_LIBRARY_PATH="$PWD/$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# Every line of the run, stamped with the time it was printed (the slowest-ten table at the
+# end is read from the stamps: libtest on stable Rust times no test, cargo runs one test
+# binary after another).
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-cargo test --release 2>&1 | tee "$log"
+run=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$log" "$run"' EXIT
+stamped() {
+    "$@" 2>&1 | while IFS= read -r line; do
+        printf '%s\t%s\n' "$EPOCHREALTIME" "$line" >>"$log"
+        printf '%s\n' "$line"
+    done
+    local rc=${PIPESTATUS[0]}
+    printf '%s\t=== end\n' "$EPOCHREALTIME" >>"$log"
+    return "$rc"
+}
+t0=$SECONDS
+
+# torch and the training libraries for the companion's tests, installed (the first time)
+# while Rust builds.
+scripts/python-tests.sh --setup &
+stamped cargo build --release
+build_s=$((SECONDS - t0))
+# The companion's pytest suite, beside the Rust tests: its Rust test (tests/companion.rs)
+# waits for this run and judges it.
+py_start=$SECONDS
+(
+    AMPROBE_BIN="$PWD/target/release/amprobe" scripts/python-tests.sh --durations=10 >"$run/output" 2>&1
+    echo $? >"$run/status.new"
+    echo $((SECONDS - py_start)) >"$run/seconds"
+    mv "$run/status.new" "$run/status"
+) &
+stamped cargo test --release -- --skip the_companions_pytest_suite_passes
 echo "=== GPU part" >>"$log"
 gpu_start=$SECONDS
 sim_dir=$(scripts/cudasim.sh)
@@ -47,19 +76,35 @@ sim_dir=$(scripts/cudasim.sh)
     # the traffic switch, which thread's page faults land in a launch's counts), so two of
     # them at once can see each other's (seen on a 2-core machine: 1 to 4 failures in 30
     # parallel runs, none in 30 serial ones).
-    cargo test --release -p cudasim -- --test-threads=1
-    cargo test --release --test gpu_parity --test cuda_kernels --test cli_backend --test device_step \
+    stamped cargo test --release -p cudasim -- --test-threads=1
+    stamped cargo test --release --test gpu_parity --test cuda_kernels --test cli_backend --test device_step \
         --test device_counters --test engine_step --test tui_tmux -- --include-ignored
     target/release/amprobe doctor --selftest | tail -1
-) 2>&1 | tee -a "$log"
-echo "GPU part on the simulated device: $((SECONDS - gpu_start)) s"
+)
+gpu_s=$((SECONDS - gpu_start))
+echo "=== companion" >>"$log"
+AMPROBE_COMPANION_RUN=$run stamped cargo test --release --test companion
+echo
+echo "build ${build_s} s; GPU part on the simulated device ${gpu_s} s; the companion's pytest suite" \
+    "$(cat "$run/seconds") s beside them; all ${SECONDS} s"
+# The slowest ten: each Rust test binary's run (its tests run in parallel; the companion's
+# binary only waits) and each companion test's call (pytest's --durations).
+{
+    awk -F'\t' '
+        /\t=== end$|\t *Running |\t *Doc-tests / { if (name != "") printf "%.1f\t%s\n", $1 - start, name; name = "" }
+        /\t *Running / { split($2, w, " "); name = w[2] == "unittests" ? w[3] " (unit tests)" : w[2]; start = $1 }
+        ' "$log" | grep -v 'tests/companion.rs'
+    sed -n 's/^ *\([0-9.]*\)s call  *\(.*\)$/\1\tpython\/\2/p' "$run/output"
+} | sort -t"$(printf '\t')" -k1,1 -rn | head -10 | awk -F'\t' 'BEGIN { print "slowest ten:" } { printf "  %7.1f s  %s\n", $1, $2 }'
 # One closing line over all test binaries; an ignored test of the first part that the GPU
 # part ran is not counted as ignored.
-awk '
+awk -F'\t' '
     /^=== GPU part/ { gpu = 1 }
-    /^test result:/ { p += $4; f += $6 }
-    /^test .* \.\.\. ignored/ && !gpu { ign[$2] = 1 }
-    /^test .* \.\.\. ok$/ && gpu { ran[$2] = 1 }
+    /^=== companion/ { gpu = 0 }
+    { line = (NF > 1 ? $2 : $0) }
+    line ~ /^test result:/ { split(line, w, " "); p += w[4]; f += w[6] }
+    line ~ /^test .* \.\.\. ignored/ && !gpu { split(line, w, " "); ign[w[2]] = 1 }
+    line ~ /^test .* \.\.\. ok$/ && gpu { split(line, w, " "); ran[w[2]] = 1 }
     END {
         n = 0; names = ""
         for (t in ign) if (!(t in ran)) { n++; names = names " " t }
