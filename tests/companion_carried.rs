@@ -54,6 +54,22 @@ fn a_commands_python_gets_the_carried_companion_first() {
         "{err}"
     );
     assert!(!err.contains("pip install"), "{err}");
+    // Its Python never imported torch: the message names that Python, and says whether
+    // torch is installed for it.
+    assert!(err.contains("never imported torch"), "{err}");
+    let has_torch = Command::new("python3")
+        .args([
+            "-c",
+            "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)",
+        ])
+        .status()
+        .expect("python3 runs")
+        .success();
+    assert_eq!(
+        err.contains("torch is not installed for it"),
+        !has_torch,
+        "{err}"
+    );
 }
 
 #[test]

@@ -14,6 +14,7 @@ workers train."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -41,6 +42,30 @@ def start(site_file: str) -> None:
             _start_discovery()
         else:
             sys.meta_path.insert(0, AfterImport("torch", _start_discovery))
+            atexit.register(_report_without_torch)
+
+
+def _report_without_torch() -> None:
+    """At the exit of a process that never imported torch: its discovery report says so,
+    naming this Python and whether torch is installed for it (the CLI's message where no
+    trace was written), unless another process of the command wrote one."""
+    path = os.environ.get("AMPROBE_DISCOVERY_REPORT")
+    if not path or "torch" in sys.modules:
+        return
+    try:
+        installed = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        installed = False
+    message = f"{sys.executable or 'its Python'} (Python {sys.version.split()[0]}) never imported torch"
+    if not installed:
+        message += ", and cannot: torch is not installed for it (run the script with a Python that has torch)"
+    try:
+        import json
+
+        with open(path, "x") as f:
+            json.dump({"message": message, "seen": {"torch_installed": installed}}, f)
+    except Exception:  # (a report that cannot be written only leaves the CLI's general word)
+        pass
 
 
 def _chain(site_dir: str) -> None:
