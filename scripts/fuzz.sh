@@ -27,7 +27,8 @@ rust_target() {
   [[ -n "$head" ]] && rows="^\|"
   AMPROBE_FUZZ_INPUTS="$n" AMPROBE_FUZZ_TARGET="$t" \
     timeout 7200 cargo test --release --test fuzz -q -- --ignored --nocapture fuzz_long 2>&1 \
-    | grep --line-buffered -E "$rows|\(saved |over-allocation: |: a hang|panicked" || true
+    | grep --line-buffered -E "$rows|\(saved |over-allocation: |: a hang|panicked"
+  # (the test's own status: the grep's, or a `|| true` after it, would hide a failed build)
   local rc=${PIPESTATUS[0]}
   [[ $rc -eq 0 ]] && return 0
   local cur="target/fuzz/$t.current"

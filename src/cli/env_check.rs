@@ -87,7 +87,7 @@ pub fn check() -> Result<()> {
 }
 
 /// Checks `vars`; returns the `AMPROBE_` names that are none of amprobe's.
-fn check_vars(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Vec<String>> {
+pub fn check_vars(vars: impl IntoIterator<Item = (OsString, OsString)>) -> Result<Vec<String>> {
     let mut unknown = Vec::new();
     for (name, value) in vars {
         let Some(name) = name.to_str().filter(|n| n.starts_with("AMPROBE_")) else {
