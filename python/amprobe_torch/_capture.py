@@ -179,7 +179,7 @@ class Watcher:
             _stats.release_scratch()
             kind = StepKind.MODULES if self.light_ok else StepKind.OPS
         params = list(self.model.parameters())
-        self.st = StepState(kind, params=params, param_keys={_key(p) for p in params})
+        self.st = StepState(kind, param_keys={_key(p) for p in params})
         # (the optimizers' state only where checks can be carried: on the host)
         self.carried.begin_step(self.st.param_keys, params, self.optimizers)
         self.spans.begin_step()

@@ -104,15 +104,19 @@ def _failure_flags(w: Any) -> list:
     if st.losses:
         flags.append(~torch.stack(st.losses).isfinite().all())
     if w.scaler is None:
-        grads = [_stats.stored_values(p.grad) for p in st.params if p.grad is not None]
-        host = [g for g in grads if _stats.on_host(_stats.local(g))]
-        # The optimizer's ops read these next: their checks are these.
-        unseen = [g for g in host if st.external.get(key(g)) is None]
-        for g, v in zip(unseen, _stats.host_checks(unseen)):
-            st.check_vecs.append(v)
-            st.external.put(key(g), g, len(st.check_vecs) - 1)
-        vecs = (st.check_vecs[st.external.get(key(g))] for g in host)
-        flags.append(any(v[1] + v[2] + v[3] > 0 for v in vecs))
+        grads = [_stats.stored_values(p.grad) for p in w.names.root.parameters() if p.grad is not None]
+        for g in grads:
+            if not _stats.on_host(_stats.local(g)):
+                continue
+            # The optimizer's ops read these next: their checks are these.
+            k = key(g)
+            e = st.external.get(k)
+            if e is None:
+                st.check_vecs.append(_stats.check(g))
+                e = len(st.check_vecs) - 1
+                st.external.put(k, g, e)
+            v = st.check_vecs[e]
+            flags.append(v[1] + v[2] + v[3] > 0)
         flags.append(_stats.nonfinite_flag([g for g in grads if not _stats.on_host(_stats.local(g))]))
     return flags
 

@@ -7,7 +7,7 @@ Two kinds: the full statistics of amprobe's TensorStats (kept steps), and the ch
 from __future__ import annotations
 
 from array import array
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Sequence, Tuple, Union
 
 import torch
 
@@ -206,25 +206,6 @@ def full_many(ts: Sequence[torch.Tensor]) -> Union[Tuple[float, ...], torch.Tens
     out[6] = m[:, 6].max()
     out[7] = m[:, 7].min()
     return out
-
-
-def host_checks(ts: Sequence[torch.Tensor]) -> List[List[float]]:
-    """`check` of each of `ts` (tensors on the CPU): first one multi-tensor max-abs norm a
-    dtype for them all, where a finite maximum means no NaN and no infinity (either makes
-    it NaN or infinite), so only the others are counted, one by one (a step's gradients:
-    one call instead of a reduction each)."""
-    xs = [local(t).detach() for t in ts]
-    out: List[Optional[List[float]]] = [None] * len(xs)
-    by_dtype: dict = {}
-    for i, x in enumerate(xs):
-        if x.numel() and x.dtype.is_floating_point:
-            by_dtype.setdefault(x.dtype, []).append(i)
-    for idx in by_dtype.values():
-        norms = torch.stack(list(torch._foreach_norm([xs[i] for i in idx], float("inf")))).tolist()
-        for i, m in zip(idx, norms):
-            if m - m == 0.0:
-                out[i] = [float(xs[i].numel()), 0.0, 0.0, 0.0]
-    return [check(x) if v is None else v for x, v in zip(xs, out)]
 
 
 def check_many(ts: Sequence[torch.Tensor]) -> Union[List[float], DeviceCheck]:

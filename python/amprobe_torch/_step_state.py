@@ -87,8 +87,7 @@ class LiveMap:
 @dataclass(eq=False)
 class StepState:
     kind: StepKind
-    # The model's parameters where the step began, and the keys of their values.
-    params: List[Any] = field(default_factory=list)
+    # The keys of the model's parameters' values.
     param_keys: Set[tuple] = field(default_factory=set)
     # Set (on the CPU, where a check is read at once) when an op of this step makes a
     # non-finite value that can be an origin: the ops from there on get full statistics.

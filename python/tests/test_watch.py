@@ -1173,14 +1173,6 @@ def test_a_parameters_check_is_carried_to_the_next_step_until_something_writes_i
         return check(t)
 
     monkeypatch.setattr(_stats, "check", counting)
-    host_checks = _stats.host_checks
-
-    def counting_together(ts):
-        checked.extend(t.numel() for t in ts)
-        return host_checks(ts)
-
-    # (the gradients where a step checked by modules decides are checked together)
-    monkeypatch.setattr(_stats, "host_checks", counting_together)
     weight = m.a.weight
     k = _capture._key(weight)
 
