@@ -61,8 +61,9 @@ build_s=$((SECONDS - t0))
 # waits for this run and judges it.
 py_start=$SECONDS
 (
-    AMPROBE_BIN="$PWD/target/release/amprobe" scripts/python-tests.sh --durations=10 >"$run/output" 2>&1
-    echo $? >"$run/status.new"
+    rc=0
+    AMPROBE_BIN="$PWD/target/release/amprobe" scripts/python-tests.sh --durations=10 >"$run/output" 2>&1 || rc=$?
+    echo "$rc" >"$run/status.new"
     echo $((SECONDS - py_start)) >"$run/seconds"
     mv "$run/status.new" "$run/status"
 ) &

@@ -57,7 +57,10 @@ def _report_without_torch() -> None:
     except (ImportError, ValueError):
         installed = False
     message = f"{sys.executable or 'its Python'} (Python {sys.version.split()[0]}) never imported torch"
-    if not installed:
+    if installed:
+        message += (": a script that trains imports it; `amprobe_torch.watch(model, optimizer, scaler)` in the "
+                    "script, before its training loop, also works")
+    else:
         message += ", and cannot: torch is not installed for it (run the script with a Python that has torch)"
     try:
         import json
